@@ -10,7 +10,9 @@ import typer
 
 from diffsweep import __version__
 from diffsweep.cli import config as config_cli
+from diffsweep.cli import data as data_cli
 from diffsweep.cli import model as model_cli
+from diffsweep.cli import train as train_cli
 
 app = typer.Typer(
     name="diffsweep",
@@ -21,6 +23,8 @@ app = typer.Typer(
 )
 app.add_typer(model_cli.app, name="model")
 app.add_typer(config_cli.app, name="config")
+app.add_typer(data_cli.app, name="data")
+app.command("train")(train_cli.train)
 
 
 def _version(value: bool) -> None:

@@ -89,10 +89,14 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd only: share of steps spent decaying
     grad_clip: float = 1.0
     precision: Precision = Precision.AUTO
-    eval_every: int = 1000
-    eval_tokens: int = 4_194_304
-    log_every: int = 10
+    eval_every: int = 1000  # steps between validation + probes (λ, outliers, AR-Hit slices)
+    eval_tokens: int = 4_194_304  # validation tokens per evaluation (whole sequences)
+    log_every: int = 10  # steps between console lines (MLflow gets every step, batched)
     checkpoint_every: int = 1000
+    keep_checkpoints: int = 3  # newest k checkpoints kept; older ones are deleted
+    # A loss spike: a step whose train loss exceeds the mean of the previous 100 steps by more
+    # than this many of their standard deviations (counted, logged; the run goes on).
+    spike_threshold: float = 6.0
 
 
 @dataclass(frozen=True, kw_only=True)

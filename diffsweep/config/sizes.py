@@ -68,6 +68,10 @@ def _tiny(d_model: int, n_layers: int, head_dim: int) -> dict[str, Any]:
             "warmup_steps": 30,
             "schedule": "linear",
             "weight_decay": 0.05,
+            "eval_every": 50,
+            "eval_tokens": 32_768,
+            "log_every": 10,
+            "checkpoint_every": 50,
         },
     }
 

@@ -164,7 +164,7 @@ def _no_effect(key: str, value: str, kind: AttentionKind, applies_to: str) -> No
 def _check_train(t: TrainConfig) -> None:
     key = "train"
     for name in ("seq_len", "batch_tokens", "micro_batch_size", "eval_every", "eval_tokens", "log_every",
-                 "checkpoint_every"):
+                 "checkpoint_every", "keep_checkpoints", "spike_threshold"):
         _positive(getattr(t, name), f"{key}.{name}")
     if t.batch_tokens % (t.seq_len * t.micro_batch_size):
         raise ConfigError(

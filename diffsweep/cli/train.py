@@ -1,0 +1,56 @@
+"""``diffsweep train``: train one config, resumably, logging to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diffsweep.cli.common import ArchOpt, ConfigArg, SetOpt, SizeOpt, cli_config, handle_errors
+
+EXIT_DIVERGED = 4  # the run failed: non-finite loss or gradient norm (see the MLflow run's end reason)
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Runs directory; the run's is OUT/<run name>.")]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
+ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from this checkpoint file "
+                                                "[default: the run's newest, if any].", show_default=False)]
+
+
+@handle_errors
+def train(
+    config: ConfigArg = None,
+    size: SizeOpt = None,
+    arch: ArchOpt = None,
+    set_: SetOpt = None,
+    out: OutOpt = Path("runs"),
+    experiment: ExperimentOpt = "diffsweep",
+    resume: ResumeOpt = None,
+) -> None:
+    """Train a model: picks up where the run directory's newest checkpoint left off.
+
+    Exit status: 0 finished, 2 bad input, 3 missing GPU/package, 4 diverged, 75 preempted by
+    SIGUSR2/SIGTERM after saving a checkpoint (run the same command again to continue).
+    """
+    from diffsweep.config.identity import run_name
+    from diffsweep.train.preemption import EXIT_PREEMPTED
+    from diffsweep.train.trainer import Diverged
+    from diffsweep.train.trainer import train as run_training
+    from diffsweep.train.tracking import DEFAULT_TRACKING_URI, tracking_uri
+
+    cfg = cli_config(config, size, arch, set_)
+    run_dir = out / run_name(cfg)
+    typer.echo(f"run {run_dir.name} -> {run_dir}")
+    try:
+        result = run_training(cfg, run_dir, experiment=experiment, resume_from=resume,
+                              echo=lambda line: typer.echo(line))
+    except Diverged as exc:
+        typer.echo(f"error: diverged: {exc} (run marked FAILED; last good checkpoint kept)", err=True)
+        raise typer.Exit(EXIT_DIVERGED) from None
+    if result.status == "preempted":
+        raise typer.Exit(EXIT_PREEMPTED)
+    uri = tracking_uri()
+    if uri == DEFAULT_TRACKING_URI:
+        typer.echo("view the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db  (then open http://127.0.0.1:5000)")
+    else:
+        typer.echo(f"view the runs at {uri}")

@@ -1,0 +1,68 @@
+"""The paper's optimisation recipe: AdamW with decoupled weight decay on matrices only, and a
+learning rate that warms up linearly, then decays (linear, cosine or warmup-stable-decay).
+
+The schedule is a pure function of the step, so the "scheduler state" in a checkpoint is the
+step itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from diffsweep.config import LRSchedule, TrainConfig
+
+
+def total_steps(cfg: TrainConfig) -> int:
+    """Steps in the run: ``max_steps``, or ``max_tokens`` rounded up to whole batches."""
+    return cfg.max_steps if cfg.max_steps is not None else math.ceil(cfg.max_tokens / cfg.batch_tokens)
+
+
+def decays(name: str, param: nn.Parameter) -> bool:
+    """Weight decay applies to matrices, not to norms, biases or λ parameters (V1's λ vectors,
+    V2's λ projection): those are gains and scalars whose scale the model needs."""
+    return param.ndim >= 2 and "lambda" not in name
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in params if decays(n, p)], "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def _linear(progress: float) -> float:
+    return 1.0 - progress
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# After warmup: the fraction of (lr - min_lr) left at ``progress`` in [0, 1] through the decay.
+DECAYS: dict[LRSchedule, Callable[[float], float]] = {
+    LRSchedule.LINEAR: _linear,
+    LRSchedule.COSINE: _cosine,
+    LRSchedule.WSD: _linear,  # linear decay over the last decay_fraction of steps
+}
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of step ``step`` (1-based): linear warmup over ``warmup_steps`` from lr/warmup
+    to lr, then decay to ``min_lr`` at the last step (wsd: constant until the last
+    ``decay_fraction`` of steps)."""
+    n = total_steps(cfg)
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    decay_start = cfg.warmup_steps
+    if cfg.schedule is LRSchedule.WSD:
+        decay_start = max(cfg.warmup_steps, n - round(cfg.decay_fraction * n))
+    if step <= decay_start:
+        return cfg.lr
+    progress = (step - decay_start) / max(1, n - decay_start)
+    return cfg.min_lr + (cfg.lr - cfg.min_lr) * DECAYS[cfg.schedule](min(1.0, progress))

@@ -1,0 +1,34 @@
+"""Preemption: SIGUSR2 (Slurm's ``--signal``) or SIGTERM only sets a flag; the trainer saves a
+checkpoint at the next step boundary and exits with ``EXIT_PREEMPTED`` so the launcher requeues."""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): saved, try again
+SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class PreemptionFlag:
+    """Context manager installing the handlers (main thread only) and restoring the old ones."""
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signal = signal.Signals(signum)
+
+    def __enter__(self) -> PreemptionFlag:
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,316 @@
+"""``train``: run one config to its step budget, resumably, logging to MLflow.
+
+Everything that can be wrong with the input (data, output directory, checkpoint, tracking
+store) is checked before anything is created. Then the loop: one optimizer step per batch,
+validation and probes every ``eval_every`` steps, an atomic checkpoint every
+``checkpoint_every`` steps. A non-finite loss or gradient norm stops the run at once (FAILED,
+no checkpoint written); SIGUSR2/SIGTERM stop it at the next step boundary after a checkpoint
+(KILLED, resumable).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from diffsweep.config import Config, ConfigError, Precision, dump_yaml, to_dict
+from diffsweep.config.identity import flatten, run_key, run_name
+from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
+from diffsweep.model import counting
+from diffsweep.model.transformer import LanguageModel, build_model
+from diffsweep.train import checkpoint as ckpt
+from diffsweep.train.optim import build_optimizer, lr_at, total_steps
+from diffsweep.train.preemption import PreemptionFlag
+from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
+from diffsweep.train.metrics import SpikeCounter, peak_flops
+from diffsweep.train.tracking import MlflowTracker, NullTracker, check_tracking, ensure_experiment, source_tags, tracking_uri
+
+RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
+
+
+class Diverged(RuntimeError):
+    """The loss or the gradient norm stopped being finite."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a ``train`` call ended: ``finished``, ``preempted`` (resumable) or ``diverged``."""
+
+    status: str
+    step: int
+    total_steps: int
+    run_dir: Path
+    run_id: str | None
+    reason: str = ""
+
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+def train(
+    config: Config,
+    run_dir: Path,
+    *,
+    experiment: str = "diffsweep",
+    resume_from: Path | None = None,
+    rank: int = 0,
+    callbacks: tuple[StepCallback, ...] = (),
+    echo: Callable[[str], None] = print,
+) -> TrainResult:
+    """Train ``config`` in ``run_dir`` (checkpoints in ``run_dir/checkpoints``).
+
+    Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
+    already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
+    every step.
+    """
+    t = config.train
+    dataset = open_dataset(config.data.path)
+    check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
+    _check_writable(run_dir)
+    state = _load_resume_state(resume_from or _newest(run_dir), config, dataset)
+    uri = tracking_uri()
+    check_tracking(uri)
+    if state is not None and state["step"] >= total_steps(t):
+        echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
+        return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(t.seed)
+    autocast_dtype = _autocast_dtype(t.precision, device)
+    model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+    optimizer = build_optimizer(model, t)
+    run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo)
+    if state is not None:
+        run.restore(state)
+    tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model)
+    run.tracker = tracker
+    try:
+        with PreemptionFlag() as flag:
+            return run.loop(flag, callbacks)
+    except KeyboardInterrupt:
+        tracker.finish("KILLED", "interrupted (SIGINT)")
+        raise
+    except BaseException as exc:
+        tracker.finish("FAILED", f"{type(exc).__name__}: {exc}")
+        raise
+
+
+class _Run:
+    """The state of one training job and the steps of its loop."""
+
+    def __init__(self, config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo) -> None:
+        self.config, self.t = config, config.train
+        self.train_tokens, self.val_tokens = dataset.split("train"), dataset.split("val")
+        self.fingerprint = dataset.meta.fingerprint
+        self.model: LanguageModel = model
+        self.optimizer = optimizer
+        self.device, self.autocast_dtype = device, autocast_dtype
+        self.run_dir, self.echo = run_dir, echo
+        self.total = total_steps(self.t)
+        self.sequences_per_step = self.t.batch_tokens // self.t.seq_len
+        self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
+        self.run_key, self.tracker = run_key(config), None
+        flops = counting.train_flops_per_token(config.model, self.t.seq_len)
+        peak = peak_flops(device)
+        self.mfu_scale = flops / peak if peak else None
+
+    def loop(self, flag: PreemptionFlag, callbacks: tuple[StepCallback, ...]) -> TrainResult:
+        saved_at = self.step
+        while self.step < self.total:
+            self.step += 1
+            metrics = self.train_step()
+            if self.step % self.t.eval_every == 0 or self.step == self.total:
+                metrics |= self.evaluate()
+            self.tracker.log(self.step, metrics)
+            for callback in callbacks:
+                callback(self.step, metrics)
+            if self.step % self.t.log_every == 0 or self.step == self.total:
+                self.echo(_line(self.step, self.total, metrics))
+            if self.step % self.t.checkpoint_every == 0 or self.step == self.total:
+                self.save()
+                saved_at = self.step
+            if flag.requested and self.step < self.total:
+                if saved_at != self.step:
+                    self.save()
+                reason = f"preempted by {flag.signal.name} at step {self.step}; resume to continue"
+                self.tracker.finish("KILLED", reason)
+                self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
+                return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason)
+        self.tracker.finish("FINISHED")
+        self.echo(f"finished {self.total} steps; MLflow run {self.tracker.run_id}")
+        return TrainResult("finished", self.step, self.total, self.run_dir, self.tracker.run_id)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _window(self, tokens: np.ndarray, starts: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(windows(tokens, starts, self.t.seq_len)).to(self.device)
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over ``batch_tokens`` (gradient accumulation over micro-batches)."""
+        started = time.perf_counter()
+        lr = lr_at(self.step, self.t)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        starts = batch_starts(self.t.seed, self.step, self.sequences_per_step, len(self.train_tokens), self.t.seq_len)
+        micro = self.t.micro_batch_size
+        num_micro = len(starts) // micro
+        loss_sum = torch.zeros((), device=self.device)
+        for i in range(num_micro):
+            window = self._window(self.train_tokens, starts[i * micro : (i + 1) * micro])
+            with self._autocast():
+                logits = self.model(window[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+            (loss / num_micro).backward()
+            loss_sum += loss.detach()
+        clip = self.t.grad_clip if self.t.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        loss_value = float(loss_sum) / num_micro
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            raise Diverged(f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} "
+                           f"at step {self.step} (loss {loss_value}, grad norm {grad_norm})")
+        self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        self.tokens_seen += self.t.batch_tokens
+        metrics = {
+            "train/loss": loss_value,
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            "train/tokens": float(self.tokens_seen),
+            "train/tokens_per_s": self.t.batch_tokens / seconds,
+            "train/loss_spikes": float(self.spikes.add(loss_value)),
+        }
+        if self.mfu_scale is not None:
+            metrics["train/mfu"] = metrics["train/tokens_per_s"] * self.mfu_scale
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (all, AR-Hit, Others) over the fixed validation windows, then probes."""
+        self.model.eval()
+        starts = val_starts(len(self.val_tokens), self.t.seq_len, self.t.eval_tokens)
+        sums = LossSums()
+        for i in range(0, len(starts), self.t.micro_batch_size):
+            window = self._window(self.val_tokens, starts[i : i + self.t.micro_batch_size])
+            with self._autocast():
+                losses = token_losses(self.model, window)
+            sums.add(losses, ar_hit_mask(window))
+        with self._autocast():
+            probes = probe(self.model, self._window(self.val_tokens, starts[:1]))
+        return sums.metrics() | probes
+
+    def state(self) -> dict:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"schedule": self.t.schedule.value, "step": self.step, "total_steps": self.total},
+            "data": {"seed": self.t.seed, "next_step": self.step + 1, "fingerprint": self.fingerprint},
+            "rng": {"torch": torch.get_rng_state(), "cuda": cuda},
+            "run_key": self.run_key,
+            "mlflow_run_id": self.tracker.run_id,
+            "metrics_state": {"spikes": self.spikes.state_dict()},
+            "config": to_dict(self.config),
+        }
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.spikes.load_state_dict(state["metrics_state"]["spikes"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def save(self) -> None:
+        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(), keep=self.t.keep_checkpoints)
+        self.tracker.flush()  # what the checkpoint covers is in the store too
+
+
+def _line(step: int, total: int, m: dict[str, float]) -> str:
+    line = (f"step {step}/{total} loss {m['train/loss']:.4f} lr {m['train/lr']:.2e} "
+            f"gnorm {m['train/grad_norm']:.3f} tok/s {m['train/tokens_per_s']:.0f}")
+    if "val/loss" in m:
+        line += f" | val {m['val/loss']:.4f} (AR-Hit {m.get('val/loss_ar_hit', float('nan')):.4f})"
+    return line
+
+
+def _autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPU (and when asked for), fp32 (no autocast) on CPU by default."""
+    if precision is Precision.BF16 or (precision is Precision.AUTO and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def _check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe_file = run_dir / f".write-test-{os.getpid()}"
+        probe_file.write_bytes(b"")
+        probe_file.unlink()
+    except OSError as exc:
+        raise ConfigError(str(run_dir), f"output directory is not writable ({exc.strerror})") from exc
+
+
+def _newest(run_dir: Path) -> Path | None:
+    found = ckpt.list_checkpoints(run_dir / "checkpoints")
+    return found[-1] if found else None
+
+
+def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset) -> dict | None:
+    if path is None:
+        return None
+    state = ckpt.load_checkpoint(path)
+    if state["run_key"] != run_key(config):
+        raise ConfigError(str(path), f"written by a different config (run key {state['run_key']}, "
+                          f"this config's is {run_key(config)})")
+    if state["data"]["fingerprint"] != dataset.meta.fingerprint:
+        raise ConfigError(str(path), f"written for a different dataset than {dataset.path}")
+    return state
+
+
+def _start_tracking(config, run_dir, uri, experiment, state, rank, model):
+    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one."""
+    if rank != 0:
+        return NullTracker()
+    run_file = run_dir / RUN_FILE
+    run_id = state["mlflow_run_id"] if state else None
+    if run_id is None and run_file.is_file():
+        run_id = json.loads(run_file.read_text())["run_id"]
+    if run_id is not None:
+        tracker = MlflowTracker(uri, run_id=run_id)
+        tracker.resume()
+        return tracker
+    tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
+    params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
+    tags = source_tags() | {
+        "diffsweep.arch": config.model.attention.kind.value,
+        "diffsweep.size": config.model.size or "custom",
+        "diffsweep.params": str(sum(p.numel() for p in model.parameters())),
+        "diffsweep.run_key": run_key(config),
+        "diffsweep.tokenizer": config.data.tokenizer.value,
+        "diffsweep.run_dir": str(run_dir.absolute()),
+    }
+    tracker.start(run_name(config), params, tags, dump_yaml(config))
+    tmp = run_file.with_name(f".{RUN_FILE}.tmp")
+    tmp.write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
+    os.replace(tmp, run_file)
+    return tracker
