@@ -6,3 +6,51 @@ import os
 
 # One thread per test process: the CI box has 2 cores and may be shared (see shared notes).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+# Tiny training runs for tests: tiny-xs on a 512-token BPE, 2 micro-batches of 2 x 32 tokens per step.
+TINY_RUN = [
+    "model.size=tiny-xs",
+    "model.vocab_size=512",
+    "train.seq_len=32",
+    "train.batch_tokens=128",
+    "train.micro_batch_size=2",
+    "train.max_steps=12",
+    "train.warmup_steps=2",
+    "train.eval_every=4",
+    "train.eval_tokens=256",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=100",
+    "train.log_every=1",
+]
+
+
+@pytest.fixture(scope="session")
+def text_dataset(tmp_path_factory) -> Path:
+    """A real-English dataset (CPython's pydoc topics, ~0.5 MB) tokenized with a 512-token BPE."""
+    import pydoc_data.topics
+
+    from diffsweep.config import TokenizerKind
+    from diffsweep.data.prepare import Document, prepare
+
+    root = tmp_path_factory.mktemp("text")
+    source = root / "topics.txt"
+    source.write_text("\n".join(pydoc_data.topics.topics.values()))
+    docs = [Document(name, text, source) for name, text in sorted(pydoc_data.topics.topics.items())]
+    prepare(docs, root / "dataset", TokenizerKind.BPE, vocab_size=512)
+    return root / "dataset"
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory) -> str:
+    """One SQLite MLflow store for the session (creating one costs seconds); tests use their own
+    experiments in it."""
+    from diffsweep.train.tracking import ensure_experiment
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    ensure_experiment(uri, "warm-up")  # creates the tables once
+    return uri

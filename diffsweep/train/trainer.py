@@ -92,6 +92,10 @@ def train(
     run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo)
     if state is not None:
         run.restore(state)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model)
     run.tracker = tracker
     try:
@@ -261,13 +265,13 @@ def _autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype |
 
 
 def _check_writable(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe_file = run_dir / f".write-test-{os.getpid()}"
-        probe_file.write_bytes(b"")
-        probe_file.unlink()
-    except OSError as exc:
-        raise ConfigError(str(run_dir), f"output directory is not writable ({exc.strerror})") from exc
+    """The run directory exists and is writable, or can be created (checked without creating it)."""
+    existing = run_dir
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a directory" if not existing.is_dir() else "is not writable"
+        raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
 
 
 def _newest(run_dir: Path) -> Path | None:

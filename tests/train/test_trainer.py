@@ -1,0 +1,189 @@
+"""The trainer end to end on real text with a real MLflow store: bitwise resume from any
+checkpoint, preemption by a real signal, crashes, divergence, and what a run logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from diffsweep.config import ConfigError, load_config
+from diffsweep.config.identity import run_key
+from diffsweep.train.checkpoint import list_checkpoints, load_checkpoint
+from diffsweep.train.trainer import RUN_FILE, Diverged, train
+
+from ..conftest import TINY_RUN
+
+TIMING = ("train/tokens_per_s",)  # wall-clock: the only metric allowed to differ between runs
+KINDS = ("transformer", "diff_v1", "diff_v2")
+
+
+def tiny(dataset, *extra: str):
+    return load_config(None, [*TINY_RUN, f"data.path={dataset}", *extra])
+
+
+@pytest.fixture
+def store(mlflow_store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
+    return MlflowClient(mlflow_store)
+
+
+def recorder(into: dict):
+    def callback(step, metrics):
+        into[step] = {k: v for k, v in metrics.items() if k not in TIMING}
+    return callback
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_from_every_checkpoint_is_bitwise_identical(kind, text_dataset, store, tmp_path):
+    """Resuming from any checkpoint reproduces every later metric of the uninterrupted run
+    exactly (train loss, grad norm, validation slices, λ, outliers)."""
+    cfg = tiny(text_dataset, f"model.attention.kind={kind}")
+    full: dict = {}
+    result = train(cfg, tmp_path / "full", experiment=f"resume-{kind}", callbacks=(recorder(full),), echo=quiet)
+    assert result.status == "finished" and sorted(full) == list(range(1, 13))
+    checkpoints = list_checkpoints(tmp_path / "full" / "checkpoints")
+    assert [load_checkpoint(c)["step"] for c in checkpoints] == [2, 4, 6, 8, 10, 12]
+    for checkpoint in checkpoints[:-1]:
+        step = load_checkpoint(checkpoint)["step"]
+        resumed: dict = {}
+        train(cfg, tmp_path / f"from{step}", resume_from=checkpoint, callbacks=(recorder(resumed),), echo=quiet)
+        assert resumed == {s: m for s, m in full.items() if s > step}, f"resumed from step {step}"
+    assert full[12]["val/loss"] < full[4]["val/loss"]  # it learns
+
+
+def test_a_run_logs_what_a_researcher_needs(text_dataset, store, tmp_path):
+    cfg = tiny(text_dataset, "model.attention.kind=diff_v1")
+    result = train(cfg, tmp_path / "run", experiment="contents", echo=quiet)
+    run = store.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name.startswith("tiny-xs-diff_v1-seed0-")
+    params = run.data.params
+    assert params["model.attention.kind"] == "diff_v1" and params["train.seq_len"] == "32"
+    assert params["model.attention.num_heads"] == "2"  # resolved, not declared
+    tags = run.data.tags
+    assert tags["diffsweep.arch"] == "diff_v1" and tags["diffsweep.size"] == "tiny-xs"
+    assert tags["diffsweep.run_key"] == run_key(cfg)
+    assert int(tags["diffsweep.params"]) == sum(p.numel() for p in torch.nn.Module.parameters(
+        __import__("diffsweep.model.transformer", fromlist=["x"]).build_model(cfg.model)))
+    assert len(tags["diffsweep.git_commit"]) in (40, len("unknown")) and tags["diffsweep.git_dirty"] in ("true", "false", "unknown")
+    assert tags["diffsweep.host"]
+    config_yaml = store.download_artifacts(result.run_id, "config.yaml", str(tmp_path))
+    assert load_config(config_yaml) == cfg  # the artifact reproduces the run's config
+    assert [s for s, _ in history(store, result.run_id, "train/loss")] == list(range(1, 13))
+    for key in ("train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s", "train/loss_spikes"):
+        assert len(history(store, result.run_id, key)) == 12, key
+    assert history(store, result.run_id, "train/tokens")[-1] == (12, 12 * 128)
+    for key in ("val/loss", "val/loss_ar_hit", "val/loss_others", "val/ar_hit_fraction", "lambda/layer_01",
+                "lambda/layer_02", "outliers/attn_logit_top1", "outliers/hidden_top1"):
+        assert [s for s, _ in history(store, result.run_id, key)] == [4, 8, 12], key
+    assert "train/mfu" not in run.data.metrics  # CPU: no MFU
+    ar, others, frac = (run.data.metrics[k] for k in ("val/loss_ar_hit", "val/loss_others", "val/ar_hit_fraction"))
+    assert run.data.metrics["val/loss"] == pytest.approx(frac * ar + (1 - frac) * others, rel=1e-9)
+
+
+def test_diff_v2_logs_lambda_mean_and_spread(text_dataset, store, tmp_path):
+    result = train(tiny(text_dataset, "model.attention.kind=diff_v2"), tmp_path / "run", experiment="v2", echo=quiet)
+    metrics = store.get_run(result.run_id).data.metrics
+    for layer in ("01", "02"):
+        assert 0.0 < metrics[f"lambda/layer_{layer}/mean"] < 1.0  # sigmoid λ
+        assert metrics[f"lambda/layer_{layer}/std"] > 0.0
+
+
+def test_signal_saves_at_step_boundary_and_resume_continues_the_same_mlflow_run(text_dataset, store, tmp_path):
+    """SIGUSR2 mid-run: checkpoint at that step, run KILLED; relaunch resumes the same MLflow run
+    and its history has every step exactly once, equal to an uninterrupted run's."""
+    cfg = tiny(text_dataset, "model.attention.kind=diff_v1")
+    reference = train(cfg, tmp_path / "reference", experiment="signal-ref", echo=quiet)
+
+    def preempt_at_5(step, metrics):
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    run_dir = tmp_path / "run"
+    first = train(cfg, run_dir, experiment="signal", callbacks=(preempt_at_5,), echo=quiet)
+    assert (first.status, first.step) == ("preempted", 5)
+    assert load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])["step"] == 5
+    killed = store.get_run(first.run_id)
+    assert killed.info.status == "KILLED" and "SIGUSR2" in killed.data.tags["diffsweep.end_reason"]
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # handlers restored
+
+    second = train(cfg, run_dir, experiment="signal", echo=quiet)
+    assert second.status == "finished" and second.run_id == first.run_id
+    assert store.get_run(first.run_id).info.status == "FINISHED"
+    for key in ("train/loss", "train/grad_norm", "val/loss", "lambda/layer_01"):
+        assert history(store, first.run_id, key) == history(store, reference.run_id, key), key
+
+
+def test_a_crash_before_the_first_checkpoint_reuses_the_run_without_duplicates(text_dataset, store, tmp_path):
+    cfg = tiny(text_dataset)
+
+    def crash_at_1(step, metrics):
+        if step == 1:
+            raise RuntimeError("node lost")
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="node lost"):
+        train(cfg, run_dir, experiment="crash", callbacks=(crash_at_1,), echo=quiet)
+    assert not list_checkpoints(run_dir / "checkpoints")
+    run_id = yaml.safe_load((run_dir / RUN_FILE).read_text())["run_id"]
+    failed = store.get_run(run_id)
+    assert failed.info.status == "FAILED" and "node lost" in failed.data.tags["diffsweep.end_reason"]
+    assert [s for s, _ in history(store, run_id, "train/loss")] == [1]
+    result = train(cfg, run_dir, experiment="crash", echo=quiet)
+    assert result.run_id == run_id
+    assert [s for s, _ in history(store, run_id, "train/loss")] == list(range(1, 13))
+
+
+def test_divergence_stops_at_once_marks_failed_and_keeps_the_last_good_checkpoint(text_dataset, store, tmp_path):
+    cfg = tiny(text_dataset, "train.lr=1e30", "train.checkpoint_every=1")
+    run_dir = tmp_path / "run"
+    with pytest.raises(Diverged, match="non-finite") as caught:
+        train(cfg, run_dir, experiment="diverge", echo=quiet)
+    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    assert checkpoints, "the steps before divergence were checkpointed"
+    last = load_checkpoint(checkpoints[-1])
+    assert f"at step {last['step'] + 1}" in str(caught.value)  # nothing saved at or after the bad step
+    assert all(torch.isfinite(t).all() for t in last["model"].values())
+    run_id = yaml.safe_load((run_dir / RUN_FILE).read_text())["run_id"]
+    run = store.get_run(run_id)
+    assert run.info.status == "FAILED" and "non-finite" in run.data.tags["diffsweep.end_reason"]
+
+
+def test_a_finished_run_is_not_trained_again(text_dataset, store, tmp_path):
+    cfg = tiny(text_dataset)
+    first = train(cfg, tmp_path / "run", experiment="again", echo=quiet)
+    before = len(store.search_runs([store.get_experiment_by_name("again").experiment_id]))
+    steps: list[int] = []
+    second = train(cfg, tmp_path / "run", experiment="again", callbacks=(lambda s, m: steps.append(s),), echo=quiet)
+    assert (second.status, second.run_id, steps) == ("finished", first.run_id, [])
+    assert len(store.search_runs([store.get_experiment_by_name("again").experiment_id])) == before
+
+
+def test_resuming_with_another_config_or_dataset_is_refused(text_dataset, store, tmp_path):
+    data = tmp_path / "dataset"
+    shutil.copytree(text_dataset, data)
+    cfg = tiny(data)
+    train(cfg, tmp_path / "run", experiment="refuse", echo=quiet)
+    checkpoint = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
+    with pytest.raises(ConfigError, match="different config"):
+        train(tiny(data, "train.lr=1e-3"), tmp_path / "other", resume_from=checkpoint, echo=quiet)
+    meta = json.loads((data / "meta.json").read_text())
+    meta["fingerprint"] = "0" * 64  # as if the dataset at this path had been re-prepared
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="different dataset"):
+        train(cfg, tmp_path / "run", echo=quiet)
