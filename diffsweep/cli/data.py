@@ -55,15 +55,17 @@ def prepare(
 
     if demo == bool(inputs):
         fail("give either INPUTS or --demo (not both)")
+    out = out or DEMO_OUT if demo else out
+    if out is None:
+        fail("--out: expected a directory for the dataset")
+    if out.exists() and not force:
+        fail(f"{out}: already exists (pass --force to replace it)")
     if demo:
         from diffsweep.data.demo import demo_documents
 
         documents = demo_documents(sources)
     else:
         documents = read_documents(text_files(inputs or []))
-    out = out or DEMO_OUT if demo else out
-    if out is None:
-        fail("--out: expected a directory for the dataset")
 
     def progress(docs, total_chars):
         with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

