@@ -47,6 +47,9 @@ def train(
     except Diverged as exc:
         typer.echo(f"error: diverged: {exc} (run marked FAILED; last good checkpoint kept)", err=True)
         raise typer.Exit(EXIT_DIVERGED) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: run marked KILLED; the same command resumes from the newest checkpoint", err=True)
+        raise typer.Exit(130) from None
     if result.status == "preempted":
         raise typer.Exit(EXIT_PREEMPTED)
     uri = tracking_uri()

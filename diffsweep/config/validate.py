@@ -7,6 +7,7 @@ relations between fields, and warns (``ConfigWarning``) about settings that have
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 from diffsweep.config.enums import AttentionKind, LambdaInitStrategy, LRSchedule, V2Pairing
@@ -189,8 +190,11 @@ def _check_train(t: TrainConfig) -> None:
     for name in ("weight_decay", "warmup_steps", "grad_clip"):
         if getattr(t, name) < 0:
             raise ConfigError(f"{key}.{name}", f"expected a non-negative number, got {getattr(t, name)!r}")
-    if t.max_steps is not None and t.warmup_steps >= t.max_steps:
-        raise ConfigError(f"{key}.warmup_steps", f"{t.warmup_steps} is not below train.max_steps = {t.max_steps}")
+    steps = t.max_steps if t.max_steps is not None else math.ceil(t.max_tokens / t.batch_tokens)
+    if t.warmup_steps >= steps:
+        budget = f"train.max_steps = {t.max_steps}" if t.max_steps is not None else (
+            f"the {steps} steps of train.max_tokens = {t.max_tokens}")
+        raise ConfigError(f"{key}.warmup_steps", f"{t.warmup_steps} is not below {budget}")
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"{key}.decay_fraction", f"expected a value in (0, 1], got {t.decay_fraction}")
     if t.schedule is not LRSchedule.WSD and t.decay_fraction != TrainConfig().decay_fraction:

@@ -74,10 +74,24 @@ def open_dataset(path: str | Path, key: str = "data.path") -> TokenDataset:
 def read_meta(meta_path: Path) -> DatasetMeta:
     try:
         raw = json.loads(meta_path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
         if raw.pop("format", None) != FORMAT:
             raise ValueError(f"format is not {FORMAT!r}")
         raw["tokenizer"] = TokenizerKind(raw["tokenizer"])
-        return DatasetMeta(**raw)
+        meta = DatasetMeta(**raw)
+        # What open_dataset relies on, checked here so a bad file is one error naming it.
+        if meta.dtype not in ("uint16", "uint32"):
+            raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {meta.dtype!r}")
+        if not isinstance(meta.tokens, dict):
+            raise ValueError(f"tokens: expected an object of split -> token count, got {meta.tokens!r}")
+        for name in SPLITS:
+            count = meta.tokens.get(name)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"tokens.{name}: expected a token count, got {count!r}")
+        if not isinstance(meta.vocab_size, int) or meta.vocab_size < 1:
+            raise ValueError(f"vocab_size: expected a positive integer, got {meta.vocab_size!r}")
+        return meta
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({exc})") from exc
 

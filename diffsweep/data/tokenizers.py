@@ -95,6 +95,10 @@ class BpeTokenizer(Tokenizer):
 
     def __init__(self, tokenizer) -> None:  # a tokenizers.Tokenizer
         self._tok = tokenizer
+        # HF tokenizers matches special tokens inside the text by default: a literal
+        # "<|endoftext|>" in a document would become the eos id (and vanish on decode).
+        # Not serialized, so the fingerprint is unchanged.
+        self._tok.encode_special_tokens = True
         self.vocab_size = tokenizer.get_vocab_size()
         self.eos_id = tokenizer.token_to_id(EOT)
 
@@ -134,7 +138,8 @@ class BpeTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids)
+        # The eos id decodes to "<|endoftext|>", as with cl100k_base (HF would drop it by default).
+        return self._tok.decode(ids, skip_special_tokens=False)
 
     def fingerprint(self) -> str:
         canonical = json.dumps(json.loads(self._tok.to_str()), sort_keys=True)

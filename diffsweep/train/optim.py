@@ -61,7 +61,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * step / cfg.warmup_steps
     decay_start = cfg.warmup_steps
     if cfg.schedule is LRSchedule.WSD:
-        decay_start = max(cfg.warmup_steps, n - round(cfg.decay_fraction * n))
+        # At least one decay step, so the last step still reaches min_lr when decay_fraction * n < 0.5.
+        decay_start = max(cfg.warmup_steps, n - max(1, round(cfg.decay_fraction * n)))
     if step <= decay_start:
         return cfg.lr
     progress = (step - decay_start) / max(1, n - decay_start)

@@ -233,6 +233,9 @@ def test_numbers_are_fine_strings():
 def test_more_train_relations():
     assert _err(["train.eps=-1e-8"]).key == "train.eps"
     assert _err(["train.warmup_steps=40000"]).key == "train.warmup_steps"
+    # a token budget: 375 warmup steps do not fit in 100 steps of 4,096 tokens
+    err = _err(["train.max_steps=null", "train.max_tokens=409600", "train.batch_tokens=4096", "train.seq_len=256"])
+    assert err.key == "train.warmup_steps" and "100 steps of train.max_tokens" in str(err)
     with pytest.warns(ConfigWarning, match="decay_fraction.*no effect"):
         load_config(None, ["train.decay_fraction=0.5"])
     load_config(None, ["train.schedule=wsd", "train.decay_fraction=0.5"])
