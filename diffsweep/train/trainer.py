@@ -63,7 +63,7 @@ def train(
     *,
     experiment: str = "diffsweep",
     resume_from: Path | None = None,
-    rank: int = 0,
+    rank: int | None = None,
     callbacks: tuple[StepCallback, ...] = (),
     echo: Callable[[str], None] = print,
 ) -> TrainResult:
@@ -71,8 +71,9 @@ def train(
 
     Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
     already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
-    every step.
+    every step. Only ``rank`` 0 (default: the ``RANK`` environment variable, else 0) tracks.
     """
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     t = config.train
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
