@@ -44,7 +44,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         assert needle in lines[0], lines[0]
 
 
-LONG = ("train.max_steps=150", "train.eval_every=50", "train.checkpoint_every=50", "train.log_every=1")
+LONG = ("train.max_steps=300", "train.eval_every=100", "train.checkpoint_every=100", "train.log_every=1")
 
 
 def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(text_dataset, tmp_path, mlflow_store):
@@ -63,12 +63,12 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
     assert "preempted by SIGUSR2" in out
     run_dir = next((tmp_path / "runs").iterdir())
     saved = int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1])
-    assert target <= saved < 150
+    assert target <= saved < 300
 
     resumed = run(command(text_dataset, "model.attention.kind=diff_v1", *LONG), tmp_path,
                   MLFLOW_TRACKING_URI=mlflow_store)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"step {saved + 1}/150" in resumed.stdout and "step 1/150" not in resumed.stdout
+    assert f"step {saved + 1}/300" in resumed.stdout and "step 1/300" not in resumed.stdout
 
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_store
     try:

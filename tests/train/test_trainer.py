@@ -104,23 +104,24 @@ def test_diff_v2_logs_lambda_mean_and_spread(text_dataset, store, tmp_path):
         assert metrics[f"lambda/layer_{layer}/std"] > 0.0
 
 
-def test_signal_saves_at_step_boundary_and_resume_continues_the_same_mlflow_run(text_dataset, store, tmp_path):
-    """SIGUSR2 mid-run: checkpoint at that step, run KILLED; relaunch resumes the same MLflow run
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGTERM], ids=["SIGUSR2", "SIGTERM"])
+def test_signal_saves_at_step_boundary_and_resume_continues_the_same_mlflow_run(sig, text_dataset, store, tmp_path):
+    """SIGUSR2 or SIGTERM mid-run: checkpoint at that step, run KILLED; relaunch resumes the same MLflow run
     and its history has every step exactly once, equal to an uninterrupted run's."""
     cfg = tiny(text_dataset, "model.attention.kind=diff_v1")
     reference = train(cfg, tmp_path / "reference", experiment="signal-ref", echo=quiet)
 
     def preempt_at_5(step, metrics):
         if step == 5:
-            os.kill(os.getpid(), signal.SIGUSR2)
+            os.kill(os.getpid(), sig)
 
     run_dir = tmp_path / "run"
     first = train(cfg, run_dir, experiment="signal", callbacks=(preempt_at_5,), echo=quiet)
     assert (first.status, first.step) == ("preempted", 5)
     assert load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])["step"] == 5
     killed = store.get_run(first.run_id)
-    assert killed.info.status == "KILLED" and "SIGUSR2" in killed.data.tags["diffsweep.end_reason"]
-    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # handlers restored
+    assert killed.info.status == "KILLED" and sig.name in killed.data.tags["diffsweep.end_reason"]
+    assert signal.getsignal(sig) is signal.SIG_DFL  # handlers restored
 
     second = train(cfg, run_dir, experiment="signal", echo=quiet)
     assert second.status == "finished" and second.run_id == first.run_id
@@ -187,3 +188,14 @@ def test_resuming_with_another_config_or_dataset_is_refused(text_dataset, store,
     (data / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="different dataset"):
         train(cfg, tmp_path / "run", echo=quiet)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_autocast_trains_on_cpu(kind, text_dataset, store, tmp_path):
+    """precision: bf16 (what GPUs get by default) runs the same loop under autocast."""
+    seen: dict = {}
+    cfg = tiny(text_dataset, f"model.attention.kind={kind}", "train.precision=bf16", "train.max_steps=4")
+    result = train(cfg, tmp_path / "run", experiment="bf16", callbacks=(recorder(seen),), echo=quiet)
+    assert result.status == "finished"
+    assert all(torch.isfinite(torch.tensor(m["train/loss"])) for m in seen.values())
+    assert seen[4]["train/loss"] < seen[1]["train/loss"]
