@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -36,7 +37,7 @@ def train(
     from diffsweep.train.preemption import EXIT_PREEMPTED
     from diffsweep.train.trainer import Diverged
     from diffsweep.train.trainer import train as run_training
-    from diffsweep.train.tracking import DEFAULT_TRACKING_URI, tracking_uri
+    from diffsweep.train.tracking import tracking_uri
 
     cfg = cli_config(config, size, arch, set_)
     run_dir = out / run_name(cfg)
@@ -53,7 +54,7 @@ def train(
     if result.status == "preempted":
         raise typer.Exit(EXIT_PREEMPTED)
     uri = tracking_uri()
-    if uri == DEFAULT_TRACKING_URI:
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
         typer.echo("view the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db  (then open http://127.0.0.1:5000)")
     else:
         typer.echo(f"view the runs at {uri}")

@@ -93,7 +93,10 @@ def prepare(
         raise ConfigError("--val-fraction", f"expected a value in (0, 1), got {val_fraction}")
     if out.exists() and not force:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(str(out), f"cannot create its parent directory ({exc.strerror})") from exc
     if not os.access(out.parent, os.W_OK):
         raise ConfigError(str(out), f"cannot write in {out.parent}")
 

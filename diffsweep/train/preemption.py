@@ -4,6 +4,7 @@ checkpoint at the next step boundary and exits with ``EXIT_PREEMPTED`` so the la
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): saved, try again
@@ -25,10 +26,14 @@ class PreemptionFlag:
         self.signal = signal.Signals(signum)
 
     def __enter__(self) -> PreemptionFlag:
-        for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        # Python only lets the main thread install handlers; elsewhere (a thread-based executor)
+        # the process's owner handles signals and this flag never rises.
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: installed outside Python, cannot be put back from here
+                signal.signal(sig, handler)

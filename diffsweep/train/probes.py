@@ -76,9 +76,10 @@ class _LogitProbe(AttentionBackend):
         k = k.repeat_interleave(group, dim=1)
         T = q.shape[2]
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        for h in range(q.shape[1]):  # one head at a time: (B, T, T) is the largest tensor
-            logits = (q[:, h].float() @ k[:, h].float().transpose(-1, -2)) * scale
-            self.top = max(self.top, float(logits.abs().masked_fill(~causal, 0).max()))
+        with torch.autocast(q.device.type, enabled=False):  # fp32 logits even under bf16 autocast
+            for h in range(q.shape[1]):  # one head at a time: (B, T, T) is the largest tensor
+                logits = (q[:, h].float() @ k[:, h].float().transpose(-1, -2)) * scale
+                self.top = max(self.top, float(logits.abs().masked_fill(~causal, 0).max()))
 
     def attend(self, q, k, v, *, scale):
         self._record(q, k, scale)

@@ -1,7 +1,8 @@
 """MLflow tracking behind a narrow interface: the trainer calls ``log``, ``flush`` and ``finish``.
 
 - Where: ``MLFLOW_TRACKING_URI`` when set (e.g. a team server), else MLflow's own default, an
-  SQLite store ``mlflow.db`` in the working directory with artifacts in ``mlruns/`` beside it.
+  SQLite store ``mlflow.db`` in the working directory with artifacts in ``mlruns/`` beside it
+  (made absolute, so a resumed run finds it from any directory).
 - The database and the experiment are created once, by the process that plans the runs
   (``ensure_experiment``), never raced from several jobs (MLflow's ``set_experiment`` silently
   misroutes runs when it loses that race).
@@ -19,18 +20,21 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default, made explicit
 FLUSH_SECONDS = 10.0  # send buffered metrics at least this often
 FLUSH_ITEMS = 900  # ... or when this many are waiting (log_batch takes at most 1,000)
+MAX_BUFFERED = 200_000  # a store unreachable for this long fails the run instead of growing memory
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """``MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory as an absolute path
+    (recorded in ``run.json``, so a resume from another directory finds the same store)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').absolute()}"
 
 
 def check_tracking(uri: str) -> None:
@@ -60,6 +64,9 @@ def ensure_experiment(uri: str, name: str) -> str:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            raise ConfigError("--experiment", f"experiment {name!r} is deleted in {uri} "
+                              "(restore it in the MLflow UI, or pick another name)")
         return experiment.experiment_id
     try:
         return client.create_experiment(name)
@@ -112,10 +119,14 @@ class MlflowTracker:
 
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
-        items = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
-        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+        try:
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
+                self.client.log_batch(self.run_id, params=items[i : i + 100])
+            self.client.log_text(self.run_id, config_yaml, "config.yaml")
+        except BaseException:
+            self.client.set_terminated(self.run_id, status="FAILED")  # never left RUNNING
+            raise
         return self.run_id
 
     def resume(self) -> None:
@@ -126,10 +137,20 @@ class MlflowTracker:
             run = self.client.get_run(self.run_id)
         except MlflowException as exc:
             raise ConfigError("MLFLOW_TRACKING_URI", f"run {self.run_id} (from the checkpoint) is not in {self.uri}") from exc
+        if run.info.lifecycle_stage == "deleted":
+            raise ConfigError("MLFLOW_TRACKING_URI", f"run {self.run_id} (from the checkpoint) is deleted in "
+                              f"{self.uri}; restore it in the MLflow UI to resume")
         for key in run.data.metrics:
             history = self.client.get_metric_history(self.run_id, key)
             self._stored[key] = max(m.step for m in history)
+        if "diffsweep.end_reason" in run.data.tags:  # from an interrupted attempt; no longer true
+            self.client.delete_tag(self.run_id, "diffsweep.end_reason")
         self.client.update_run(self.run_id, status="RUNNING")
+
+    def ensure_finished(self) -> None:
+        """Mark a run whose training is complete FINISHED (its job may have died before saying so)."""
+        if self.client.get_run(self.run_id).info.status != "FINISHED":
+            self.client.set_terminated(self.run_id, status="FINISHED")
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
@@ -144,12 +165,20 @@ class MlflowTracker:
             if step > self._stored.get(key, -1):  # a resumed run re-computes steps the store has
                 self._buffer.append(Metric(key, float(value), now, step))
         if len(self._buffer) >= FLUSH_ITEMS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # a busy store ("database is locked", HTTP 5xx): retry later
+                if len(self._buffer) > MAX_BUFFERED:
+                    raise
+                self._last_flush = time.monotonic()
+                warnings.warn(f"MLflow logging failed, will retry ({type(exc).__name__}: {exc})", stacklevel=2)
 
     def flush(self) -> None:
+        """Send every buffered metric; a batch leaves the buffer only once the store has it."""
         while self._buffer:
-            batch, self._buffer = self._buffer[:1000], self._buffer[1000:]
+            batch = self._buffer[:1000]
             self.client.log_batch(self.run_id, metrics=batch)
+            del self._buffer[: len(batch)]
             for metric in batch:
                 self._stored[metric.key] = max(self._stored.get(metric.key, -1), metric.step)
         self._last_flush = time.monotonic()
@@ -159,9 +188,11 @@ class MlflowTracker:
         try:
             self.flush()
         finally:
-            if reason:
-                self.client.set_tag(self.run_id, "diffsweep.end_reason", reason[:5000])
-            self.client.set_terminated(self.run_id, status=status)
+            try:
+                if reason:
+                    self.client.set_tag(self.run_id, "diffsweep.end_reason", reason[:5000])
+            finally:
+                self.client.set_terminated(self.run_id, status=status)
 
 
 class NullTracker:
@@ -173,6 +204,9 @@ class NullTracker:
         return None
 
     def resume(self) -> None:
+        pass
+
+    def ensure_finished(self) -> None:
         pass
 
     def set_tags(self, tags: dict[str, str]) -> None:

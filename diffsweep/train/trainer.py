@@ -73,7 +73,7 @@ def train(
     already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
     every step. Only ``rank`` 0 (default: the ``RANK`` environment variable, else 0) tracks.
     """
-    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    rank = _rank() if rank is None else rank
     t = config.train
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
@@ -82,39 +82,56 @@ def train(
     uri = tracking_uri()
     check_tracking(uri)
     if state is not None and state["step"] >= total_steps(t):
+        if rank == 0 and state["mlflow_run_id"]:
+            MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
         echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
         return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(t.seed)
-    autocast_dtype = _autocast_dtype(t.precision, device)
-    model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
-    optimizer = build_optimizer(model, t)
-    run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo)
-    if state is not None:
-        run.restore(state)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
-    tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model)
-    run.tracker = tracker
-    try:
-        with PreemptionFlag() as flag:
+    # Signals only set a flag from here on; one arriving during set-up stops before the first step.
+    with PreemptionFlag() as flag:
+        device = _device()
+        torch.manual_seed(t.seed)
+        autocast_dtype = _autocast_dtype(t.precision, device)
+        model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+        optimizer = build_optimizer(model, t)
+        run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank)
+        if state is not None:
+            run.restore(state)
+        run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model)
+        try:
             return run.loop(flag, callbacks)
-    except KeyboardInterrupt:
-        tracker.finish("KILLED", "interrupted (SIGINT)")
-        raise
-    except BaseException as exc:
-        tracker.finish("FAILED", f"{type(exc).__name__}: {exc}")
-        raise
+        except KeyboardInterrupt:
+            _finish_quietly(tracker, "KILLED", "interrupted (SIGINT)", echo)
+            raise
+        except BaseException as exc:
+            _finish_quietly(tracker, "FAILED", f"{type(exc).__name__}: {exc}", echo)
+            raise
+
+
+def _finish_quietly(tracker, status: str, reason: str, echo: Callable[[str], None]) -> None:
+    """End the run after a failure without letting a tracking error hide the original one."""
+    try:
+        tracker.finish(status, reason)
+    except Exception as exc:  # noqa: BLE001 (the training error is what the user must see)
+        echo(f"warning: could not mark MLflow run {tracker.run_id} {status}: {type(exc).__name__}: {exc}")
+
+
+def _rank() -> int:
+    """This process's rank: torchrun's RANK, else Slurm's SLURM_PROCID (srun / submitit), else 0."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+
+
+def _device() -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
 class _Run:
     """The state of one training job and the steps of its loop."""
 
-    def __init__(self, config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo) -> None:
-        self.config, self.t = config, config.train
+    def __init__(self, config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank) -> None:
+        self.config, self.t, self.rank = config, config.train, rank
         self.train_tokens, self.val_tokens = dataset.split("train"), dataset.split("val")
         self.fingerprint = dataset.meta.fingerprint
         self.model: LanguageModel = model
@@ -126,12 +143,14 @@ class _Run:
         self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
         self.run_key, self.tracker = run_key(config), None
         flops = counting.train_flops_per_token(config.model, self.t.seq_len)
-        peak = peak_flops(device)
+        peak = peak_flops(device) if autocast_dtype == torch.bfloat16 else None  # peaks are bf16 figures
         self.mfu_scale = flops / peak if peak else None
 
     def loop(self, flag: PreemptionFlag, callbacks: tuple[StepCallback, ...]) -> TrainResult:
         saved_at = self.step
         while self.step < self.total:
+            if flag.requested and self.step == saved_at:  # signalled during set-up: nothing new to save
+                return self._preempted(flag)
             self.step += 1
             metrics = self.train_step()
             if self.step % self.t.eval_every == 0 or self.step == self.total:
@@ -147,13 +166,16 @@ class _Run:
             if flag.requested and self.step < self.total:
                 if saved_at != self.step:
                     self.save()
-                reason = f"preempted by {flag.signal.name} at step {self.step}; resume to continue"
-                self.tracker.finish("KILLED", reason)
-                self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
-                return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason)
+                return self._preempted(flag)
         self.tracker.finish("FINISHED")
         self.echo(f"finished {self.total} steps; MLflow run {self.tracker.run_id}")
         return TrainResult("finished", self.step, self.total, self.run_dir, self.tracker.run_id)
+
+    def _preempted(self, flag: PreemptionFlag) -> TrainResult:
+        reason = f"preempted by {flag.signal.name} at step {self.step}; resume to continue"
+        self.tracker.finish("KILLED", reason)
+        self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
+        return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -221,7 +243,7 @@ class _Run:
         return sums.metrics() | probes
 
     def state(self) -> dict:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else []
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -242,12 +264,19 @@ class _Run:
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.spikes.load_state_dict(state["metrics_state"]["spikes"])
         torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        if state["rng"]["cuda"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"][0], self.device)
 
     def save(self) -> None:
+        """Checkpoint (rank 0). Metrics go to the store first: if the job dies in between, the
+        resume replays from the older checkpoint and skips the steps the store already has."""
+        self.tracker.flush()
+        if self.rank != 0:
+            return
+        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise Diverged(f"non-finite weights after step {self.step} ({bad[0]}); not checkpointed")
         ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(), keep=self.t.keep_checkpoints)
-        self.tracker.flush()  # what the checkpoint covers is in the store too
 
 
 def _line(step: int, total: int, m: dict[str, float]) -> str:
@@ -305,6 +334,10 @@ def _start_tracking(config, run_dir, uri, experiment, state, rank, model):
         tracker.resume()
         return tracker
     tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
     tags = source_tags() | {
         "diffsweep.arch": config.model.attention.kind.value,

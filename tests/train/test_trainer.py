@@ -199,3 +199,22 @@ def test_bf16_autocast_trains_on_cpu(kind, text_dataset, store, tmp_path):
     assert result.status == "finished"
     assert all(torch.isfinite(torch.tensor(m["train/loss"])) for m in seen.values())
     assert seen[4]["train/loss"] < seen[1]["train/loss"]
+
+
+def test_relaunching_a_complete_run_repairs_its_mlflow_status(text_dataset, store, tmp_path):
+    """A job that died after its last checkpoint but before ending its MLflow run: the relaunch
+    trains nothing and marks the run FINISHED."""
+    cfg = tiny(text_dataset, "train.max_steps=4")
+    first = train(cfg, tmp_path / "run", experiment="repair", echo=quiet)
+    store.update_run(first.run_id, status="RUNNING")
+    train(cfg, tmp_path / "run", experiment="repair", echo=quiet)
+    assert store.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_a_deleted_experiment_is_a_config_error_before_anything_is_created(text_dataset, store, tmp_path):
+    experiment_id = store.create_experiment("deleted-one")
+    store.delete_experiment(experiment_id)
+    with pytest.raises(ConfigError, match="deleted"):
+        train(tiny(text_dataset), tmp_path / "run", experiment="deleted-one", echo=quiet)
+    assert not store.search_runs([experiment_id], run_view_type=3)
+    assert not (tmp_path / "run").exists()
