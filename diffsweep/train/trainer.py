@@ -79,7 +79,7 @@ def train(
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
     state = _load_resume_state(resume_from or _newest(run_dir), config, dataset)
-    uri = tracking_uri()
+    uri = _run_tracking_uri(run_dir)
     check_tracking(uri)
     if state is not None and state["step"] >= total_steps(t):
         if rank == 0 and state["mlflow_run_id"]:
@@ -302,6 +302,20 @@ def _check_writable(run_dir: Path) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         what = "is not a directory" if not existing.is_dir() else "is not writable"
         raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
+
+
+def _run_tracking_uri(run_dir: Path) -> str:
+    """Where this run is tracked: the store its ``run.json`` names (so a resume from another
+    working directory finds it), unless ``MLFLOW_TRACKING_URI`` names another one (an error)."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.is_file():
+        return tracking_uri()
+    recorded = json.loads(run_file.read_text())["tracking_uri"]
+    asked = os.environ.get("MLFLOW_TRACKING_URI")
+    if asked and asked != recorded:
+        raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
+                          "unset it or set it to that store")
+    return recorded
 
 
 def _newest(run_dir: Path) -> Path | None:

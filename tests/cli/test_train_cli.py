@@ -85,6 +85,27 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
         assert got == want, key
 
 
+def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes(text_dataset, tmp_path,
+                                                                                  mlflow_store):
+    args = command(text_dataset, *LONG)
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 120/"):  # past the step-100 checkpoint
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
+    run_dir = next((tmp_path / "runs").iterdir())
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "KILLED"
+    saved = int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1])  # 100, unless it ran on
+    resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert resumed.returncode == 0 and f"step {saved + 1}/300" in resumed.stdout, resumed.stderr
+    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "FINISHED"
+
+
 def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path):
     result = run(command(text_dataset, "train.max_steps=4", "train.eval_every=2"), tmp_path)
     assert result.returncode == 0, result.stderr

@@ -218,3 +218,29 @@ def test_a_deleted_experiment_is_a_config_error_before_anything_is_created(text_
         train(tiny(text_dataset), tmp_path / "run", experiment="deleted-one", echo=quiet)
     assert not store.search_runs([experiment_id], run_view_type=3)
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_from_another_directory_uses_the_runs_own_store(text_dataset, tmp_path, monkeypatch):
+    """With the default store (no MLFLOW_TRACKING_URI), a run resumed from elsewhere keeps logging
+    to the mlflow.db it started in; pointing MLFLOW_TRACKING_URI at another store is refused."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first_cwd, other_cwd = tmp_path / "a", tmp_path / "b"
+    first_cwd.mkdir(), other_cwd.mkdir()
+    run_dir = tmp_path / "runs" / "run"
+    cfg = tiny(text_dataset)
+
+    def preempt_at_3(step, metrics):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    monkeypatch.chdir(first_cwd)
+    first = train(cfg, run_dir, experiment="moved", callbacks=(preempt_at_3,), echo=quiet)
+    monkeypatch.chdir(other_cwd)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other_cwd / 'other.db'}")
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_URI.*is not where"):
+        train(cfg, run_dir, experiment="moved", echo=quiet)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    second = train(cfg, run_dir, experiment="moved", echo=quiet)
+    assert second.run_id == first.run_id and not list(other_cwd.iterdir())
+    client = MlflowClient(f"sqlite:///{first_cwd / 'mlflow.db'}")
+    assert [s for s, _ in history(client, first.run_id, "train/loss")] == list(range(1, 13))
