@@ -12,6 +12,7 @@ from diffsweep import __version__
 from diffsweep.cli import config as config_cli
 from diffsweep.cli import data as data_cli
 from diffsweep.cli import model as model_cli
+from diffsweep.cli import sweep as sweep_cli
 from diffsweep.cli import train as train_cli
 
 app = typer.Typer(
@@ -25,6 +26,8 @@ app.add_typer(model_cli.app, name="model")
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.command("train")(train_cli.train)
+for _name in ("plan", "launch", "status", "cancel", "logs", "reconcile"):
+    app.command(_name)(getattr(sweep_cli, _name))
 
 
 def _version(value: bool) -> None:

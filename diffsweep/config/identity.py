@@ -6,6 +6,8 @@ computes attention, are not part of it: changing them continues the same run.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 
@@ -36,8 +38,16 @@ def flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 def run_key(config: Config) -> str:
     """12 hex digits identifying the run of a resolved config."""
-    fields = {k: v for k, v in flatten(to_dict(config)).items() if k not in NOT_IDENTITY}
+    fields: dict[str, object] = {}
+    for f in dataclasses.fields(config):
+        fields.update(_identity_items(f.name, getattr(config, f.name)))
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=4096)  # sections are frozen; a sweep shares its model sections
+def _identity_items(name: str, section: object) -> tuple[tuple[str, object], ...]:
+    flat = flatten(to_dict(section), f"{name}.")
+    return tuple((k, v) for k, v in flat.items() if k not in NOT_IDENTITY)
 
 
 def run_name(config: Config) -> str:

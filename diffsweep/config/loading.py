@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -140,8 +141,7 @@ def decode(cls: type, data: Any, prefix: str) -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"expected a mapping of {cls.__name__} fields, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _fields(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
@@ -151,6 +151,12 @@ def decode(cls: type, data: Any, prefix: str) -> Any:
             raise ConfigError(dotted, f"unknown key{hint}; expected one of [{', '.join(fields)}]")
         kwargs[key] = _decode_value(hints[key], value, dotted)
     return cls(**kwargs)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    # get_type_hints re-evaluates string annotations on every call; a sweep decodes thousands.
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _decode_value(tp: Any, value: Any, key: str) -> Any:

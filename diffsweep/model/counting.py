@@ -16,6 +16,7 @@ Conventions (stated because scaling-law results depend on them):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -130,6 +131,7 @@ def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:
     return params
 
 
+@functools.lru_cache(maxsize=4096)  # configs are frozen; a sweep asks for the same model many times
 def num_params(m: ModelConfig) -> int:
     """Total parameters (tied embeddings counted once)."""
     return sum(p.numel for p in parameter_shapes(m).values())
@@ -150,6 +152,7 @@ def num_attention_params(m: ModelConfig) -> int:
     return m.n_layers * sum(p.numel for p in ATTENTION_PARAMS[m.attention.kind](m.attention, m.d_model).values())
 
 
+@functools.lru_cache(maxsize=4096)
 def forward_flops_per_token(m: ModelConfig, seq_len: int) -> int:
     """Forward matmul FLOPs per token at sequence length ``seq_len`` (conventions above)."""
     matmul = sum(p.numel for name, p in parameter_shapes(m).items() if p.matmul)

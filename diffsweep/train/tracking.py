@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from diffsweep.config import ConfigError
 
 FLUSH_SECONDS = 10.0  # send buffered metrics at least this often
 FLUSH_ITEMS = 900  # ... or when this many are waiting (log_batch takes at most 1,000)
+SNAPSHOT_FILE = "SNAPSHOT.json"  # written by the launcher into a job's code snapshot (commit, dirty)
 MAX_BUFFERED = 200_000  # a store unreachable for this long fails the run instead of growing memory
 
 
@@ -82,6 +84,11 @@ def source_tags() -> dict[str, str]:
     """Where this code and job come from: git commit and dirty flag, host, Slurm job."""
     tags = {"diffsweep.host": socket.gethostname()}
     root = Path(__file__).resolve().parents[2]
+    snapshot = root / SNAPSHOT_FILE  # a launched job runs a copy of the code, made from a checkout
+    if snapshot.is_file():
+        info = json.loads(snapshot.read_text())
+        return tags | {"diffsweep.git_commit": info["git_commit"], "mlflow.source.git.commit": info["git_commit"],
+                       "diffsweep.git_dirty": info["git_dirty"], "diffsweep.code": str(root)} | _slurm_tags()
     try:
         commit = _git(root, "rev-parse", "HEAD")
         dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
@@ -89,6 +96,11 @@ def source_tags() -> dict[str, str]:
                  "diffsweep.git_dirty": str(dirty).lower()}
     except (OSError, subprocess.SubprocessError):
         tags |= {"diffsweep.git_commit": "unknown", "diffsweep.git_dirty": "unknown"}
+    return tags | _slurm_tags()
+
+
+def _slurm_tags() -> dict[str, str]:
+    tags = {}
     for env, tag in (("SLURM_JOB_ID", "diffsweep.slurm_job_id"), ("SLURM_ARRAY_JOB_ID", "diffsweep.slurm_array_job_id"),
                      ("SLURM_ARRAY_TASK_ID", "diffsweep.slurm_array_task_id")):
         if os.environ.get(env):

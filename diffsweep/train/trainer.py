@@ -52,6 +52,7 @@ class TrainResult:
     run_dir: Path
     run_id: str | None
     reason: str = ""
+    signal: str | None = None  # preempted: the signal's name (SIGUSR2, SIGTERM)
 
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -66,12 +67,14 @@ def train(
     rank: int | None = None,
     callbacks: tuple[StepCallback, ...] = (),
     echo: Callable[[str], None] = print,
+    tags: dict[str, str] | None = None,
 ) -> TrainResult:
     """Train ``config`` in ``run_dir`` (checkpoints in ``run_dir/checkpoints``).
 
     Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
     already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
     every step. Only ``rank`` 0 (default: the ``RANK`` environment variable, else 0) tracks.
+    ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
     """
     rank = _rank() if rank is None else rank
     t = config.train
@@ -97,7 +100,7 @@ def train(
         run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank)
         if state is not None:
             run.restore(state)
-        run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model)
+        run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model, tags or {})
         try:
             return run.loop(flag, callbacks)
         except KeyboardInterrupt:
@@ -175,7 +178,8 @@ class _Run:
         reason = f"preempted by {flag.signal.name} at step {self.step}; resume to continue"
         self.tracker.finish("KILLED", reason)
         self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
-        return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason)
+        return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason,
+                           flag.signal.name)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -335,7 +339,7 @@ def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset)
     return state
 
 
-def _start_tracking(config, run_dir, uri, experiment, state, rank, model):
+def _start_tracking(config, run_dir, uri, experiment, state, rank, model, extra_tags):
     """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one."""
     if rank != 0:
         return NullTracker()
@@ -360,7 +364,7 @@ def _start_tracking(config, run_dir, uri, experiment, state, rank, model):
         "diffsweep.run_key": run_key(config),
         "diffsweep.tokenizer": config.data.tokenizer.value,
         "diffsweep.run_dir": str(run_dir.absolute()),
-    }
+    } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config))
     tmp = run_file.with_name(f".{RUN_FILE}.tmp")
     tmp.write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")

@@ -1,0 +1,99 @@
+"""Acting on launched runs: cancel them, find and follow their logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from diffsweep.config import ConfigError
+from diffsweep.launch.ledger import Entry, locked, read_ledger, write_ledger
+from diffsweep.launch.plan import RunPlan, SweepPlan
+from diffsweep.launch.state import RUNNING, attempt_state, scheduler_states
+from diffsweep.launch.jobfile import read_job_state
+
+
+def cancel(plan: SweepPlan) -> list[RunPlan]:
+    """Cancel the plan's running runs (Slurm: scancel; local: interrupt; queued: drop)."""
+    cancelled = []
+    with locked(plan.out):
+        ledger = read_ledger(plan.out)
+        if ledger is None:
+            return []
+        slurm_ids = []
+        for r in plan.runs:
+            entry = ledger.entries.get(r.run.key)
+            if r.state.state != RUNNING or entry is None or entry.latest is None:
+                continue
+            a = entry.latest
+            if a.state == "submitted" and a.job_id is not None:
+                if a.executor == "slurm":
+                    slurm_ids.append(a.job_id)
+                else:
+                    try:
+                        os.kill(int(a.job_id), signal.SIGINT)  # submitit's local controller stops its tasks
+                    except ProcessLookupError:
+                        pass
+            a.state = "cancelled"
+            cancelled.append(r)
+        if slurm_ids:
+            out = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True, timeout=60)
+            if out.returncode != 0:
+                raise ConfigError("cancel", f"scancel failed: {out.stderr.strip() or out.returncode}")
+        write_ledger(plan.out, ledger)
+    return cancelled
+
+
+def find_entry(run: str, outs: list[Path]) -> tuple[Path, Entry]:
+    """The ledger entry whose name or key (prefix) is ``run``, searching the sweep directories ``outs``."""
+    matches = []
+    for out in outs:
+        ledger = read_ledger(out)
+        if ledger is None:
+            continue
+        for e in ledger.entries.values():
+            if e.name == run or e.key.startswith(run) or f"{e.name}-{e.key}" == run:
+                matches.append((out, e))
+    if not matches:
+        where = ", ".join(str(o) for o in outs) or "no sweep directories"
+        raise ConfigError("RUN", f"no launched run named {run!r} (searched {where}); see `diffsweep status SWEEP`")
+    if len(matches) > 1:
+        names = ", ".join(f"{e.name} ({e.key})" for _, e in matches[:5])
+        raise ConfigError("RUN", f"{run!r} matches several runs: {names}; give the full name or key")
+    return matches[0]
+
+
+def log_files(entry: Entry) -> list[Path]:
+    a = entry.latest
+    if a is None or a.stdout is None:
+        raise ConfigError("RUN", f"{entry.name} has not started yet (no logs)")
+    return [Path(p) for p in (a.stdout, a.stderr) if p]
+
+
+def follow(out: Path, entry_key: str, files: list[Path], poll_s: float = 1.0) -> None:
+    """Print the files as they grow until the run's job is no longer running."""
+    offsets = {f: 0 for f in files}
+    ended = False
+    while True:
+        for f in files:
+            try:
+                with open(f, "rb") as handle:
+                    handle.seek(offsets[f])
+                    chunk = handle.read()
+            except FileNotFoundError:
+                continue
+            if chunk:
+                offsets[f] += len(chunk)
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+        if ended:  # one last read after the job ended, for its final lines
+            return
+        ledger = read_ledger(out)
+        entry = ledger.entries.get(entry_key) if ledger else None
+        ended = entry is None or entry.latest is None or attempt_state(
+            entry.latest, read_job_state(Path(entry.run_dir)), scheduler_states(ledger)).state != RUNNING
+        if not ended:
+            time.sleep(poll_s)

@@ -1,0 +1,121 @@
+"""The sweep ledger: ``<sweep output>/ledger.json`` maps each run key to its name, run directory,
+identity fields, and every submission (executor, Slurm job / array task or local process, code
+snapshot, log paths). Read-modify-write happens under an exclusive lock and is atomic, so
+``launch``, ``cancel`` and the local queue can share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from diffsweep.config import ConfigError
+
+FORMAT = "diffsweep-ledger/1"
+LEDGER_FILE = "ledger.json"
+LOCK_FILE = ".ledger.lock"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Attempt:
+    """One submission of a run."""
+
+    executor: str  # slurm | local
+    submitted: str
+    code_dir: str
+    folder: str  # submitit folder of the job (pickles, logs)
+    job_id: str | None = None  # Slurm "<array>_<task>" or "<job>"; local: the controller's pid
+    state: str = "submitted"  # local: queued -> submitted; any: cancelled (by diffsweep cancel)
+    stdout: str | None = None
+    stderr: str | None = None
+    reconciled: str | None = None  # the scheduler state a dead job was marked with in MLflow
+    queue_pid: int | None = None  # local: the queue process that starts this attempt
+
+
+@dataclass
+class Entry:
+    """One run of the sweep, as launched."""
+
+    key: str
+    name: str
+    run_dir: str
+    identity: dict[str, Any]  # flattened resolved config (for "changed: <field>")
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def latest(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+@dataclass
+class Ledger:
+    """All entries of one sweep output directory."""
+
+    sweep: str
+    experiment: str
+    tracking_uri: str
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def by_name(self, name: str) -> list[Entry]:
+        return [e for e in self.entries.values() if e.name == name]
+
+
+def ledger_path(out: Path) -> Path:
+    return out / LEDGER_FILE
+
+
+def read_ledger(out: Path) -> Ledger | None:
+    """The ledger of ``out``, or None when nothing was launched there."""
+    path = ledger_path(out)
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format is not {FORMAT!r}")
+        entries = {}
+        for key, e in raw["entries"].items():
+            attempts = [Attempt(**a) for a in e.pop("attempts")]
+            entries[key] = Entry(**e, attempts=attempts)
+        return Ledger(sweep=raw["sweep"], experiment=raw["experiment"], tracking_uri=raw["tracking_uri"],
+                      entries=entries)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(str(path), f"unreadable sweep ledger ({exc}); restore it or use another --out") from None
+
+
+def write_ledger(out: Path, ledger: Ledger) -> None:
+    """Write atomically (temp file, fsync, rename)."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "sweep": ledger.sweep, "experiment": ledger.experiment,
+            "tracking_uri": ledger.tracking_uri,
+            "entries": {k: asdict(e) for k, e in sorted(ledger.entries.items())}}
+    tmp = out / f".{LEDGER_FILE}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ledger_path(out))
+
+
+@contextlib.contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold the sweep directory's ledger lock (blocking) for a read-modify-write."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_FILE, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,61 @@
+"""The local executor's queue: a detached process (started by ``launch``) that starts its queued
+runs through submitit's ``LocalExecutor``, at most N at a time, records each job in the ledger,
+and exits when all have ended. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import submitit
+
+from diffsweep.launch.job import TrainJob
+from diffsweep.launch.ledger import locked, read_ledger, write_ledger
+
+LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
+POLL_S = 1.0
+
+
+def main(out: Path, parallel: int) -> None:
+    me = os.getpid()
+    executor = submitit.LocalExecutor(folder=out / "jobs" / "%j", max_num_timeout=100)
+    executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
+    running: dict[str, submitit.Job] = {}
+    while True:
+        running = {k: j for k, j in running.items() if not j.done()}
+        with locked(out):
+            ledger = read_ledger(out)
+            assert ledger is not None
+            queued = [(key, e) for key, e in ledger.entries.items()
+                      if e.latest is not None and e.latest.state == "queued" and e.latest.queue_pid == me]
+            if not queued and not running:
+                return
+            changed = False
+            for key, entry in queued[: max(0, parallel - len(running))]:
+                ledger_tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
+                job = executor.submit(TrainJob(_config(entry.run_dir), entry.run_dir, ledger.experiment,
+                                               ledger.tracking_uri, ledger_tags))
+                a = entry.latest
+                a.state, a.job_id = "submitted", job.job_id
+                a.folder, a.stdout, a.stderr = str(job.paths.folder), str(job.paths.stdout), str(job.paths.stderr)
+                running[key] = job
+                changed = True
+                print(f"started {entry.name} as local job {job.job_id}", flush=True)
+            if changed:
+                write_ledger(out, ledger)
+        time.sleep(POLL_S)
+
+
+def _config(run_dir: str) -> dict:
+    import yaml
+
+    from diffsweep.launch.submit import LAUNCH_CONFIG
+
+    return yaml.safe_load((Path(run_dir) / LAUNCH_CONFIG).read_text())
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,131 @@
+"""A sweep's plan: every run with its estimate on the chosen profile and its current state.
+
+``plan`` and ``status`` render it; ``launch`` submits the runs it marks as to be submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from diffsweep.config import ConfigError
+from diffsweep.config.identity import NOT_IDENTITY, flatten
+from diffsweep.config.loading import to_dict
+from diffsweep.launch.ledger import Ledger, read_ledger
+from diffsweep.launch.profiles import LOCAL, ExecutorKind, Profile, load_profile
+from diffsweep.launch.resources import Estimate, estimate
+from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, run_state, scheduler_states
+from diffsweep.sweep import PlannedRun, SweepSpec, expand
+
+SLURM_DEFAULT = Profile(name="slurm", executor=ExecutorKind.SLURM, gpus_per_node=8)  # a cluster we know nothing of
+SUBMITTABLE = (NEW, CHANGED, FAILED, CANCELLED)
+
+
+@dataclass
+class RunPlan:
+    """One run: what it is, what it costs, where it stands."""
+
+    run: PlannedRun
+    estimate: Estimate
+    state: RunState
+    run_dir: Path
+    attempts: int  # submissions so far that were not cancelled
+
+
+@dataclass
+class SweepPlan:
+    spec: SweepSpec
+    profile: Profile
+    out: Path
+    runs: list[RunPlan]
+    ledger: Ledger | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(r.estimate.gpu_hours for r in self.runs)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.runs:
+            out[r.state.state] = out.get(r.state.state, 0) + 1
+        return out
+
+
+def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -> Profile:
+    """``--profile`` > the sweep's ``launch.profile`` > (``--executor slurm`` or Slurm on PATH:
+    a generic Slurm profile) > the local executor. ``--executor`` must agree with the profile."""
+    if executor is not None and executor not in {e.value for e in ExecutorKind}:
+        raise ConfigError("--executor", f"expected one of [{', '.join(e.value for e in ExecutorKind)}], got {executor!r}")
+    name = profile or spec.launch.profile
+    if name is not None and not (executor == ExecutorKind.LOCAL and profile is None):
+        chosen = load_profile(name)
+    elif executor == ExecutorKind.SLURM or (executor is None and slurm_reachable()):
+        chosen = SLURM_DEFAULT
+    else:
+        chosen = LOCAL
+    if executor is not None and chosen.executor != executor:
+        raise ConfigError("--executor", f"{executor} disagrees with profile {chosen.name!r} "
+                          f"(executor: {chosen.executor.value}); pick a {executor} profile with --profile")
+    return chosen
+
+
+def slurm_reachable() -> bool:
+    """Whether a Slurm controller answers here (the automatic executor choice)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def output_dir(spec: SweepSpec, out: Path | None) -> Path:
+    if out is not None:
+        return out.absolute()
+    if spec.launch.output is not None:
+        return Path(spec.launch.output).absolute()
+    return (Path("runs") / spec.name).absolute()
+
+
+def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = None,
+              cwd: Path | None = None) -> SweepPlan:
+    """Expand, select with ``only`` (a regex searched in run names and keys), estimate, and read states."""
+    expansion = expand(spec, cwd=cwd)
+    runs = expansion.runs
+    if only is not None:
+        try:
+            pattern = re.compile(only)
+        except re.error as exc:
+            raise ConfigError("--only", f"not a valid regular expression ({exc})") from None
+        runs = [r for r in runs if pattern.search(r.name) or pattern.search(r.key)]
+        if not runs:
+            raise ConfigError("--only", f"{only!r} matches no run of {spec.path}")
+    ledger = read_ledger(out)
+    if ledger is not None and ledger.sweep != spec.name:
+        raise ConfigError("--out", f"{out} holds sweep {ledger.sweep!r}, not {spec.name!r}; use another --out")
+    scheduler = scheduler_states(ledger)
+    plans = []
+    for r in runs:
+        run_dir = out / "runs" / f"{r.name}-{r.key}"
+        identity = {k: v for k, v in flatten(to_dict(r.config)).items() if k not in NOT_IDENTITY}
+        entry = ledger.entries.get(r.key) if ledger else None
+        attempts = sum(a.state != "cancelled" for a in entry.attempts) if entry else 0
+        plans.append(RunPlan(run=r, estimate=estimate(r, profile), run_dir=run_dir, attempts=attempts,
+                             state=run_state(r.key, r.name, run_dir, ledger, scheduler, identity)))
+    return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings)
+
+
+def identity_of(run: PlannedRun) -> dict[str, object]:
+    return {k: v for k, v in flatten(to_dict(run.config)).items() if k not in NOT_IDENTITY}
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,124 @@
+"""Resources per run and the submitit parameters of a resource class. Pure functions: a planned
+run and a profile in, plain data out (golden-tested; no submitit, no subprocess).
+
+Estimates (stated because plans and budgets depend on them):
+- memory: AdamW training state is 16 bytes/parameter (fp32 weights, gradients, two moments);
+  activations are 34 bytes x d_model per token per layer (Korthikanti et al. 2022, bf16, no
+  attention map stored: FlashAttention/SDPA) for one micro-batch; usable GPU memory is 90%.
+- time: training FLOPs (diffsweep.model.counting) / (GPUs x peak x MFU), plus 30% and 15 minutes
+  of slack for evaluation, checkpoints and start-up, within the profile's min/max job time.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from diffsweep.launch.profiles import ExecutorKind, Profile
+from diffsweep.sweep.expand import PlannedRun
+
+STATE_BYTES_PER_PARAM = 16
+ACTIVATION_BYTES_PER_TOKEN_LAYER_D = 34
+USABLE_MEMORY = 0.9
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one run's job asks for. Equal resources = one resource class = one job array."""
+
+    nodes: int
+    gpus_per_node: int  # 0: CPU-only
+    tasks_per_node: int  # one task per GPU (one for CPU jobs)
+    cpus_per_task: int
+    mem_gb: int  # per node
+    time_min: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def describe(self) -> str:
+        where = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else "CPU"
+        nodes = f" on {self.nodes} nodes" if self.nodes > 1 else ""
+        hours, minutes = divmod(self.time_min, 60)
+        return f"{where}{nodes}, {hours}:{minutes:02d} h, {self.mem_gb} GB"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A run's resources and cost on a profile."""
+
+    resources: Resources
+    memory_gb: float  # estimated peak per device with the state unsharded
+    hours: float  # estimated wall-clock training hours
+    gpu_hours: float  # hours x GPUs (0 on CPU)
+
+
+def memory_bytes(run: PlannedRun) -> tuple[float, float]:
+    """(training state, activations of one micro-batch) in bytes."""
+    m, t = run.config.model, run.config.train
+    state = STATE_BYTES_PER_PARAM * run.num_params
+    activations = ACTIVATION_BYTES_PER_TOKEN_LAYER_D * m.d_model * m.n_layers * t.seq_len * t.micro_batch_size
+    return state, activations
+
+
+def estimate(run: PlannedRun, profile: Profile) -> Estimate:
+    """Resources and time of ``run`` on ``profile`` (pure)."""
+    state, activations = memory_bytes(run)
+    need_gb = (state + activations) / 1e9
+    if profile.executor is ExecutorKind.LOCAL or profile.gpus_per_node == 0:
+        gpus, nodes, per_node = 0, 1, 0
+    else:
+        usable = USABLE_MEMORY * profile.gpu.memory_gb * 1e9
+        if state + activations <= usable:
+            gpus = 1
+        else:  # shard the state (FSDP) so that state / gpus + activations fits
+            room = usable - activations
+            gpus = math.ceil(state / room) if room > 0 else 10**6
+            gpus = 2 ** math.ceil(math.log2(gpus))  # power of two: even shards and node splits
+        nodes = math.ceil(gpus / profile.gpus_per_node)
+        per_node = min(gpus, profile.gpus_per_node)
+        gpus = nodes * per_node
+    rate = profile.gpu.peak_tflops * 1e12 * profile.gpu.mfu * max(gpus, 1)
+    hours = run.flops / rate / 3600
+    time_min = math.ceil(hours * 60 * 1.3 + 15)
+    time_min = int(min(max(time_min, profile.min_time_minutes), profile.max_time_hours * 60))
+    tasks = max(per_node, 1)
+    cpus = profile.cpus_per_gpu  # per task: one task per GPU, or the one CPU task
+    mem = profile.mem_per_gpu_gb * max(per_node, 1)
+    resources = Resources(nodes=nodes, gpus_per_node=per_node, tasks_per_node=tasks, cpus_per_task=cpus,
+                          mem_gb=mem, time_min=time_min)
+    return Estimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
+
+
+def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, code_dir: str,
+                     max_parallel: int | None) -> dict[str, Any]:
+    """submitit ``SlurmExecutor.update_parameters`` keywords for one resource class (pure)."""
+    params: dict[str, Any] = dict(profile.slurm)
+    params.update(
+        job_name=job_name,
+        nodes=resources.nodes,
+        ntasks_per_node=resources.tasks_per_node,
+        cpus_per_task=resources.cpus_per_task,
+        mem=f"{resources.mem_gb}GB",
+        time=resources.time_min,
+        signal_delay_s=profile.signal_delay_s,
+        setup=[*profile.setup, code_path_line(code_dir)],
+    )
+    if resources.gpus_per_node:
+        params["gpus_per_node"] = resources.gpus_per_node
+    if max_parallel is not None:
+        params["array_parallelism"] = max_parallel
+    return params
+
+
+def code_path_line(code_dir: str) -> str:
+    """The setup line that makes a job import the snapshot of the code it was launched with."""
+    return f"export PYTHONPATH={shlex.quote(code_dir)}${{PYTHONPATH:+:$PYTHONPATH}}"
+
+
+def chunks(n: int, size: int) -> list[range]:
+    """Index ranges of at most ``size`` (Slurm's MaxArraySize bounds array indices 0..size-1)."""
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]

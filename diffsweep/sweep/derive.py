@@ -1,0 +1,122 @@
+"""Derived values: a run config value computed from the rest of that run's resolved config.
+
+Each rule is a StrEnum member with one implementation in ``RULES`` (a new rule is one entry).
+In a sweep file::
+
+    derive:
+      model.ffn_hidden: {rule: param_parity}                   # FFN size matching the transformer's count
+      train.max_tokens: {rule: tokens_per_param, ratio: 20}    # D = ratio x N (total params)
+      train.eval_every: {rule: steps_for_tokens, tokens: 40e9} # an evaluation every 40B tokens
+      train.lr: {rule: lookup, by: model.size, table: {830M: 1.5e-4, 6.8B: 7.5e-5}}
+
+Rules run in the order written, each on the config as resolved after the previous ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from diffsweep.config import AttentionConfig, AttentionKind, Config, ConfigError, to_dict
+from diffsweep.config.identity import flatten
+from diffsweep.model import counting
+
+
+class DeriveRule(StrEnum):
+    """How a derived value is computed."""
+
+    TOKENS_PER_PARAM = "tokens_per_param"  # ratio x total params, rounded to whole batches
+    STEPS_FOR_TOKENS = "steps_for_tokens"  # ceil(tokens / train.batch_tokens)
+    LOOKUP = "lookup"  # a table keyed by another config value (e.g. lr by model.size)
+    PARAM_PARITY = "param_parity"  # the model.ffn_hidden that matches the transformer's param count
+
+
+ARGS: dict[DeriveRule, dict[str, type | tuple[type, ...]]] = {
+    DeriveRule.TOKENS_PER_PARAM: {"ratio": (int, float)},
+    DeriveRule.STEPS_FOR_TOKENS: {"tokens": (int, float)},
+    DeriveRule.LOOKUP: {"by": str, "table": dict},
+    DeriveRule.PARAM_PARITY: {},
+}
+
+
+def check_rule(raw: Any, where: str) -> dict[str, Any]:
+    """Check a ``{rule: ..., <args>}`` mapping; returns it with the rule as a ``DeriveRule``."""
+    if not isinstance(raw, dict) or "rule" not in raw:
+        raise ConfigError(where, f"expected {{rule: <one of {', '.join(r.value for r in DeriveRule)}>, ...}}, got {raw!r}")
+    try:
+        rule = DeriveRule(raw["rule"])
+    except ValueError:
+        raise ConfigError(f"{where}.rule", f"expected one of [{', '.join(r.value for r in DeriveRule)}], "
+                          f"got {raw['rule']!r}") from None
+    args = {k: v for k, v in raw.items() if k != "rule"}
+    wanted = ARGS[rule]
+    for name, value in args.items():
+        if name not in wanted:
+            raise ConfigError(f"{where}.{name}", f"unknown argument for rule {rule.value}; expected "
+                              f"[{', '.join(wanted) or 'no arguments'}]")
+    for name, tp in wanted.items():
+        value = args.get(name)
+        if isinstance(value, str) and tp == (int, float):
+            try:  # YAML 1.1 reads 40e9 (no dot) as a string
+                value = args[name] = float(value)
+            except ValueError:
+                pass
+        if value is None or isinstance(value, bool) or not isinstance(value, tp):
+            raise ConfigError(f"{where}.{name}", f"rule {rule.value} needs {name}, got {value!r}")
+        if tp == (int, float) and not value > 0:
+            raise ConfigError(f"{where}.{name}", f"expected a positive number, got {value!r}")
+    return {"rule": rule, **args}
+
+
+def derive_value(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
+    """The value of ``key`` for the resolved ``config`` under ``rule`` (checked by ``check_rule``)."""
+    return RULES[rule["rule"]](rule, key, config, where)
+
+
+def _tokens_per_param(rule: dict[str, Any], key: str, config: Config, where: str) -> int:
+    tokens = rule["ratio"] * counting.num_params(config.model)
+    batch = config.train.batch_tokens
+    return max(1, round(tokens / batch)) * batch  # whole optimizer steps
+
+
+def _steps_for_tokens(rule: dict[str, Any], key: str, config: Config, where: str) -> int:
+    return max(1, math.ceil(rule["tokens"] / config.train.batch_tokens))
+
+
+def _lookup(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
+    flat = flatten(to_dict(config))
+    by = rule["by"]
+    if by not in flat:
+        raise ConfigError(f"{where}.by", f"unknown config key {by!r}")
+    value = str(flat[by])
+    table = {str(k): v for k, v in rule["table"].items()}
+    if value not in table:
+        raise ConfigError(f"{where}.table", f"no entry for {by} = {value}; the table has [{', '.join(table)}]")
+    return table[value]
+
+
+def _param_parity(rule: dict[str, Any], key: str, config: Config, where: str) -> int | None:
+    if key != "model.ffn_hidden":
+        raise ConfigError(where, "rule param_parity derives model.ffn_hidden only")
+    if config.model.attention.kind is AttentionKind.TRANSFORMER:
+        return config.model.ffn_hidden
+    from diffsweep.config.validate import resolve  # the baseline: same model, transformer attention
+
+    a = config.model.attention
+    baseline = resolve(dataclasses.replace(config, model=dataclasses.replace(
+        config.model, attention=AttentionConfig(kind=AttentionKind.TRANSFORMER, backend=a.backend,
+                                                head_dim=a.head_dim, kv_group_size=a.kv_group_size))))
+    target = counting.num_params(baseline.model)
+    per_unit = 3 * config.model.d_model * config.model.n_layers  # SwiGLU params per unit of hidden size
+    return config.model.ffn_hidden + round((target - counting.num_params(config.model)) / per_unit)
+
+
+RULES: dict[DeriveRule, Callable[[dict[str, Any], str, Config, str], Any]] = {
+    DeriveRule.TOKENS_PER_PARAM: _tokens_per_param,
+    DeriveRule.STEPS_FOR_TOKENS: _steps_for_tokens,
+    DeriveRule.LOOKUP: _lookup,
+    DeriveRule.PARAM_PARITY: _param_parity,
+}

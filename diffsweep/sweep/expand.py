@@ -1,0 +1,279 @@
+"""Expansion: a ``SweepSpec`` to a validated, deterministic list of runs. Pure (reads only the
+base config file); nothing here submits, writes or imports torch.
+
+Order of operations: points = grid x zip groups, in the order written, then ``runs`` entries;
+each crossed with ``seeds``; ``include`` then ``exclude`` filters; axes that do not apply to a
+point's attention kind are dropped (so they do not multiply its runs) and the points this makes
+identical merge; derived values; validation with the run config rules; duplicate check by key.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diffsweep.config import AttentionKind, Config, ConfigError, ConfigWarning, config_from_dict, to_dict
+from diffsweep.config.identity import run_key
+from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config.loading import read_yaml, set_dotted
+from diffsweep.model import counting
+from diffsweep.sweep.derive import derive_value
+from diffsweep.sweep.spec import SweepSpec
+
+KIND_KEY = "model.attention.kind"
+SEED_KEY = "train.seed"
+BUDGET_KEYS = {"train.max_tokens": "train.max_steps", "train.max_steps": "train.max_tokens"}
+# Attention switches a sweep axis varies only for the kinds that use them (a grid over them must
+# not multiply the other kinds' runs). The Transformer + per-head norm row of Table 6 is an explicit
+# ``runs`` entry: explicit runs are never collapsed.
+KIND_AXES: dict[AttentionKind, frozenset[str]] = {
+    AttentionKind.TRANSFORMER: frozenset(),
+    AttentionKind.DIFF_V1: frozenset({"model.attention.lambda_init", "model.attention.head_norm"}),
+    AttentionKind.DIFF_V2: frozenset({"model.attention.v2_pairing", "model.attention.v2_lambda"}),
+}
+COLLAPSIBLE = frozenset().union(*KIND_AXES.values())
+assert all(f"model.attention.{s}" in KIND_AXES[k] for k, spec in KIND_SPECS.items() for s in spec.switches)
+
+# Readable name tokens: key -> (prefix, value spellings). Unlisted keys use their last component.
+NAME_TOKENS: dict[str, tuple[str, dict[str, str]]] = {
+    "model.attention.head_dim": ("hd", {}),
+    "model.attention.kv_group_size": ("g", {}),
+    "model.attention.lambda_init": ("lam", {"exp_decay": "exp"}),
+    "model.attention.head_norm": ("gn", {"rmsnorm": "on", "none": "off"}),
+    "model.attention.v2_pairing": ("pair", {"same_group": "same", "cross_group": "cross"}),
+    "model.attention.v2_lambda": ("vlam", {}),
+    "model.ffn_hidden": ("ffn", {}),
+    "train.lr": ("lr", {}),
+    "train.batch_tokens": ("bs", {}),
+    "train.max_tokens": ("tok", {}),
+    "train.max_steps": ("steps", {}),
+}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a sweep: its identity, where it came from, and its resolved config."""
+
+    key: str
+    name: str
+    origin: str  # e.g. "grid (model.size=1.4B, model.attention.kind=diff_v1)" or "runs[3]"
+    config: Config
+    values: dict[str, Any]  # the point's own axis values (after collapsing), for names and filters
+    num_params: int
+    num_non_embedding_params: int
+    tokens: int
+    flops: float  # training FLOPs: train FLOPs/token x tokens (diffsweep.model.counting conventions)
+
+    @property
+    def kind(self) -> str:
+        return self.config.model.attention.kind.value
+
+    @property
+    def size(self) -> str:
+        return self.config.model.size or "custom"
+
+
+@dataclass
+class Expansion:
+    """The runs of a sweep plus the config warnings met while validating them (deduplicated)."""
+
+    runs: list[PlannedRun]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Point:
+    origin: str
+    values: dict[str, Any]
+    collapsible: bool  # grid/zip points drop axes that do not apply to their kind
+
+
+def expand(spec: SweepSpec, cwd: Path | None = None) -> Expansion:
+    """Expand ``spec`` into runs, validating each. Raises ``ConfigError`` naming the bad point.
+
+    Relative ``data.path`` values are made absolute against ``cwd`` (default: the current
+    directory) so a job finds its data from anywhere and the key does not depend on where it runs.
+    """
+    cwd = (cwd or Path.cwd()).resolve()
+    base = read_yaml(spec.base) if spec.base is not None else {}
+    for key, value in spec.set.items():
+        set_dotted(base, key, value)
+
+    points = _points(spec)
+    points = [p for p in points if _keep(p, spec, base)]
+    if not points:
+        raise ConfigError(f"{spec.path}: include", "the include/exclude filters leave no runs")
+    points = _collapse(points, base)
+
+    runs: list[PlannedRun] = []
+    seen: dict[str, str] = {}
+    messages: dict[str, None] = {}
+    axis_keys = _axis_keys(spec)
+    for point in points:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            config = _resolve(point, base, spec, cwd)
+        for w in caught:
+            if issubclass(w.category, ConfigWarning):
+                messages[f"{w.message} (in {point.origin})"] = None
+        key = run_key(config)
+        if key in seen:
+            raise ConfigError(f"{spec.path}", f"duplicate run: {seen[key]} and {point.origin} resolve to the "
+                              f"same config (key {key}); remove one of them")
+        seen[key] = point.origin
+        tokens = config.train.max_tokens or config.train.max_steps * config.train.batch_tokens
+        runs.append(PlannedRun(
+            key=key, name=_name(config, point.values, axis_keys), origin=point.origin, config=config,
+            values=point.values, num_params=counting.num_params(config.model),
+            num_non_embedding_params=counting.num_non_embedding_params(config.model), tokens=tokens,
+            flops=float(counting.train_flops_per_token(config.model, config.train.seq_len)) * tokens,
+        ))
+    _unique_names(runs)
+    return Expansion(runs=runs, warnings=list(messages))
+
+
+def _points(spec: SweepSpec) -> list[_Point]:
+    axes: list[list[dict[str, Any]]] = [[{k: v} for v in values] for k, values in spec.grid.items()]
+    for group in spec.zip:
+        n = len(next(iter(group.values())))
+        axes.append([{k: values[i] for k, values in group.items()} for i in range(n)])
+    points: list[_Point] = []
+    if axes:
+        for combo in itertools.product(*axes):
+            values: dict[str, Any] = {}
+            for part in combo:
+                values.update(part)
+            label = ", ".join(f"{k}={v}" for k, v in values.items())
+            points.append(_Point(f"grid ({label})", values, collapsible=True))
+    points += [_Point(f"runs[{i}]", dict(run), collapsible=False) for i, run in enumerate(spec.runs)]
+    if spec.seeds is not None:
+        points = [_Point(f"{p.origin} seed {s}", {**p.values, SEED_KEY: s}, p.collapsible)
+                  for p in points for s in spec.seeds]
+    return points
+
+
+def _effective(point: _Point, base: dict[str, Any], key: str) -> Any:
+    if key in point.values:
+        return point.values[key]
+    node: Any = base
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _matches(point: _Point, pattern: dict[str, list[Any]], base: dict[str, Any]) -> bool:
+    return all(str(_effective(point, base, k)) in {str(v) for v in values} for k, values in pattern.items())
+
+
+def _keep(point: _Point, spec: SweepSpec, base: dict[str, Any]) -> bool:
+    if spec.include and not any(_matches(point, pat, base) for pat in spec.include):
+        return False
+    return not any(_matches(point, pat, base) for pat in spec.exclude)
+
+
+def _kind(point: _Point, base: dict[str, Any]) -> AttentionKind:
+    value = _effective(point, base, KIND_KEY) or AttentionKind.TRANSFORMER.value
+    try:
+        return AttentionKind(value)
+    except ValueError:
+        raise ConfigError(f"{point.origin}: {KIND_KEY}", f"expected one of "
+                          f"[{', '.join(k.value for k in AttentionKind)}], got {value!r}") from None
+
+
+def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
+    """Drop axes a point's kind does not use; merge the grid points this makes identical."""
+    out: list[_Point] = []
+    seen: set[str] = set()
+    for p in points:
+        if p.collapsible:
+            kind = _kind(p, base)
+            drop = (COLLAPSIBLE - KIND_AXES[kind]) & p.values.keys()
+            if drop:
+                p = _Point(p.origin, {k: v for k, v in p.values.items() if k not in drop}, True)
+            signature = repr(sorted(p.values.items()))
+            if signature in seen:
+                continue
+            seen.add(signature)
+        out.append(p)
+    return out
+
+
+def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec, cwd: Path) -> Config:
+    raw = copy.deepcopy(base)
+    try:
+        for key, value in point.values.items():
+            set_dotted(raw, key, value)
+        _absolute_data_path(raw, cwd)
+        config = config_from_dict(raw)
+        for key, rule in spec.derive.items():
+            set_dotted(raw, key, derive_value(rule, key, config, f"{spec.path}: derive.{key}"))
+            if key in BUDGET_KEYS:  # a derived budget replaces the other kind of budget
+                set_dotted(raw, BUDGET_KEYS[key], None)
+            config = config_from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, f"{exc.message} (in {point.origin})") from None
+    return config
+
+
+def _absolute_data_path(raw: dict[str, Any], cwd: Path) -> None:
+    data = raw.setdefault("data", {})
+    if not isinstance(data, dict):
+        return  # decoding reports the bad section
+    path = data.get("path", "data/demo")
+    if isinstance(path, str) and not Path(path).is_absolute():
+        data["path"] = str(cwd / path)
+
+
+def _axis_keys(spec: SweepSpec) -> list[str]:
+    keys: dict[str, None] = {}
+    for k in [*spec.grid, *(k for g in spec.zip for k in g), *(k for r in spec.runs for k in r)]:
+        if k not in (KIND_KEY, "model.size", SEED_KEY):
+            keys[k] = None
+    order = list(NAME_TOKENS)
+    return sorted(keys, key=lambda k: (order.index(k) if k in order else len(order), k))
+
+
+def _token(key: str, value: Any) -> str:
+    prefix, spellings = NAME_TOKENS.get(key, (key.rsplit(".", 1)[-1], {}))
+    text = spellings.get(str(value), str(value))
+    if key == "model.attention.lambda_init" and text.startswith("constant:"):
+        text = text.removeprefix("constant:")
+    if key == "train.max_tokens" and isinstance(value, (int, float)):
+        text = _human(value)
+    return f"{prefix}_{re.sub(r'[^A-Za-z0-9.+]', '_', text)}"
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}"
+
+
+def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
+    """``diff_v1-1.4B-lam_exp-gn_on-s0``: kind, size, the point's axis values, seed."""
+    parts = [config.model.attention.kind.value, config.model.size or "custom"]
+    parts += [_token(k, values[k]) for k in axis_keys if k in values]
+    parts.append(f"s{config.train.seed}")
+    return "-".join(parts)
+
+
+def _unique_names(runs: list[PlannedRun]) -> None:
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    for i, r in enumerate(runs):
+        if counts[r.name] > 1:  # distinct values that spell the same; the key tells them apart
+            object.__setattr__(runs[i], "name", f"{r.name}-{r.key[:6]}")
+
+
+def resolved_dict(run: PlannedRun) -> dict[str, Any]:
+    """The run's resolved config as plain data (what a job trains; same key when reloaded)."""
+    return to_dict(run.config)
