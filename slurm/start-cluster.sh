@@ -93,7 +93,7 @@ check_port() { # port daemon: the ports are fixed, so only one such cluster per 
 fail() {
   printf '[slurm] ERROR: %s\n' "$*" >&2
   local f
-  for f in "$BASE"/log/*.log "$BASE"/munge/log/munged.log; do
+  for f in "$BASE"/log/{start,mariadbd,slurmdbd,slurmctld,slurmd}.log "$BASE"/munge/log/munged.log; do
     [ -s "$f" ] || continue
     printf -- '----- tail %s\n' "$f" >&2
     tail -n 25 "$f" >&2
@@ -266,6 +266,7 @@ for f in slurm.conf gres.conf slurmdbd.conf; do
   fi
 done
 rm -rf "$NEW"
+changed=${changed# }
 
 # fake GPU devices: must be character devices, so symlinks to /dev/null
 find "$BASE/fakegpu" -mindepth 1 -maxdepth 1 -name 'nvidia*' -delete
@@ -304,7 +305,7 @@ PF_SLURMD="$BASE/run/slurmd.pid"
 # `scontrol reconfigure` does not apply everything).
 case "$changed" in *slurm.conf*|*gres.conf*)
   if running "$PF_SLURMD" slurmd || running "$PF_CTLD" slurmctld; then
-    say "config changed ($changed ): restarting slurmctld/slurmd"
+    say "config changed ($changed): restarting slurmctld/slurmd"
   fi
   stop_daemon slurmd "$PF_SLURMD" slurmd
   stop_daemon slurmctld "$PF_CTLD" slurmctld ;;
@@ -317,6 +318,14 @@ if [ "$WITH_DBD" = 0 ]; then   # switched from dbd to no-dbd
   stop_daemon slurmdbd "$PF_DBD" slurmdbd
   stop_daemon mariadbd "$PF_MYSQL" mariadbd
 fi
+
+# preflight: the ports are fixed, so fail fast if something else holds one we still need
+if [ "$WITH_DBD" = 1 ]; then
+  running "$PF_MYSQL" mariadbd || check_port 3307 mariadbd
+  running "$PF_DBD" slurmdbd || check_port 6819 slurmdbd
+fi
+running "$PF_CTLD" slurmctld || check_port 6817 slurmctld
+running "$PF_SLURMD" slurmd || check_port 6818 slurmd
 
 if running "$PF_MUNGE" munged; then
   :
@@ -338,7 +347,6 @@ if [ "$WITH_DBD" = 1 ]; then
       mariadb-install-db --no-defaults --datadir="$BASE/mysql/data" --user=root --skip-test-db \
         >>"$BASE/log/mariadb-install.log" 2>&1 || fail "mariadb-install-db failed (see $BASE/log/mariadb-install.log)"
     fi
-    check_port 3307 mariadbd
     say "starting mariadbd (127.0.0.1:3307)"
     rm -f "$MYSQL_SOCK"
     setsid mariadbd --no-defaults --datadir="$BASE/mysql/data" --socket="$MYSQL_SOCK" --port=3307 \
@@ -355,7 +363,6 @@ if [ "$WITH_DBD" = 1 ]; then
       || fail "could not create the slurm DB user"
   fi
   if ! running "$PF_DBD" slurmdbd; then
-    check_port 6819 slurmdbd
     say "starting slurmdbd"
     slurmdbd </dev/null >>"$BASE/log/start.log" 2>&1 || fail "slurmdbd failed to start"
     wait_for 30 "slurmdbd" sacctmgr -n -i show cluster
@@ -363,12 +370,10 @@ if [ "$WITH_DBD" = 1 ]; then
 fi
 
 if ! running "$PF_CTLD" slurmctld; then
-  check_port 6817 slurmctld
   say "starting slurmctld"
   slurmctld </dev/null >>"$BASE/log/start.log" 2>&1 || fail "slurmctld failed to start"
 fi
 if ! running "$PF_SLURMD" slurmd; then
-  check_port 6818 slurmd
   say "starting slurmd"
   slurmd </dev/null >>"$BASE/log/start.log" 2>&1 || fail "slurmd failed to start"
 fi
@@ -380,7 +385,7 @@ end=$(( $(date +%s) + 60 )); resumed=0
 until node_ready; do
   st=$(node_state)
   case "$st" in
-    drain*|drng*|down) # e.g. left drained by an earlier run: try to resume once
+    drain*|drng*|down*) # e.g. left drained by an earlier run: try to resume once
       if [ "$resumed" = 0 ]; then
         say "node is '$st': resuming it"
         scontrol update NodeName="$HOST" State=RESUME >/dev/null 2>&1 || true

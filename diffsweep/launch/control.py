@@ -17,7 +17,8 @@ from diffsweep.launch.jobfile import read_job_state
 
 
 def cancel(plan: SweepPlan) -> list[RunPlan]:
-    """Cancel the plan's running runs (Slurm: scancel; local: interrupt; queued: drop)."""
+    """Cancel the plan's running runs (Slurm: scancel; local: SIGTERM; queued: dropped). A running
+    job saves a checkpoint at the step boundary first, so launching again resumes it."""
     cancelled = []
     with locked(plan.out):
         ledger = read_ledger(plan.out)
@@ -33,8 +34,8 @@ def cancel(plan: SweepPlan) -> list[RunPlan]:
                 if a.executor == "slurm":
                     slurm_ids.append(a.job_id)
                 else:
-                    try:
-                        os.kill(int(a.job_id), signal.SIGINT)  # submitit's local controller stops its tasks
+                    try:  # submitit's local controller forwards SIGTERM: the trainer saves and stops
+                        os.kill(int(a.job_id), signal.SIGTERM)
                     except ProcessLookupError:
                         pass
             a.state = "cancelled"

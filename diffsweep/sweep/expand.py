@@ -195,12 +195,12 @@ def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
         if p.collapsible:
             kind = _kind(p, base)
             drop = (COLLAPSIBLE - KIND_AXES[kind]) & p.values.keys()
-            if drop:
+            if drop:  # only points this made identical merge; other duplicates are reported
                 p = _Point(p.origin, {k: v for k, v in p.values.items() if k not in drop}, True)
-            signature = repr(sorted(p.values.items()))
-            if signature in seen:
-                continue
-            seen.add(signature)
+                signature = repr(sorted(p.values.items()))
+                if signature in seen:
+                    continue
+                seen.add(signature)
         out.append(p)
     return out
 

@@ -1,0 +1,68 @@
+"""Helpers for launch tests: tiny sweeps on the session's text dataset, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
+TINY_SET = {
+    "model.size": "tiny-xs",
+    "model.vocab_size": 512,
+    "train.seq_len": 32,
+    "train.batch_tokens": 128,
+    "train.micro_batch_size": 2,
+    "train.warmup_steps": 2,
+    "train.eval_every": 4,
+    "train.eval_tokens": 256,
+    "train.checkpoint_every": 2,
+    "train.keep_checkpoints": 100,
+    "train.log_every": 1,
+}
+
+
+def write_sweep(path: Path, dataset: Path, *, steps: int = 8, kinds=("transformer", "diff_v1"), extra: str = "",
+                name: str = "t") -> Path:
+    settings = {**TINY_SET, "data.path": str(dataset), "train.max_steps": steps}
+    lines = [f"name: {name}", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
+    lines += ["grid:", f"  model.attention.kind: [{', '.join(kinds)}]"]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``diffsweep ARGS`` in a fresh process, as a user would."""
+    return subprocess.run([sys.executable, "-m", "diffsweep", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def ledger(out: Path) -> dict:
+    return json.loads((out / "ledger.json").read_text())
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+@pytest.fixture
+def store(tmp_path) -> dict:
+    """Environment for a CLI process: its own SQLite MLflow store."""
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}

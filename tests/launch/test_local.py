@@ -1,0 +1,88 @@
+"""The local executor end to end, through the CLI: launch, wait, relaunch (nothing resubmitted),
+status, logs, preemption with SIGUSR2 (requeued, same MLflow run, contiguous steps), cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from tests.launch.conftest import cli, ledger, metric_steps, wait_for, write_sweep
+
+
+def test_local_sweep_end_to_end(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, extra="launch: {max_parallel: 2}\n")
+    out = tmp_path / "runs" / "t"
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "launched 2 runs on the local queue" in r.stdout and "2 done" in r.stdout
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert sorted(run.data.tags["diffsweep.sweep_run"] for run in runs) == ["diff_v1-tiny-xs-s0",
+                                                                             "transformer-tiny-xs-s0"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, 9))
+        code = Path(run.data.tags["diffsweep.code"])  # the job imported the launch-time snapshot
+        assert code.parent == out / "code" and (code / "diffsweep" / "launch" / "job.py").is_file()
+
+    before = ledger(out)
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "nothing to submit (2 done)" in r.stdout
+    assert ledger(out) == before  # no new attempt
+
+    r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    status = json.loads(r.stdout)
+    assert status["counts"] == {"done": 2}
+
+    r = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "finished 8 steps" in r.stdout
+
+
+def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("diff_v1",))
+    out = tmp_path / "runs" / "t"
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stderr
+    run_dir = next((out / "runs").iterdir())
+    wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 2, 120, "a checkpoint")
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    pid = json.loads((run_dir / "job.json").read_text())["pid"]
+    os.kill(pid, signal.SIGUSR2)  # what Slurm sends before preemption or the time limit
+
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "skip diff_v1-tiny-xs-s0: running" in r.stdout  # left alone while it requeues, not resubmitted
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))  # each step once
+    log = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store).stdout
+    assert "preempted by SIGUSR2" in log and "Requeued job" in log and "finished 400 steps" in log
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
+
+
+def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("transformer",))
+    out = tmp_path / "runs" / "t"
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    run_dir = next((out / "runs").iterdir())
+    wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 2, 120, "a checkpoint")
+    r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: json.loads((run_dir / "job.json").read_text())["state"] != "running", 60, "the job to stop")
+    r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    assert json.loads(r.stdout)["counts"] == {"cancelled": 1}
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
+    stopped_at = max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id))
+    assert 2 <= stopped_at < 400
+
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2

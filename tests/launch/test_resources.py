@@ -1,0 +1,107 @@
+"""Profiles, resources per run and submitit parameters: pure functions, golden values."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from diffsweep.config import ConfigError
+from diffsweep.launch.profiles import LOCAL, ExecutorKind, load_profile, parse_profile
+from diffsweep.launch.resources import Resources, chunks, estimate, slurm_parameters
+from diffsweep.sweep import expand, load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def planned(tmp_path: Path, sizes: list[str], kind: str = "diff_v1"):
+    path = tmp_path / "s.yaml"
+    path.write_text(f"grid: {{model.size: [{', '.join(sizes)}]}}\nset: {{model.attention.kind: {kind}}}\n")
+    return expand(load_sweep(path), cwd=tmp_path).runs
+
+
+def test_paper_sizes_on_h100(tmp_path):
+    h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
+    assert h100.executor is ExecutorKind.SLURM and h100.slurm["partition"] == "gpu"
+    runs = {r.size: r for r in planned(tmp_path, ["830M", "1.4B", "2.8B", "6.8B", "13.1B"])}
+    gpus = {size: estimate(r, h100).resources.gpus for size, r in runs.items()}
+    # 16 bytes/param of AdamW state + activations within 90% of 80 GB
+    assert gpus == {"830M": 1, "1.4B": 1, "2.8B": 1, "6.8B": 2, "13.1B": 4}
+    e = estimate(runs["1.4B"], h100)
+    # 1.4B, 10.5B tokens: 6ND-style FLOPs / (989 TFLOP/s x 0.40) -> about 72 GPU-hours
+    assert e.gpu_hours == pytest.approx(runs["1.4B"].flops / (989e12 * 0.40) / 3600)
+    assert 60 < e.gpu_hours < 90
+    assert e.resources.time_min == 48 * 60  # capped at the partition limit: it requeues from checkpoints
+    big = estimate(runs["13.1B"], h100).resources
+    assert (big.nodes, big.gpus_per_node, big.tasks_per_node) == (1, 4, 4)
+
+
+def test_local_profile_uses_no_gpus(tmp_path):
+    (r,) = planned(tmp_path, ["tiny-xs"])
+    e = estimate(r, LOCAL)
+    assert e.resources.gpus == 0 and e.gpu_hours == 0 and e.hours > 0
+
+
+def test_slurm_parameters_golden():
+    profile = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
+    resources = Resources(nodes=2, gpus_per_node=8, tasks_per_node=8, cpus_per_task=16, mem_gb=1600, time_min=2880)
+    params = slurm_parameters(resources, profile, job_name="fig3a-0", code_dir="/scratch/my sweeps/code/abc",
+                              max_parallel=4)
+    assert params == {
+        "partition": "gpu",
+        "account": "my-project",
+        "constraint": "h100",
+        "job_name": "fig3a-0",
+        "nodes": 2,
+        "ntasks_per_node": 8,
+        "cpus_per_task": 16,
+        "mem": "1600GB",
+        "time": 2880,
+        "signal_delay_s": 180,
+        "setup": ["source $HOME/venvs/diffsweep/bin/activate",
+                  "export PYTHONPATH='/scratch/my sweeps/code/abc'${PYTHONPATH:+:$PYTHONPATH}"],
+        "gpus_per_node": 8,
+        "array_parallelism": 4,
+    }
+
+
+def test_slurm_parameters_make_a_valid_sbatch_script(tmp_path):
+    import submitit
+
+    profile = load_profile(str(REPO / "slurm/profiles/localhost.yaml"))
+    resources = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=1, mem_gb=2, time_min=60)
+    ex = submitit.SlurmExecutor(folder=tmp_path)
+    ex.update_parameters(**slurm_parameters(resources, profile, job_name="t-0", code_dir=str(tmp_path / "code"),
+                                            max_parallel=None))
+    text = ex._make_submission_file_text("python -m x", "uid")
+    for line in ("#SBATCH --partition=debug", "#SBATCH --gpus-per-node=1", "#SBATCH --time=60",
+                 "#SBATCH --signal=USR2@30", "#SBATCH --job-name=t-0", f"export PYTHONPATH={tmp_path / 'code'}"):
+        assert line in text
+
+
+def test_chunks_respect_max_array_size():
+    assert chunks(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert chunks(3, 1001) == [range(0, 3)]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("slurm: {partitoin: gpu}\n", r"slurm.partitoin: submitit's Slurm executor does not accept this parameter "
+                                  r"\(did you mean 'partition'"),
+    ("slurm: {time: 60}\n", "derived per run"),
+    ("slurm: {partition: 'gpu; rm -rf /'}\n", "not allowed in an #SBATCH line"),
+    ("gpus: 8\n", r"unknown profile key \(did you mean 'gpu'"),
+    ("executor: kubernetes\n", r"executor: expected one of \[slurm, local\]"),
+    ("gpu: {name: H100, mfu: 4}\n", "fraction"),
+    ("gpus_per_node: -1\n", "integer >= 0"),
+])
+def test_bad_profiles(text, match):
+    import yaml
+
+    with pytest.raises(ConfigError, match=match):
+        parse_profile(yaml.safe_load(textwrap.dedent(text)), "p.yaml", "p")
+
+
+def test_unknown_profile_name_lists_the_known_ones():
+    with pytest.raises(ConfigError, match=r"unknown profile 'nope'; expected one of \[.*h100-example.*localhost"):
+        load_profile("nope")
