@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from diffsweep.config import ConfigError, EnvironmentUnavailable
+from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, locked, now, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan, cpu_count, identity_of
 from diffsweep.launch.profiles import ExecutorKind
@@ -86,17 +86,18 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
 
 
 def check_slurm() -> None:
-    for tool in ("sbatch", "squeue", "scancel"):
+    """A Slurm controller must answer before anything is written or submitted."""
+    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
         if shutil.which(tool) is None:
-            raise EnvironmentUnavailable(f"--executor slurm: {tool} is not on PATH (no Slurm client here); "
-                                         "use --executor local, or run where Slurm is installed")
+            raise ConfigError("--executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
+                              "local, or run where Slurm is installed")
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise EnvironmentUnavailable(f"--executor slurm: sinfo failed ({exc})") from None
+        raise ConfigError("--executor", f"slurm: sinfo failed ({exc})") from None
     if out.returncode != 0:
         first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        raise EnvironmentUnavailable(f"--executor slurm: cannot reach the Slurm controller ({first})")
+        raise ConfigError("--executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
 
 
 def max_array_size(plan: SweepPlan) -> int:

@@ -100,6 +100,7 @@ def train(
         run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank)
         if state is not None:
             run.restore(state)
+            echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}")
         run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model, tags or {})
         try:
             return run.loop(flag, callbacks)
