@@ -54,3 +54,9 @@ def mlflow_store(tmp_path_factory) -> str:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     ensure_experiment(uri, "warm-up")  # creates the tables once
     return uri
+
+
+@pytest.fixture
+def store(tmp_path) -> dict:
+    """Environment for a CLI process with its own SQLite MLflow store."""
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}

@@ -57,13 +57,16 @@ class SweepPlan:
 
 
 def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -> Profile:
-    """``--profile`` > the sweep's ``launch.profile`` > (``--executor slurm`` or Slurm on PATH:
-    a generic Slurm profile) > the local executor. ``--executor`` must agree with the profile."""
+    """``--profile`` > the sweep's ``launch.profile`` (unless ``--executor local`` overrides a Slurm
+    one) > (``--executor slurm`` or a reachable Slurm: a generic Slurm profile) > the local
+    executor. ``--executor`` must agree with an explicit ``--profile``."""
     if executor is not None and executor not in {e.value for e in ExecutorKind}:
         raise ConfigError("--executor", f"expected one of [{', '.join(e.value for e in ExecutorKind)}], got {executor!r}")
-    name = profile or spec.launch.profile
-    if name is not None and not (executor == ExecutorKind.LOCAL and profile is None):
-        chosen = load_profile(name)
+    declared = load_profile(spec.launch.profile) if spec.launch.profile is not None else None  # always checked
+    if profile is not None:
+        chosen = load_profile(profile)
+    elif declared is not None and not (executor == ExecutorKind.LOCAL and declared.executor != executor):
+        chosen = declared
     elif executor == ExecutorKind.SLURM or (executor is None and slurm_reachable()):
         chosen = SLURM_DEFAULT
     else:

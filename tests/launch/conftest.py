@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
     "model.size": "tiny-xs",
@@ -60,9 +58,3 @@ def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:
     from mlflow.tracking import MlflowClient
 
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
-
-
-@pytest.fixture
-def store(tmp_path) -> dict:
-    """Environment for a CLI process: its own SQLite MLflow store."""
-    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}

@@ -1,0 +1,109 @@
+"""The sweep commands as a user meets them: plan output, dry runs, changed runs, and bad input
+(one line, exit 2, nothing submitted, no ledger or run directory written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.launch.conftest import cli, write_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plan_table_and_json(tmp_path):
+    r = cli("plan", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "diff_v1-1.4B-hd_128-lam_0.8-s0" in r.stdout and "total: 7 runs" in r.stdout and "GPU-hours" in r.stdout
+    r = cli("plan", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", "--json", cwd=tmp_path)
+    data = json.loads(r.stdout)
+    assert data["counts"] == {"new": 7} and len(data["runs"]) == 7
+    row = data["runs"][0]
+    for key in ("key", "name", "arch", "size", "params", "tokens", "flops", "gpu_hours", "gpus", "time_min", "state"):
+        assert key in row
+    assert data["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in data["runs"]))
+    assert not (tmp_path / "runs").exists()  # plan writes nothing
+
+
+def test_dry_run_submits_nothing(tmp_path, text_dataset):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "would submit transformer-tiny-xs-s0" in r.stdout and "nothing submitted" in r.stdout
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_changed_run_names_the_field(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=3, kinds=("transformer",))
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sweep.write_text(sweep.read_text().replace("train.warmup_steps: 2", "train.warmup_steps: 1"))
+    r = cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    (row,) = json.loads(r.stdout)["runs"]
+    assert (row["state"], row["detail"]) == ("changed", "train.warmup_steps")
+    r = cli("plan", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert "changed (train.warmup_steps)" in r.stdout
+
+
+def test_budget_refuses_the_launch(tmp_path):
+    r = cli("launch", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", "--budget", "100",
+            "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: --budget: launching 7 runs needs about") and "over the budget of 100.0" in r.stderr
+
+
+def test_multi_gpu_runs_are_refused_until_sharding_exists(tmp_path):
+    r = cli("launch", str(REPO / "sweeps/fig3a-size-scan.yaml"), "--profile", "h100-example", "--dry-run",
+            cwd=tmp_path)
+    assert r.returncode == 2 and "needs 2 GPUs" in r.stderr and "--only" in r.stderr
+
+
+BAD = [
+    ("grid: {model.size: [tiny-xs]\n", r"t.yaml: not valid YAML (line 2"),
+    ("grid: {model.sise: [tiny-xs]}\n", "grid.model.sise: unknown config key (did you mean 'model.size'?)"),
+    ("name: t\n", "empty sweep"),
+    ("zip: [{train.lr: [0.1, 0.2], train.warmup_steps: [1]}]\n", "conflicting lengths"),
+    ("grid: {model.size: [2B]}\n", "model.size: expected one of [830M"),
+    ("grid: {data.path: ['`reboot`']}\n", "contains '`'"),
+    ("grid: {model.size: [tiny-xs]}\nlaunch: {profile: nowhere}\n", "unknown profile 'nowhere'"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD)
+def test_bad_sweeps_fail_cleanly(tmp_path, text, message):
+    (tmp_path / "t.yaml").write_text(text)
+    for command in ("plan", "launch"):
+        r = cli(command, "t.yaml", "--executor", "local", cwd=tmp_path)
+        assert r.returncode == 2, (command, r.stdout, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]  # no ledger, run dir or store
+
+
+def test_bad_profile_key_fails_before_anything_is_written(tmp_path, text_dataset):
+    (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 1\nslurm: {partitoin: debug}\n")
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    r = cli("launch", str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "slurm.partitoin: submitit's Slurm executor does not accept" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_no_slurm_for_executor_slurm(tmp_path, text_dataset):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    r = cli("launch", str(sweep), "--executor", "slurm", cwd=tmp_path,
+            env={"PATH": "/usr/local/nonexistent", "SLURM_CONF": str(tmp_path / "nope.conf")})
+    assert r.returncode == 2 and r.stderr.startswith("error: --executor: slurm:"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_missing_dataset_and_bad_only(tmp_path):
+    write_sweep(tmp_path / "t.yaml", tmp_path / "no-data")
+    r = cli("launch", "t.yaml", "--executor", "local", cwd=tmp_path)
+    assert r.returncode == 2 and "is not a prepared dataset" in r.stderr
+    r = cli("launch", "t.yaml", "--executor", "local", "--only", "nomatch", cwd=tmp_path)
+    assert r.returncode == 2 and "--only: 'nomatch' matches no run" in r.stderr
+    r = cli("launch", "t.yaml", "--executor", "local", "--only", "(", cwd=tmp_path)
+    assert r.returncode == 2 and "not a valid regular expression" in r.stderr
+    assert not (tmp_path / "runs").exists()

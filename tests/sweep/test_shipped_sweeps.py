@@ -1,0 +1,60 @@
+"""Every sweep shipped in sweeps/ expands and validates; golden names and keys pin the expansion
+(regenerate with DIFFSWEEP_UPDATE_GOLDEN=1 after a deliberate change to run identity)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from diffsweep.sweep import expand, load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+EXPECTED_RUNS = {"table6-ablation": 7, "fig3a-size-scan": 10, "fig3b-token-scan": 2, "diff-versions": 9,
+                 "lambda-init": 30, "demo-ladder": 9}
+
+
+def test_every_shipped_sweep_is_known():
+    assert sorted(p.stem for p in SWEEPS) == sorted(EXPECTED_RUNS)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_shipped_sweep_expands(path):
+    e = expand(load_sweep(path), cwd=Path("/project"))  # fixed cwd: data paths are part of the key
+    assert len(e.runs) == EXPECTED_RUNS[path.stem]
+    assert not e.warnings
+    golden = GOLDEN / f"{path.stem}.json"
+    got = [{"name": r.name, "key": r.key, "params": r.num_params, "tokens": r.tokens} for r in e.runs]
+    if os.environ.get("DIFFSWEEP_UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(got, indent=1) + "\n")
+    assert got == json.loads(golden.read_text())
+
+
+def test_table6_rows():
+    runs = {r.name: r for r in expand(load_sweep(REPO / "sweeps/table6-ablation.yaml"), cwd=Path("/project")).runs}
+    a = {n: r.config.model.attention for n, r in runs.items()}
+    assert (a["transformer-1.4B-hd_128-s0"].num_heads, a["transformer-1.4B-hd_256-s0"].num_heads) == (16, 8)
+    assert a["transformer-1.4B-hd_256-gn_on-s0"].head_norm.value == "rmsnorm"
+    assert a["diff_v1-1.4B-hd_128-s0"].num_heads == 8 and a["diff_v1-1.4B-hd_128-s0"].head_norm.value == "rmsnorm"
+    assert a["diff_v1-1.4B-hd_128-gn_off-s0"].head_norm.value == "none"
+    assert a["diff_v1-1.4B-hd_128-lam_0.8-s0"].lambda_init == "constant:0.8"
+    assert {r.config.train.lr for r in runs.values()} == {1.5e-4}
+
+
+def test_token_scan_evaluates_every_40b_tokens():
+    runs = expand(load_sweep(REPO / "sweeps/fig3b-token-scan.yaml"), cwd=Path("/project")).runs
+    for r in runs:
+        t = r.config.train
+        assert t.max_tokens == 360e9 and t.eval_every == t.checkpoint_every == 9537  # ceil(40e9 / 4,194,304)
+
+
+def test_diff_versions_are_parameter_matched():
+    runs = expand(load_sweep(REPO / "sweeps/diff-versions.yaml"), cwd=Path("/project")).runs
+    for size in ("830M", "1.4B", "2.8B"):
+        counts = {r.kind: r.num_params for r in runs if r.size == size}
+        assert abs(counts["diff_v2"] / counts["transformer"] - 1) < 1e-3
+        assert abs(counts["diff_v1"] / counts["transformer"] - 1) < 1e-4
