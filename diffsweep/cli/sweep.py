@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, fail, handle_errors, print_json
+from diffsweep.cli.common import JsonOpt, fail, handle_errors
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
@@ -45,7 +45,20 @@ def _row(r) -> dict:
         "memory_gb": round(e.memory_gb, 2), "gpus": e.resources.gpus, "nodes": e.resources.nodes,
         "time_min": e.resources.time_min, "mem_gb": e.resources.mem_gb, "state": r.state.state,
         "detail": r.state.detail, "run_dir": str(r.run_dir), "origin": r.run.origin,
-    }
+        "job_id": None, "mlflow_run_id": None,
+    } | _ids(r)
+
+
+def _ids(r) -> dict:
+    entry = r.ledger_entry
+    if entry is None:
+        return {}
+    run_id = entry.mlflow_run_id
+    if run_id is None:  # status records it in the ledger; until then the run directory knows it
+        from diffsweep.launch.state import run_info
+
+        run_id = run_info(r.run_dir).get("run_id")
+    return {"job_id": entry.latest.job_id if entry.latest else None, "mlflow_run_id": run_id}
 
 
 def _human(n: float) -> str:
@@ -82,6 +95,16 @@ def _render(plan, all_rows: bool) -> None:
     console.print(f"total: {len(plan.runs)} runs, {total}; states: {counts}; output: {plan.out}")
 
 
+def _print_compact(data: dict) -> None:
+    """One JSON document, one run per line (sweeps can have 10,000 runs: no pretty-printing)."""
+    import json
+    import sys
+
+    runs = data.pop("runs")
+    head = json.dumps(data)[:-1]
+    sys.stdout.write(head + ', "runs": [\n' + ",\n".join(json.dumps(r) for r in runs) + "\n]}\n")
+
+
 def _warn(plan) -> None:
     for w in plan.warnings:
         typer.echo(f"warning: {w}", err=True)
@@ -103,7 +126,7 @@ def plan(
     p = _plan(sweep, profile, executor, only, out)
     _warn(p)
     if json_:
-        print_json({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
+        _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
                     "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "runs": [_row(r) for r in p.runs]})
     else:
         _render(p, all_)
@@ -130,9 +153,26 @@ def launch(
 ) -> None:
     """Submit the sweep's new, changed, failed and cancelled runs and return at once. Finished runs
     are skipped and running ones left alone, so running it again is safe."""
+    from diffsweep.launch.plan import output_dir
+    from diffsweep.launch.submit import launch_lock
+    from diffsweep.sweep import load_sweep
+
+    with launch_lock(output_dir(load_sweep(sweep), out)):
+        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries)
+    if wait:
+        _wait(sweep, profile, executor, only, out)
+
+
+def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries) -> None:
+    import os
+
     from diffsweep.launch.submit import check_launch, launch as submit, select
     from diffsweep.train.tracking import tracking_uri
 
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
+
+    if not dry_run:
+        _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
     p = _plan(sweep, profile, executor, only, out)
     _warn(p)
     sel = select(p, p.spec.launch.max_retries if retries is None else retries)
@@ -152,8 +192,6 @@ def launch(
         submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
         where = "Slurm" if p.profile.executor.value == "slurm" else "the local queue"
         typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}")
-    if wait:
-        _wait(sweep, profile, executor, only, out)
 
 
 def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None) -> None:
@@ -187,7 +225,7 @@ def status(
     marked = _reconcile(sweep, profile, executor, out)
     p = _plan(sweep, profile, executor, only, out)
     if json_:
-        print_json({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
+        _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
                     "runs": [_row(r) for r in p.runs]})
     else:
         _render(p, all_)
@@ -205,9 +243,8 @@ def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path
         return []
     with locked(directory):
         ledger = read_ledger(directory)
-        marked = mark(ledger, directory, scheduler_states(ledger))
-        if marked:
-            write_ledger(directory, ledger)
+        marked = mark(ledger, directory, scheduler_states(ledger), warn=lambda m: typer.echo(m, err=True))
+        write_ledger(directory, ledger)  # also records MLflow run ids
     for entry, state, status_ in marked:
         typer.echo(f"reconciled {entry.name}: job {entry.latest.job_id} ended as {state}; MLflow run marked {status_}",
                    err=True)
@@ -232,9 +269,11 @@ def cancel(
     """Cancel the sweep's running and queued runs (all, or those matching --only). Their
     checkpoints stay: launching again resumes them."""
     from diffsweep.launch.control import cancel as stop
+    from diffsweep.launch.submit import launch_lock
 
     p = _plan(sweep, profile, executor, only, out)
-    cancelled = stop(p)
+    with launch_lock(p.out):
+        cancelled = stop(p)
     for r in cancelled:
         typer.echo(f"cancelled {r.run.name}")
     typer.echo(f"cancelled {len(cancelled)} runs")

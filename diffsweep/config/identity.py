@@ -36,11 +36,17 @@ def flatten(data: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def run_key(config: Config) -> str:
-    """12 hex digits identifying the run of a resolved config."""
+def identity_fields(config: Config) -> dict[str, object]:
+    """The flattened config fields a run's identity is made of (all but ``NOT_IDENTITY``)."""
     fields: dict[str, object] = {}
     for f in dataclasses.fields(config):
         fields.update(_identity_items(f.name, getattr(config, f.name)))
+    return fields
+
+
+def run_key(config: Config) -> str:
+    """12 hex digits identifying the run of a resolved config."""
+    fields = identity_fields(config)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -7,7 +7,6 @@ the bad value and what is allowed.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import functools
@@ -69,7 +68,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(str(p), "expected a YAML file, got a directory or special file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), f"cannot read the file: {exc}") from None
     except yaml.YAMLError as exc:
@@ -82,6 +81,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(str(p), f"expected a YAML mapping at the top level, got {type(data).__name__}")
     return data
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (the last would silently win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key; the base class reports it
+                duplicate = False
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if not isinstance(key, (list, dict)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -119,16 +136,26 @@ def apply_size_preset(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
     if not isinstance(size, str) or size not in SIZES:
         raise ConfigError("model.size", f"expected one of [{', '.join(SIZES)}], got {size!r}")
-    return _deep_merge(copy.deepcopy(SIZES[size]), raw)
+    return _merged(SIZES[size], raw)
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def copy_tree(data: Any) -> Any:
+    """A copy of nested mappings and lists (leaves are immutable scalars): cheaper than deepcopy."""
+    if isinstance(data, dict):
+        return {k: copy_tree(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [copy_tree(v) for v in data]
+    return data
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` layered over ``base`` as a new mapping (neither is changed; untouched sections of
+    ``base`` are shared, so treat the result as read-only)."""
+    out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = _deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
+        below = out.get(key)
+        out[key] = _merged(below, value) if isinstance(value, dict) and isinstance(below, dict) else value
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +171,10 @@ def decode(cls: type, data: Any, prefix: str) -> Any:
     hints, fields = _fields(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
+        tp = hints.get(key)
+        if tp is not None and type(value) is _FAST.get(tp):  # the common case: already the right type
+            kwargs[key] = value
+            continue
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
@@ -151,6 +182,28 @@ def decode(cls: type, data: Any, prefix: str) -> Any:
             raise ConfigError(dotted, f"unknown key{hint}; expected one of [{', '.join(fields)}]")
         kwargs[key] = _decode_value(hints[key], value, dotted)
     return cls(**kwargs)
+
+
+def _decode_section(cls: type, data: Any, prefix: str) -> Any:
+    # Sections are frozen, so equal data can share one decoded instance: a sweep decodes the same
+    # model section for thousands of runs. Errors are not cached (they are raised every time).
+    try:
+        memo_key = (cls, prefix, repr(data))
+    except Exception:  # noqa: BLE001 (an unrepresentable value is decoded, and reported, normally)
+        return decode(cls, data, prefix)
+    hit = _SECTIONS.get(memo_key)
+    if hit is None:
+        hit = decode(cls, data, prefix)
+        if len(_SECTIONS) > 4096:
+            _SECTIONS.clear()
+        _SECTIONS[memo_key] = hit
+    return hit
+
+
+_SECTIONS: dict[tuple, Any] = {}
+# Field types whose values need no conversion when YAML already gave exactly that type (floats
+# still go through the finiteness check below, so they are not here).
+_FAST: dict[Any, type] = {int: int, str: str, bool: bool, int | None: int, str | None: str}
 
 
 @functools.cache
@@ -168,7 +221,7 @@ def _decode_value(tp: Any, value: Any, key: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _decode_value(inner, value, key)
     if dataclasses.is_dataclass(tp):
-        return decode(tp, value, key)
+        return _decode_section(tp, value, key)
     if isinstance(tp, type) and issubclass(tp, Enum):
         allowed = [m.value for m in tp]
         if value not in allowed:
@@ -210,10 +263,16 @@ def _decode_value(tp: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported config field type {tp!r} at {key}")  # internal: schema bug
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def to_dict(obj: Any) -> Any:
     """The plain-data (YAML-ready) form of a config: enums as strings, tuples as lists."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None and dataclasses.is_dataclass(obj):
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    if names is not None:
+        return {name: to_dict(getattr(obj, name)) for name in names}
     if isinstance(obj, Enum):
         return obj.value
     if isinstance(obj, tuple):

@@ -7,6 +7,7 @@ relations between fields, and warns (``ConfigWarning``) about settings that have
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -45,9 +46,19 @@ def default_ffn_hidden(d_model: int) -> int:
 
 def resolve(config: Config) -> Config:
     """Validate ``config`` and return it with every derived field filled in."""
-    model = _resolve_model(config.model)
+    model, caught = _resolve_model_once(config.model)
+    for message, category in caught:  # replayed on every call, cached or not
+        warnings.warn(message, category, stacklevel=2)
     _check_train(config.train)
     return dataclasses.replace(config, model=model)
+
+
+@functools.lru_cache(maxsize=1024)  # model configs are frozen; a sweep resolves the same ones often
+def _resolve_model_once(m: ModelConfig) -> tuple[ModelConfig, tuple[tuple[str, type[Warning]], ...]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = _resolve_model(m)
+    return model, tuple((str(w.message), w.category) for w in caught)
 
 
 def _positive(value: int | float, key: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Entry, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import RunPlan, SweepPlan
-from diffsweep.launch.state import RUNNING, attempt_state, scheduler_states
+from diffsweep.launch.state import RUNNING, attempt_state, pid_alive, scheduler_states
 from diffsweep.launch.jobfile import read_job_state
 
 
@@ -30,14 +30,15 @@ def cancel(plan: SweepPlan) -> list[RunPlan]:
             if r.state.state != RUNNING or entry is None or entry.latest is None:
                 continue
             a = entry.latest
+            if a.state == "cancelled":  # already stopping
+                continue
             if a.state == "submitted" and a.job_id is not None:
                 if a.executor == "slurm":
                     slurm_ids.append(a.job_id)
                 else:
-                    try:  # submitit's local controller forwards SIGTERM: the trainer saves and stops
+                    if pid_alive(int(a.job_id), a.job_start):  # not a later process that got its pid
+                        # submitit's local controller forwards SIGTERM: the trainer saves and stops
                         os.kill(int(a.job_id), signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
             a.state = "cancelled"
             cancelled.append(r)
         if slurm_ids:

@@ -43,8 +43,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         try:
             config = config_from_dict(self.config)
             result = train(config, run_dir, experiment=self.experiment, tags=self.tags)
-        except Diverged as exc:
-            write_job_state(run_dir, "failed", job_id=job_id, reason=f"diverged: {exc}")
+        except Diverged as exc:  # the same config diverges again: not retried (see launch.state)
+            write_job_state(run_dir, "failed", job_id=job_id, reason=f"diverged: {exc}", retryable=False)
             raise
         except BaseException as exc:
             write_job_state(run_dir, "failed", job_id=job_id, reason=f"{type(exc).__name__}: {exc}"[:2000])

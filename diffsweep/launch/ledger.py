@@ -11,7 +11,7 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,8 @@ class Attempt:
     stderr: str | None = None
     reconciled: str | None = None  # the scheduler state a dead job was marked with in MLflow
     queue_pid: int | None = None  # local: the queue process that starts this attempt
+    queue_start: int | None = None  # ... and its start time (pids get reused)
+    job_start: int | None = None  # local: the start time of the job's process (job_id is its pid)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Entry:
     run_dir: str
     identity: dict[str, Any]  # flattened resolved config (for "changed: <field>")
     attempts: list[Attempt] = field(default_factory=list)
+    mlflow_run_id: str | None = None  # filled in by status once the job has created it
 
     @property
     def latest(self) -> Attempt | None:
@@ -82,16 +85,46 @@ def read_ledger(out: Path) -> Ledger | None:
         return None
     try:
         raw = json.loads(path.read_text())
-        if raw.get("format") != FORMAT:
-            raise ValueError(f"format is not {FORMAT!r}")
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} file")
+        if not isinstance(raw.get("entries"), dict):
+            raise ValueError("entries is not a mapping")
         entries = {}
         for key, e in raw["entries"].items():
-            attempts = [Attempt(**a) for a in e.pop("attempts")]
-            entries[key] = Entry(**e, attempts=attempts)
+            if not isinstance(e, dict) or not isinstance(e.get("attempts"), list):
+                raise ValueError(f"entry {key!r} is not a mapping with a list of attempts")
+            attempts = [_typed(Attempt, a) for a in e["attempts"]]
+            entries[key] = _typed(Entry, {**e, "attempts": []})
+            entries[key].attempts = attempts
+        for name in ("sweep", "experiment", "tracking_uri"):
+            if not isinstance(raw.get(name), str):
+                raise ValueError(f"{name} is not a string")
         return Ledger(sweep=raw["sweep"], experiment=raw["experiment"], tracking_uri=raw["tracking_uri"],
                       entries=entries)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ConfigError(str(path), f"unreadable sweep ledger ({exc}); restore it or use another --out") from None
+
+
+_TYPES = {"str": str, "int": int, "dict[str, Any]": dict, "list[Attempt]": list}
+
+
+def _typed(cls: type, data: Any) -> Any:
+    """``cls(**data)`` after checking every field's type (the ledger is a file users can edit)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    for name, value in data.items():
+        if name not in known:
+            raise ValueError(f"unknown {cls.__name__} field {name!r}")
+        annotation = str(known[name].type)
+        optional = annotation.endswith(" | None")
+        tp = _TYPES[annotation.removesuffix(" | None")]
+        if not ((value is None and optional) or (isinstance(value, tp) and not isinstance(value, bool))):
+            raise ValueError(f"{cls.__name__} field {name!r} has the wrong type ({value!r})")
+    try:
+        return cls(**data)
+    except TypeError as exc:  # a required field is missing
+        raise ValueError(str(exc)) from None
 
 
 def write_ledger(out: Path, ledger: Ledger) -> None:

@@ -14,6 +14,7 @@ import submitit
 
 from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
+from diffsweep.launch.state import proc_start
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0
@@ -33,19 +34,21 @@ def main(out: Path, parallel: int) -> None:
                       if e.latest is not None and e.latest.state == "queued" and e.latest.queue_pid == me]
             if not queued and not running:
                 return
-            changed = False
             for key, entry in queued[: max(0, parallel - len(running))]:
-                ledger_tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
-                job = executor.submit(TrainJob(_config(entry.run_dir), entry.run_dir, ledger.experiment,
-                                               ledger.tracking_uri, ledger_tags))
+                tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
                 a = entry.latest
-                a.state, a.job_id = "submitted", job.job_id
-                a.folder, a.stdout, a.stderr = str(job.paths.folder), str(job.paths.stdout), str(job.paths.stderr)
-                running[key] = job
-                changed = True
-                print(f"started {entry.name} as local job {job.job_id}", flush=True)
-            if changed:
-                write_ledger(out, ledger)
+                try:
+                    job = executor.submit(TrainJob(_config(entry.run_dir), entry.run_dir, ledger.experiment,
+                                                   ledger.tracking_uri, tags))
+                except Exception as exc:  # noqa: BLE001 (one bad run must not strand the others)
+                    a.state = "failed-to-start"
+                    print(f"could not start {entry.name}: {type(exc).__name__}: {exc}", flush=True)
+                else:
+                    a.state, a.job_id, a.job_start = "submitted", job.job_id, proc_start(int(job.job_id))
+                    a.folder, a.stdout, a.stderr = str(job.paths.folder), str(job.paths.stdout), str(job.paths.stderr)
+                    running[key] = job
+                    print(f"started {entry.name} as local job {job.job_id}", flush=True)
+                write_ledger(out, ledger)  # at once: the job exists now
         time.sleep(POLL_S)
 
 

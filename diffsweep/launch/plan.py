@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffsweep.config import ConfigError
-from diffsweep.config.identity import NOT_IDENTITY, flatten
-from diffsweep.config.loading import to_dict
-from diffsweep.launch.ledger import Ledger, read_ledger
+from diffsweep.config.identity import identity_fields
+from diffsweep.launch.ledger import Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, ExecutorKind, Profile, load_profile
 from diffsweep.launch.resources import Estimate, estimate
 from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, run_state, scheduler_states
@@ -34,6 +33,7 @@ class RunPlan:
     state: RunState
     run_dir: Path
     attempts: int  # submissions so far that were not cancelled
+    ledger_entry: Entry | None = None
 
 
 @dataclass
@@ -88,11 +88,16 @@ def slurm_reachable() -> bool:
 
 
 def output_dir(spec: SweepSpec, out: Path | None) -> Path:
+    """``--out``, else the sweep's ``launch.output``, else ``runs/<sweep name>`` (absolute)."""
     if out is not None:
-        return out.absolute()
-    if spec.launch.output is not None:
-        return Path(spec.launch.output).absolute()
-    return (Path("runs") / spec.name).absolute()
+        path, key = out.absolute(), "--out"
+    elif spec.launch.output is not None:
+        path, key = Path(spec.launch.output).absolute(), f"{spec.path}: launch.output"
+    else:
+        path, key = (Path("runs") / spec.name).absolute(), "--out"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, f"{path} exists and is not a directory; expected a sweep output directory")
+    return path
 
 
 def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = None,
@@ -112,19 +117,23 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
     if ledger is not None and ledger.sweep != spec.name:
         raise ConfigError("--out", f"{out} holds sweep {ledger.sweep!r}, not {spec.name!r}; use another --out")
     scheduler = scheduler_states(ledger)
+    runs_dir = out / "runs"
+    existing = {p.name for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()
     plans = []
     for r in runs:
-        run_dir = out / "runs" / f"{r.name}-{r.key}"
-        identity = {k: v for k, v in flatten(to_dict(r.config)).items() if k not in NOT_IDENTITY}
         entry = ledger.entries.get(r.key) if ledger else None
+        # A launched run keeps its directory even if a later edit of the sweep renames it.
+        run_dir = Path(entry.run_dir) if entry else runs_dir / f"{r.name}-{r.key}"
+        known = entry is not None or run_dir.name in existing
         attempts = sum(a.state != "cancelled" for a in entry.attempts) if entry else 0
         plans.append(RunPlan(run=r, estimate=estimate(r, profile), run_dir=run_dir, attempts=attempts,
-                             state=run_state(r.key, r.name, run_dir, ledger, scheduler, identity)))
+                             ledger_entry=entry, state=run_state(r.key, r.name, run_dir if known else None, ledger, scheduler,
+                                             r.config)))
     return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings)
 
 
 def identity_of(run: PlannedRun) -> dict[str, object]:
-    return {k: v for k, v in flatten(to_dict(run.config)).items() if k not in NOT_IDENTITY}
+    return identity_fields(run.config)
 
 
 def cpu_count() -> int:

@@ -3,8 +3,9 @@ job's own ``job.json``; and reconciliation: a job that died without reporting ge
 marked FAILED or KILLED with the scheduler's state as the reason.
 
 States: ``new`` (never launched), ``changed`` (a run of the same name was launched with another
-config; the differing fields are the detail), ``running`` (pending, running or requeued),
-``done``, ``failed``, ``cancelled``.
+config; the differing fields are the detail), ``running`` (pending, running, requeued or still
+stopping after a cancel), ``done``, ``failed``, ``cancelled``, ``unknown`` (the scheduler has
+no record of the job and the job never reported). A state may be ``blocked``: launch skips it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffsweep.config import Config, EnvironmentUnavailable
+from diffsweep.config.identity import identity_fields
 from diffsweep.launch.jobfile import read_job_state, write_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
 
 NEW, CHANGED, RUNNING, DONE, FAILED, CANCELLED = "new", "changed", "running", "done", "failed", "cancelled"
+UNKNOWN_STATE = "unknown"  # launched, but neither the scheduler nor the job says what became of it
+UNKNOWN = "UNKNOWN"  # scheduler state of a job id nobody reports
 # Slurm job states (squeue %T / sacct State) in which a job may still run.
 ACTIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
@@ -29,38 +35,56 @@ KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "REVOKED"})  # -> MLflow KI
 class RunState:
     state: str
     detail: str = ""
+    blocked: str = ""  # why launch must not submit it now (e.g. its previous version still runs)
 
 
-def run_state(key: str, name: str, run_dir: Path, ledger: Ledger | None, scheduler: dict[str, str],
-              identity: dict[str, object]) -> RunState:
-    """The state of one planned run (see the module docstring)."""
-    job = read_job_state(run_dir)
+def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, scheduler: dict[str, str],
+              config: Config) -> RunState:
+    """The state of one planned run (see the module docstring); ``run_dir`` None: it does not exist."""
+    job = read_job_state(run_dir) if run_dir is not None else None
     entry = ledger.entries.get(key) if ledger else None
     if job and job.get("state") == "finished":
         return RunState(DONE, f"{job.get('step', '?')} steps")
     if entry is None or not entry.attempts:
         others = [e for e in (ledger.by_name(name) if ledger else []) if e.key != key]
         if others:
-            return RunState(CHANGED, ", ".join(changed_fields(others[-1].identity, identity)) or "config")
+            fields = ", ".join(changed_fields(others[-1].identity, identity_fields(config))) or "config"
+            running = [e for e in others if e.latest and attempt_state(
+                e.latest, read_job_state(Path(e.run_dir)), scheduler).state == RUNNING]
+            if running:
+                return RunState(CHANGED, fields, blocked=f"its previous version ({running[0].key}) is still "
+                                "running; cancel it first (diffsweep cancel SWEEP --only NAME)")
+            return RunState(CHANGED, fields)
         return RunState(NEW)
     return attempt_state(entry.latest, job, scheduler)
 
 
 def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str]) -> RunState:
-    if attempt.state == "cancelled":
-        return RunState(CANCELLED)
+    """The state of a run from its latest attempt, the scheduler and the job's own report."""
+    if attempt.state == "failed-to-start":
+        return RunState(FAILED, "the local queue could not start it (see the sweep's logs/queue-*.log)")
     if attempt.state == "queued":
-        if attempt.queue_pid is not None and pid_alive(attempt.queue_pid):
+        if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
             return RunState(RUNNING, "QUEUED (local)")
         return RunState(FAILED, "the local queue stopped before starting it")
-    sched = scheduler.get(attempt.job_id or "", "UNKNOWN")
-    if sched in ACTIVE:
+    sched = scheduler.get(attempt.job_id or "", UNKNOWN)
+    active = sched.split()[0] in ACTIVE
+    if attempt.state == "cancelled":
+        if active:  # still saving its checkpoint: a new job must not start on its directory yet
+            return RunState(RUNNING, "cancelling", blocked="it is still stopping")
+        return RunState(CANCELLED)
+    if active:
         return RunState(RUNNING, sched + (f", step {job['step']}" if job and "step" in job else ""))
     if job and job.get("state") == "failed":
-        return RunState(FAILED, str(job.get("reason", ""))[:200])
-    if sched == "UNKNOWN" and job and job.get("state") in ("running", "preempted"):
-        return RunState(RUNNING, "scheduler state unknown; job last reported " + str(job.get("state")))
-    if sched == "CANCELLED" or sched.startswith("CANCELLED"):
+        reason = str(job.get("reason", ""))[:200]
+        if job.get("retryable") is False:
+            return RunState(FAILED, reason, blocked="it diverged; a rerun of the same config diverges again "
+                            "(change the config, e.g. train.lr, which makes a new run)")
+        return RunState(FAILED, reason)
+    if sched == UNKNOWN:
+        return RunState(UNKNOWN_STATE, "the scheduler does not know job " + str(attempt.job_id),
+                        blocked="its job's state is unknown (cancel it to allow a resubmission)")
+    if sched.startswith("CANCELLED"):
         return RunState(CANCELLED, "cancelled in Slurm")
     if sched in ("COMPLETED", "EXITED"):
         return RunState(FAILED, "the job ended without finishing the run")
@@ -71,8 +95,17 @@ def changed_fields(old: dict[str, object], new: dict[str, object]) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie."""
+def proc_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), to tell it from a later one with its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[-1].split()[19])
+
+
+def pid_alive(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` (started at ``start``, when known) exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -81,7 +114,8 @@ def pid_alive(pid: int) -> bool:
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] != "Z" and (start is None or int(fields[19]) == start)
 
 
 def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
@@ -94,7 +128,7 @@ def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
         if a is None or a.job_id is None:
             continue
         if a.executor == "local":
-            out[a.job_id] = "RUNNING" if pid_alive(int(a.job_id)) else "EXITED"
+            out[a.job_id] = "RUNNING" if pid_alive(int(a.job_id), a.job_start) else "EXITED"
         else:
             slurm_ids.append(a.job_id)
     if slurm_ids:
@@ -104,61 +138,88 @@ def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
 
 def slurm_states(job_ids: list[str]) -> dict[str, str]:
     """Slurm states by job id (``123`` or ``123_4``): squeue for jobs slurmctld still holds,
-    sacct for the rest. Ids neither knows are left out (state unknown)."""
+    sacct for the rest. Ids neither knows are left out. If squeue itself fails, nothing can be
+    told apart (a pending job would look lost), so that is an error, not a guess."""
     wanted = set(job_ids)
     states: dict[str, str] = {}
-    try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T"], capture_output=True, text=True,
-                             timeout=30)
-        for line in out.stdout.splitlines():
-            jid, _, state = line.partition("|")
-            if jid in wanted:
-                states[jid] = state.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    out = _slurm(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"])
+    for line in out.splitlines():
+        jid, state, reason = (line.split("|") + ["", ""])[:3]
+        if jid in wanted:
+            states[jid] = state.strip()
+            if state.strip() == "PENDING" and reason.strip() not in ("", "None", "Priority", "Resources"):
+                states[jid] += f" ({reason.strip()})"  # e.g. PartitionConfig: it asks for more than a node has
     missing = sorted(wanted - states.keys())
     if missing:
-        try:
-            out = subprocess.run(["sacct", "-n", "-P", "-X", "--format=JobID,State", "-j", ",".join(missing)],
-                                 capture_output=True, text=True, timeout=30)
-            for line in out.stdout.splitlines():
-                jid, _, state = line.partition("|")
-                if jid in wanted:
-                    states[jid] = state.split()[0] if state.strip() else "UNKNOWN"
-        except (OSError, subprocess.SubprocessError):
-            pass
+        try:  # sacct fails without accounting; jobs slurmctld forgot then stay unknown
+            out = _slurm(["sacct", "-n", "-P", "-X", "--format=JobID,State", "-j", ",".join(missing)])
+        except EnvironmentUnavailable:
+            out = ""
+        for line in out.splitlines():
+            jid, _, state = line.partition("|")
+            if jid in wanted and state.strip():
+                states[jid] = state.split()[0]
     return states
 
 
-def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str]) -> list[tuple[Entry, str, str]]:
-    """Mark runs whose job died without reporting: MLflow run FAILED/KILLED (reason: the scheduler
-    state), ``job.json`` failed. Returns (entry, scheduler state, MLflow status) for each one marked."""
+def _slurm(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentUnavailable(f"{argv[0]} failed ({exc}); cannot tell the sweep's job states") from None
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[0]
+        raise EnvironmentUnavailable(f"{argv[0]} failed ({first}); cannot tell the sweep's job states")
+    return out.stdout
+
+
+def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
+              warn: Callable[[str], None] = print) -> list[tuple[Entry, str, str]]:
+    """Mark runs whose job ended without reporting: MLflow run FAILED/KILLED (reason: the
+    scheduler state), ``job.json`` failed. Also records each run's MLflow run id in the ledger.
+    Returns (entry, scheduler state, MLflow status) for each run marked."""
     marked = []
     for entry in ledger.entries.values():
+        run_dir = Path(entry.run_dir)
+        if entry.mlflow_run_id is None:
+            entry.mlflow_run_id = run_info(run_dir).get("run_id")
         a = entry.latest
-        if a is None or a.job_id is None or a.reconciled or a.state == "cancelled":
+        if a is None or a.job_id is None or a.reconciled:
             continue
         sched = scheduler.get(a.job_id)
-        if sched is None or sched in ACTIVE or sched == "COMPLETED":
+        if sched is None or sched.split()[0] in ACTIVE or sched == "COMPLETED":
             continue
-        run_dir = Path(entry.run_dir)
         job = read_job_state(run_dir)
-        if job and job.get("state") in ("finished", "failed"):
+        if job and job.get("state") in ("finished", "failed", "preempted"):
+            continue  # the job reported how it ended
+        where = "local job" if a.executor == "local" else "slurm job"
+        cancelled = a.state == "cancelled" or sched.split()[0] in KILLED_STATES
+        reason = f"{where} {a.job_id} ended as {sched} without reporting" + (" (cancelled)" if a.state == "cancelled"
+                                                                               else "")
+        status = "KILLED" if cancelled else "FAILED"
+        try:
+            _mark_mlflow(run_dir, status, reason)
+        except Exception as exc:  # noqa: BLE001 (a store hiccup must not break status; next time retries)
+            warn(f"warning: could not mark {entry.name} {status} in MLflow ({type(exc).__name__}: {exc})")
             continue
-        where = "local job" if a.executor == "local" else "slurm"
-        reason = f"{where} {a.job_id} ended as {sched} without reporting"
-        status = "KILLED" if sched.split()[0] in KILLED_STATES else "FAILED"
-        _mark_mlflow(run_dir, status, reason)
         write_job_state(run_dir, "failed", job_id=a.job_id, reason=reason)
         a.reconciled = sched
         marked.append((entry, sched, status))
     return marked
 
 
-def _mark_mlflow(run_dir: Path, status: str, reason: str) -> None:
+def run_info(run_dir: Path) -> dict:
+    """The run directory's ``run.json`` (MLflow run id and store), or {} before the job made it."""
     try:
         info = json.loads((run_dir / "run.json").read_text())
+        return info if isinstance(info, dict) else {}
     except (OSError, ValueError):
+        return {}
+
+
+def _mark_mlflow(run_dir: Path, status: str, reason: str) -> None:
+    info = run_info(run_dir)
+    if "run_id" not in info or "tracking_uri" not in info:
         return  # the job died before creating its MLflow run
     from mlflow.tracking import MlflowClient
 

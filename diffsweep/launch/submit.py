@@ -9,11 +9,16 @@ Local: a detached queue process starts the runs through submitit's local executo
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +47,9 @@ def select(plan: SweepPlan, max_retries: int) -> Selection:
     for r in plan.runs:
         state = r.state.state
         if state not in SUBMITTABLE:
-            sel.skip.append((r, state))
+            sel.skip.append((r, state + (f" ({r.state.detail})" if r.state.detail else "")))
+        elif r.state.blocked:
+            sel.skip.append((r, f"{state}: {r.state.blocked}"))
         elif state == "failed" and r.attempts > max_retries:
             sel.skip.append((r, f"failed {r.attempts} times; retry budget ({max_retries}) spent, raise it with --retries"))
         else:
@@ -64,6 +71,7 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
                           f"the budget of {budget:,.1f}")
     if plan.profile.executor is ExecutorKind.SLURM:
         check_slurm()
+        check_partition(plan)
     if not sel.submit:
         return
     from diffsweep.data.dataset import META_FILE, check_compatible, read_meta
@@ -83,6 +91,18 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
             check_compatible(read_meta(meta_path), c.data.tokenizer, c.model.vocab_size, c.train.seq_len)
         except ConfigError as exc:
             raise ConfigError(exc.key, f"{exc.message} (in {r.run.name})") from None
+
+
+def check_partition(plan: SweepPlan) -> None:
+    """The profile's partition must exist (sbatch would refuse every array otherwise)."""
+    wanted = plan.profile.slurm.get("partition")
+    if wanted is None:
+        return
+    out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    partitions = sorted({p.strip() for p in out.stdout.split()})
+    if out.returncode == 0 and partitions and str(wanted) not in partitions:
+        raise ConfigError(f"profile {plan.profile.name}: slurm.partition", f"{wanted!r} is not a partition of this "
+                          f"cluster; expected one of [{', '.join(partitions)}]")
 
 
 def check_slurm() -> None:
@@ -113,33 +133,55 @@ def max_array_size(plan: SweepPlan) -> int:
     return DEFAULT_ARRAY_SIZE
 
 
+@contextlib.contextmanager
+def launch_lock(out: Path) -> Iterator[None]:
+    """One launch (or cancel) of a sweep directory at a time on this machine: a second one,
+    planned from the same ledger, would submit the same runs again."""
+    # The lock lives outside the project so that a refused (bad) launch writes nothing there.
+    locks = Path(tempfile.gettempdir()) / f"diffsweep-locks-{os.getuid()}"
+    locks.mkdir(exist_ok=True)
+    name = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
+    with open(locks / f"{name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError("--out", f"another launch or cancel of {out} is in progress; wait for it") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, tracking_uri: str,
            echo=print) -> list[tuple[RunPlan, Attempt]]:
-    """Submit ``sel.submit`` (already checked). Returns each submitted run with its attempt."""
+    """Submit ``sel.submit`` (already checked; call under ``launch_lock``). Each submission is in
+    the ledger as soon as the scheduler has it. If the first submission fails, nothing is left."""
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
     from diffsweep.train.tracking import check_tracking, ensure_experiment
 
     check_tracking(tracking_uri)
-    ensure_experiment(tracking_uri, plan.spec.experiment)
     out = plan.out
+    created = out  # the topmost directory this launch creates (removed again if nothing is submitted)
+    while not created.parent.exists():
+        created = created.parent
+    fresh = not out.exists()
+    ensure_experiment(tracking_uri, plan.spec.experiment)
     code_dir = str(snapshot_code(out))
     jobs = {r.run.key: TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
                                 {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name})
             for r in sel.submit}
-    for r in sel.submit:  # what the job trains, readable (the local queue reads it back)
-        r.run_dir.mkdir(parents=True, exist_ok=True)
-        (r.run_dir / LAUNCH_CONFIG).write_text(yaml.safe_dump(_config_dict(r), sort_keys=False))
-    with locked(out):
-        ledger = read_ledger(out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
-                                            tracking_uri=tracking_uri)
-        for r in sel.submit:
-            ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
-                                                       identity=identity_of(r.run)))
-        write_ledger(out, ledger)
-    if plan.profile.executor is ExecutorKind.SLURM:
-        return _launch_slurm(plan, sel, jobs, code_dir, max_parallel, echo)
-    return _launch_local(plan, sel, code_dir, max_parallel)
+    submitted: list[tuple[RunPlan, Attempt]] = []
+    try:
+        if plan.profile.executor is ExecutorKind.SLURM:
+            _launch_slurm(plan, sel, jobs, code_dir, max_parallel, echo, submitted, tracking_uri)
+        else:
+            _launch_local(plan, sel, code_dir, max_parallel, submitted, tracking_uri)
+    except BaseException:
+        if not submitted and fresh:  # nothing reached the scheduler: leave nothing behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    return submitted
 
 
 def _config_dict(r: RunPlan) -> dict:
@@ -149,7 +191,7 @@ def _config_dict(r: RunPlan) -> dict:
 
 
 def _launch_slurm(plan: SweepPlan, sel: Selection, jobs: dict, code_dir: str, max_parallel: int | None,
-                  echo) -> list[tuple[RunPlan, Attempt]]:
+                  echo, submitted: list, tracking_uri: str) -> None:
     import submitit
 
     classes: dict[Resources, list[RunPlan]] = defaultdict(list)
@@ -157,29 +199,40 @@ def _launch_slurm(plan: SweepPlan, sel: Selection, jobs: dict, code_dir: str, ma
         classes[r.estimate.resources].append(r)
     size = max_array_size(plan)
     folder = plan.out / "jobs" / "%j"
-    submitted: list[tuple[RunPlan, Attempt]] = []
     for i, (resources, runs) in enumerate(sorted(classes.items(), key=lambda kv: kv[0].time_min)):
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=plan.profile.max_num_timeout)
         executor.update_parameters(**slurm_parameters(resources, plan.profile, job_name=f"{plan.spec.name}-{i}",
                                                       code_dir=code_dir, max_parallel=max_parallel))
         for part in chunks(len(runs), size):
             batch = [runs[j] for j in part]
-            with executor.batch():
-                handles = [executor.submit(jobs[r.run.key]) for r in batch]
-            attempts = []
-            for r, job in zip(batch, handles):
-                attempts.append((r, Attempt(executor="slurm", submitted=now(), code_dir=code_dir,
-                                            folder=str(job.paths.folder), job_id=job.job_id,
-                                            stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))))
-            _record(plan.out, attempts)
+            try:
+                with executor.batch():
+                    handles = [executor.submit(jobs[r.run.key]) for r in batch]
+            except Exception as exc:  # sbatch refused (bad partition, account, limits)
+                done = f" ({len(submitted)} runs were submitted before; launch again after fixing it)" if submitted else ""
+                raise ConfigError("slurm", f"sbatch refused the job array: {_first_line(exc)}{done}") from None
+            attempts = [(r, Attempt(executor="slurm", submitted=now(), code_dir=code_dir,
+                                    folder=str(job.paths.folder), job_id=job.job_id,
+                                    stdout=str(job.paths.stdout), stderr=str(job.paths.stderr)))
+                        for r, job in zip(batch, handles)]
+            _record(plan, attempts, tracking_uri)
             submitted += attempts
             echo(f"submitted {len(batch)} runs as Slurm array {handles[0].job_id.split('_')[0]} "
                  f"({resources.describe()})")
-    return submitted
 
 
-def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str,
-                  max_parallel: int | None) -> list[tuple[RunPlan, Attempt]]:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str, max_parallel: int | None, submitted: list,
+                  tracking_uri: str) -> None:
+    from diffsweep.launch.state import proc_start
+
     parallel = max_parallel or plan.spec.launch.max_parallel or 1
     logs = plan.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -188,27 +241,29 @@ def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str,
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // parallel)))  # no oversubscription
     attempts = [(r, Attempt(executor="local", submitted=now(), code_dir=code_dir, folder=str(plan.out / "jobs"),
                             state="queued")) for r in sel.submit]
-    with locked(plan.out):
-        log = open(logs / f"queue-{now().replace(':', '')}.log", "ab")
-        proc = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-            [sys.executable, "-m", "diffsweep.launch.local_queue", str(plan.out), str(parallel)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            cwd=plan.out)
-        log.close()
+    with locked(plan.out):  # the queue waits on this lock until its attempts are in the ledger
+        with open(logs / f"queue-{now().replace(':', '')}.log", "ab") as log:
+            proc = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+                [sys.executable, "-m", "diffsweep.launch.local_queue", str(plan.out), str(parallel)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                cwd=plan.out)
+        start = proc_start(proc.pid)
         for _, a in attempts:
-            a.queue_pid = proc.pid
-        ledger = read_ledger(plan.out)
-        assert ledger is not None
+            a.queue_pid, a.queue_start = proc.pid, start
+        _record(plan, attempts, tracking_uri, lock=False)
+        submitted += attempts
+
+
+def _record(plan: SweepPlan, attempts: list[tuple[RunPlan, Attempt]], tracking_uri: str, lock: bool = True) -> None:
+    """Add the attempts (and their runs' entries and launch configs) to the ledger."""
+    for r, _ in attempts:  # what the job trains, readable (the local queue reads it back)
+        r.run_dir.mkdir(parents=True, exist_ok=True)
+        (r.run_dir / LAUNCH_CONFIG).write_text(yaml.safe_dump(_config_dict(r), sort_keys=False))
+    with locked(plan.out) if lock else contextlib.nullcontext():
+        ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
+                                                 tracking_uri=tracking_uri)
         for r, a in attempts:
-            ledger.entries[r.run.key].attempts.append(a)
+            entry = ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
+                                                               identity=identity_of(r.run)))
+            entry.attempts.append(a)
         write_ledger(plan.out, ledger)
-    return attempts
-
-
-def _record(out: Path, attempts: list[tuple[RunPlan, Attempt]]) -> None:
-    with locked(out):
-        ledger = read_ledger(out)
-        assert ledger is not None
-        for r, a in attempts:
-            ledger.entries[r.run.key].attempts.append(a)
-        write_ledger(out, ledger)

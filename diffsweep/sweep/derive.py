@@ -42,7 +42,17 @@ ARGS: dict[DeriveRule, dict[str, type | tuple[type, ...]]] = {
 }
 
 
-def check_rule(raw: Any, where: str) -> dict[str, Any]:
+# Which keys each rule may derive (None: any key, e.g. a lookup table).
+TARGETS: dict[DeriveRule, tuple[str, ...] | None] = {
+    DeriveRule.TOKENS_PER_PARAM: ("train.max_tokens",),
+    DeriveRule.STEPS_FOR_TOKENS: ("train.max_steps", "train.warmup_steps", "train.eval_every",
+                                  "train.checkpoint_every", "train.log_every"),
+    DeriveRule.LOOKUP: None,
+    DeriveRule.PARAM_PARITY: ("model.ffn_hidden",),
+}
+
+
+def check_rule(raw: Any, key: str, where: str) -> dict[str, Any]:
     """Check a ``{rule: ..., <args>}`` mapping; returns it with the rule as a ``DeriveRule``."""
     if not isinstance(raw, dict) or "rule" not in raw:
         raise ConfigError(where, f"expected {{rule: <one of {', '.join(r.value for r in DeriveRule)}>, ...}}, got {raw!r}")
@@ -66,8 +76,11 @@ def check_rule(raw: Any, where: str) -> dict[str, Any]:
                 pass
         if value is None or isinstance(value, bool) or not isinstance(value, tp):
             raise ConfigError(f"{where}.{name}", f"rule {rule.value} needs {name}, got {value!r}")
-        if tp == (int, float) and not value > 0:
-            raise ConfigError(f"{where}.{name}", f"expected a positive number, got {value!r}")
+        if tp == (int, float) and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{where}.{name}", f"expected a finite positive number, got {value!r}")
+    targets = TARGETS.get(rule)
+    if targets is not None and key not in targets:
+        raise ConfigError(where, f"rule {rule.value} derives [{', '.join(targets)}], not {key}")
     return {"rule": rule, **args}
 
 

@@ -9,7 +9,7 @@ identical merge; derived values; validation with the run config rules; duplicate
 
 from __future__ import annotations
 
-import copy
+import functools
 import itertools
 import re
 import warnings
@@ -17,10 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diffsweep.config import AttentionKind, Config, ConfigError, ConfigWarning, config_from_dict, to_dict
-from diffsweep.config.identity import run_key
+from diffsweep.config import (
+    AttentionKind,
+    Config,
+    ConfigError,
+    ConfigWarning,
+    config_from_dict,
+    declared_config,
+    to_dict,
+)
+from diffsweep.config.identity import flatten, run_key
 from diffsweep.config.kinds import KIND_SPECS
-from diffsweep.config.loading import read_yaml, set_dotted
+from diffsweep.config.loading import copy_tree, read_yaml, set_dotted
 from diffsweep.model import counting
 from diffsweep.sweep.derive import derive_value
 from diffsweep.sweep.spec import SweepSpec
@@ -169,7 +177,31 @@ def _effective(point: _Point, base: dict[str, Any], key: str) -> Any:
 
 
 def _matches(point: _Point, pattern: dict[str, list[Any]], base: dict[str, Any]) -> bool:
-    return all(str(_effective(point, base, k)) in {str(v) for v in values} for k, values in pattern.items())
+    return all(any(_same(_value(point, base, k), v) for v in values) for k, values in pattern.items())
+
+
+def _value(point: _Point, base: dict[str, Any], key: str) -> Any:
+    """The point's value for ``key``: as written in the sweep, else the default (size preset applied)."""
+    value = _effective(point, base, key)
+    if value is not None:
+        return value
+    raw = copy_tree(base)
+    for k, v in point.values.items():
+        set_dotted(raw, k, v)
+    try:
+        return flatten(to_dict(declared_config(raw))).get(key)
+    except ConfigError:
+        return None  # validation reports it later if the point is kept
+
+
+def _same(actual: Any, wanted: Any) -> bool:
+    """Equal as config values: 1e-3 (YAML reads it as a string) matches 0.001, 100 matches 100.0."""
+    if isinstance(actual, bool) or isinstance(wanted, bool):
+        return str(actual).lower() == str(wanted).lower()
+    try:
+        return float(actual) == float(wanted)
+    except (TypeError, ValueError):
+        return str(actual) == str(wanted)
 
 
 def _keep(point: _Point, spec: SweepSpec, base: dict[str, Any]) -> bool:
@@ -206,7 +238,7 @@ def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
 
 
 def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec, cwd: Path) -> Config:
-    raw = copy.deepcopy(base)
+    raw = copy_tree(base)
     try:
         for key, value in point.values.items():
             set_dotted(raw, key, value)
@@ -227,8 +259,13 @@ def _absolute_data_path(raw: dict[str, Any], cwd: Path) -> None:
     if not isinstance(data, dict):
         return  # decoding reports the bad section
     path = data.get("path", "data/demo")
-    if isinstance(path, str) and not Path(path).is_absolute():
-        data["path"] = str(cwd / path)
+    if isinstance(path, str):
+        data["path"] = _absolute(path, str(cwd))
+
+
+@functools.lru_cache(maxsize=1024)
+def _absolute(path: str, cwd: str) -> str:
+    return path if Path(path).is_absolute() else str(Path(cwd) / path)
 
 
 def _axis_keys(spec: SweepSpec) -> list[str]:

@@ -185,7 +185,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
                               "given or derived")
         from diffsweep.sweep.derive import check_rule  # here to keep the dependency one-way and lazy
 
-        derive[key] = check_rule(rule, f"{where}: derive.{key}")
+        derive[key] = check_rule(rule, key, f"{where}: derive.{key}")
 
     if not grid and not zips and not runs:
         raise ConfigError(f"{where}: grid", "empty sweep: give at least one of grid, zip or runs")
@@ -202,7 +202,7 @@ def _launch(raw: Any, where: str) -> LaunchSettings:
     allowed = [f.name for f in dataclasses.fields(LaunchSettings)]
     for key, value in data.items():
         if key not in allowed:
-            raise ConfigError(f"{where}.{key}", f"unknown launch setting{_did_you_mean(key, allowed)}; "
+            raise ConfigError(f"{where}.{key}", f"unknown launch setting{_did_you_mean(str(key), allowed)}; "
                               f"expected one of [{', '.join(allowed)}]")
         if key in ("profile", "output") and value is not None and not isinstance(value, str):
             raise ConfigError(f"{where}.{key}", f"expected a string, got {value!r}")

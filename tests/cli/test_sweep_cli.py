@@ -107,3 +107,42 @@ def test_missing_dataset_and_bad_only(tmp_path):
     r = cli("launch", "t.yaml", "--executor", "local", "--only", "(", cwd=tmp_path)
     assert r.returncode == 2 and "not a valid regular expression" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_renamed_run_keeps_its_directory_and_state(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=3, kinds=("transformer",))
+    assert cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store).returncode == 0
+    # a new axis renames the existing run (same config, so same key) and adds one
+    sweep.write_text(sweep.read_text() + "  train.weight_decay: [0.05, 0.1]\n")
+    r = cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    rows = {row["name"]: row for row in json.loads(r.stdout)["runs"]}
+    old = rows["transformer-tiny-xs-weight_decay_0.05-s0"]
+    assert old["state"] == "done" and old["run_dir"].endswith("transformer-tiny-xs-s0-" + old["key"])
+    assert old["mlflow_run_id"] is not None and old["job_id"] is not None
+    assert rows["transformer-tiny-xs-weight_decay_0.1-s0"]["state"] == "new"
+    r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path, env=store)
+    assert "would submit transformer-tiny-xs-weight_decay_0.1-s0" in r.stdout and r.stdout.count("would submit") == 1
+
+
+def test_corrupt_ledger_and_out_that_is_a_file(tmp_path, text_dataset):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    (tmp_path / "runs" / "t").mkdir(parents=True)
+    for text in ("[]", '{"format": "diffsweep-ledger/1", "entries": []}', "{not json"):
+        (tmp_path / "runs" / "t" / "ledger.json").write_text(text)
+        for command in ("plan", "status", "launch", "cancel"):
+            r = cli(command, str(sweep), "--executor", "local", cwd=tmp_path)
+            assert r.returncode == 2 and "unreadable sweep ledger" in r.stderr, (command, text, r.stderr)
+    (tmp_path / "file").write_text("x")
+    for command in ("plan", "launch", "cancel"):
+        r = cli(command, str(sweep), "--executor", "local", "--out", "file", cwd=tmp_path)
+        assert r.returncode == 2 and "exists and is not a directory" in r.stderr, r.stderr
+
+
+def test_concurrent_launches_of_one_sweep_are_refused(tmp_path, text_dataset):
+    from diffsweep.launch.submit import launch_lock
+
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    with launch_lock(tmp_path / "runs" / "t"):
+        r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path)
+    assert r.returncode == 2 and "another launch or cancel" in r.stderr
+    assert not (tmp_path / "runs" / "t").exists()

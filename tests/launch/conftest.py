@@ -44,6 +44,11 @@ def ledger(out: Path) -> dict:
     return json.loads((out / "ledger.json").read_text())
 
 
+def attempts(out: Path) -> dict:
+    """Every run's submissions, by key (what must not change when nothing is resubmitted)."""
+    return {key: e["attempts"] for key, e in ledger(out)["entries"].items()}
+
+
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -239,3 +239,36 @@ def test_warnings_are_collected_once_with_their_origin(tmp_path):
         runs: [{model.attention.kind: transformer, model.attention.lambda_init: "constant:0.5"}]
     """)), cwd=tmp_path)
     assert len(e.warnings) == 1 and "no effect" in e.warnings[0] and "runs[0]" in e.warnings[0]
+
+
+def test_filters_compare_values_not_spellings(tmp_path):
+    runs = runs_of(tmp_path, """
+        set: {model.size: tiny-xs}
+        grid: {train.lr: [1e-3, 2e-3], train.seed: [0, 1]}
+        exclude: [{train.lr: 0.001, train.seed: 1}]
+        include: [{train.weight_decay: 0.05}]
+    """)  # 1e-3 is a string to YAML; weight_decay comes from the size preset
+    assert [(r.config.train.lr, r.config.train.seed) for r in runs] == [(1e-3, 0), (2e-3, 0), (2e-3, 1)]
+
+
+def test_exclude_can_remove_invalid_points_before_validation(tmp_path):
+    runs = runs_of(tmp_path, """
+        set: {model.size: tiny-xs}
+        grid: {model.attention.kind: [transformer, diff_v1], model.attention.head_dim: [16, 64]}
+        exclude: [{model.attention.kind: diff_v1, model.attention.head_dim: 64}]
+    """)  # diff_v1 with head_dim 64 needs 2 x 64 channels per head: more than d_model = 64
+    assert [r.name for r in runs] == ["transformer-tiny-xs-hd_16-s0", "transformer-tiny-xs-hd_64-s0",
+                                      "diff_v1-tiny-xs-hd_16-s0"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("grid: {model.size: [tiny-xs]}\ngrid: {model.size: [tiny-s]}\n", "duplicate key 'grid'"),
+    ("grid: {model.size: [tiny-xs]}\nderive: {train.max_tokens: {rule: tokens_per_param, ratio: .inf}}\n",
+     "finite positive"),
+    ("grid: {model.size: [tiny-xs]}\nderive: {train.lr: {rule: tokens_per_param, ratio: 20}}\n",
+     r"derives \[train.max_tokens\], not train.lr"),
+    ("grid: {model.size: [tiny-xs]}\nlaunch: {1: 2}\n", "unknown launch setting"),
+])
+def test_more_bad_sweep_files(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        runs_of(tmp_path, text)

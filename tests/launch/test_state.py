@@ -1,0 +1,66 @@
+"""Run states from a ledger attempt, the scheduler's answer and the job's own report (pure logic:
+the scheduler answers are given as data here; tests/launch/test_slurm.py runs the real thing)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from diffsweep.launch.ledger import Attempt
+from diffsweep.launch.state import attempt_state, pid_alive, proc_start
+
+
+def attempt(**kw) -> Attempt:
+    return Attempt(**{"executor": "slurm", "submitted": "t", "code_dir": "c", "folder": "f", "job_id": "7_1", **kw})
+
+
+def test_active_jobs_are_running_whatever_the_job_last_said():
+    for sched in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+        s = attempt_state(attempt(), {"state": "preempted", "step": 40}, {"7_1": sched})
+        assert s.state == "running" and not s.blocked and sched in s.detail
+
+
+def test_a_cancelled_job_that_is_still_stopping_blocks_a_resubmission():
+    s = attempt_state(attempt(state="cancelled"), {"state": "running"}, {"7_1": "COMPLETING"})
+    assert (s.state, s.detail) == ("running", "cancelling") and s.blocked
+    assert attempt_state(attempt(state="cancelled"), None, {"7_1": "CANCELLED by 0"}).state == "cancelled"
+
+
+def test_unknown_jobs_are_never_resubmitted_blindly():
+    s = attempt_state(attempt(), None, {})
+    assert s.state == "unknown" and "cancel it" in s.blocked
+
+
+def test_failures():
+    assert attempt_state(attempt(), {"state": "failed", "reason": "OOM"}, {"7_1": "FAILED"}).detail == "OOM"
+    assert attempt_state(attempt(), None, {"7_1": "TIMEOUT"}).detail == "TIMEOUT"
+    s = attempt_state(attempt(), {"state": "running"}, {"7_1": "COMPLETED"})
+    assert (s.state, s.detail) == ("failed", "the job ended without finishing the run")
+    s = attempt_state(attempt(), {"state": "failed", "reason": "diverged: loss nan", "retryable": False},
+                      {"7_1": "FAILED"})
+    assert s.state == "failed" and "diverged" in s.blocked
+
+
+def test_local_queue_states():
+    queued = attempt(executor="local", job_id=None, state="queued", queue_pid=os.getpid(),
+                     queue_start=proc_start(os.getpid()))
+    assert attempt_state(queued, None, {}).detail == "QUEUED (local)"
+    gone = attempt(executor="local", job_id=None, state="queued", queue_pid=os.getpid(), queue_start=1)
+    assert attempt_state(gone, None, {}).state == "failed"  # a pid reused by another process
+
+
+def test_pid_alive_tells_reused_pids_and_zombies_apart():
+    me = os.getpid()
+    assert pid_alive(me) and pid_alive(me, proc_start(me)) and not pid_alive(me, proc_start(me) + 1)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while True:  # wait until it has exited but is not reaped: a zombie
+        try:
+            state = open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            assert not pid_alive(child.pid)
+            break
+    child.wait()
+    assert not pid_alive(child.pid)
