@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.launch.conftest import attempts, cli, ledger, metric_steps, wait_for, write_sweep
@@ -51,6 +53,8 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
     run_dir = next((out / "runs").iterdir())
     wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 2, 120, "a checkpoint")
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
+                              cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
     pid = json.loads((run_dir / "job.json").read_text())["pid"]
     os.kill(pid, signal.SIGUSR2)  # what Slurm sends before preemption or the time limit
 
@@ -61,6 +65,8 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))  # each step once
     log = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store).stdout
     assert "preempted by SIGUSR2" in log and "Requeued job" in log and "finished 400 steps" in log
+    followed, _ = follow.communicate(timeout=60)  # --follow ends by itself once the job has ended
+    assert follow.returncode == 0 and "Requeued job" in followed and "finished 400 steps" in followed
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
 
 
