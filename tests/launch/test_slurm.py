@@ -158,3 +158,33 @@ def test_sbatch_refusal_leaves_nothing(tmp_path, text_dataset, store):
                                                  "Memory specification can not be satisfied")
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_slurm_time_limit_requeues_and_finishes(tmp_path, text_dataset, store):
+    # a 2-minute job limit with USR2 60 s before it; the run needs longer than one job
+    (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 2\n"
+                                     "min_time_minutes: 1\nmax_time_hours: 0.0334\nsignal_delay_s: 60\n"
+                                     "slurm: {partition: debug}\n")
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=2500, kinds=("transformer",))
+    sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 25")
+                     .replace("train.keep_checkpoints: 100", "train.keep_checkpoints: 2")
+                     .replace("train.log_every: 1", "train.log_every: 50")
+                     .replace("train.eval_every: 4", "train.eval_every: 500")
+                     .replace("train.batch_tokens: 128", "train.batch_tokens: 1024"))  # ~3 min of work
+    r = cli("launch", str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "0:02 h" in r.stdout, r.stdout + r.stderr
+    out = tmp_path / "runs" / "t"
+    (entry,) = ledger(out)["entries"].values()
+    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
+
+    def done():
+        r = cli("status", str(sweep), "--profile", str(tmp_path / "p.yaml"), "--json", cwd=tmp_path, env=store)
+        return json.loads(r.stdout)["counts"] == {"done": 1}
+
+    wait_for(done, 480, "the run to finish across time limits", poll=5)
+    log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
+    assert "this job is timed-out" in log or "Job has timed out" in log, log[-2000:]
+    assert "resuming" in log
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 2501))
