@@ -40,9 +40,11 @@ class Resources:
         return self.nodes * self.gpus_per_node
 
     def describe(self) -> str:
+        hours, minutes = divmod(self.time_min, 60)
+        if self.mem_gb == 0:  # the local executor: a process on this machine, no limits asked for
+            return "local process"
         where = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else "CPU"
         nodes = f" on {self.nodes} nodes" if self.nodes > 1 else ""
-        hours, minutes = divmod(self.time_min, 60)
         return f"{where}{nodes}, {hours}:{minutes:02d} h, {self.mem_gb} GB"
 
 
@@ -87,7 +89,7 @@ def estimate(run: PlannedRun, profile: Profile) -> Estimate:
     time_min = int(min(max(time_min, profile.min_time_minutes), profile.max_time_hours * 60))
     tasks = max(per_node, 1)
     cpus = profile.cpus_per_gpu  # per task: one task per GPU, or the one CPU task
-    mem = profile.mem_per_gpu_gb * max(per_node, 1)
+    mem = 0 if profile.executor is ExecutorKind.LOCAL else profile.mem_per_gpu_gb * max(per_node, 1)
     resources = Resources(nodes=nodes, gpus_per_node=per_node, tasks_per_node=tasks, cpus_per_task=cpus,
                           mem_gb=mem, time_min=time_min)
     return Estimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
