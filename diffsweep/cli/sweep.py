@@ -121,8 +121,11 @@ def plan(
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
 ) -> None:
-    """Expand a sweep and show each run: key, name, size, params, tokens, FLOPs, GPU-hours,
-    resources and state (new, done, failed, running, cancelled, changed). Submits nothing."""
+    """Show a sweep's runs, cost and states; submits nothing.
+
+    Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources and state (new, done,
+    failed, running, cancelled, changed, unknown), plus the sweep's total GPU-hours.
+    """
     p = _plan(sweep, profile, executor, only, out)
     _warn(p)
     if json_:
@@ -151,8 +154,11 @@ def launch(
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
 ) -> None:
-    """Submit the sweep's new, changed, failed and cancelled runs and return at once. Finished runs
-    are skipped and running ones left alone, so running it again is safe."""
+    """Submit the runs that need it (Slurm arrays or local) and return.
+
+    New, changed, failed (within the retry budget) and cancelled runs are submitted; finished runs
+    are skipped and running ones left alone, so launching again is always safe.
+    """
     from diffsweep.launch.plan import output_dir
     from diffsweep.launch.submit import launch_lock
     from diffsweep.sweep import load_sweep
@@ -220,8 +226,11 @@ def status(
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
 ) -> None:
-    """Per-run state from the ledger, the scheduler and each job's report, with summary counts.
-    Runs whose job died without reporting are reconciled first (MLflow FAILED/KILLED)."""
+    """Show each run's state and the summary counts.
+
+    States come from the ledger, the scheduler and each job's report. Runs whose job died without
+    reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
+    """
     marked = _reconcile(sweep, profile, executor, out)
     p = _plan(sweep, profile, executor, only, out)
     if json_:
@@ -253,7 +262,10 @@ def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path
 
 @handle_errors
 def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
-    """Mark runs whose job died without reporting as FAILED/KILLED in MLflow (reason: the scheduler state)."""
+    """Mark runs whose job died unreported as FAILED/KILLED in MLflow.
+
+    The reason recorded is the scheduler's state for the job (e.g. NODE_FAIL, OUT_OF_MEMORY).
+    """
     marked = _reconcile(sweep, None, None, out)
     typer.echo(f"reconciled {len(marked)} runs")
 
@@ -266,8 +278,10 @@ def cancel(
     profile: ProfileOpt = None,
     executor: ExecutorOpt = None,
 ) -> None:
-    """Cancel the sweep's running and queued runs (all, or those matching --only). Their
-    checkpoints stay: launching again resumes them."""
+    """Cancel running and queued runs (all, or those matching --only).
+
+    Jobs save a checkpoint at the step boundary before they stop: launching again resumes them.
+    """
     from diffsweep.launch.control import cancel as stop
     from diffsweep.launch.submit import launch_lock
 
