@@ -1,6 +1,7 @@
 """The local executor's queue: a detached process (started by ``launch``) that starts its queued
 runs through submitit's ``LocalExecutor``, at most N at a time, records each job in the ledger,
-and exits when all have ended. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
+and exits when all have ended. A later launch of the same sweep hands its runs to a live queue, so
+N holds for the sweep. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0
 
 
+def closed_marker(out: Path, pid: int) -> Path:
+    """Written (under the ledger lock) when a queue has decided to exit: launch must not hand it runs."""
+    return out / f".queue-{pid}.closed"
+
+
 def main(out: Path, parallel: int) -> None:
     me = os.getpid()
+    # Started with PYTHONPATH=<launch's code snapshot>:<the user's>; each job gets its own attempt's.
+    user_path = os.environ.get("PYTHONPATH", "").split(os.pathsep)[1:]
+    closed_marker(out, me).unlink(missing_ok=True)  # left by an earlier queue that had this pid
     executor = submitit.LocalExecutor(folder=out / "jobs" / "%j", max_num_timeout=100)
     executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
     running: dict[str, submitit.Job] = {}
@@ -33,10 +42,12 @@ def main(out: Path, parallel: int) -> None:
             queued = [(key, e) for key, e in ledger.entries.items()
                       if e.latest is not None and e.latest.state == "queued" and e.latest.queue_pid == me]
             if not queued and not running:
+                closed_marker(out, me).touch()
                 return
             for key, entry in queued[: max(0, parallel - len(running))]:
                 tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
                 a = entry.latest
+                os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
                 try:
                     job = executor.submit(TrainJob(_config(entry.run_dir), entry.run_dir, ledger.experiment,
                                                    ledger.tracking_uri, tags))

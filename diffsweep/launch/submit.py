@@ -242,6 +242,13 @@ def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str, max_parallel: 
     attempts = [(r, Attempt(executor="local", submitted=now(), code_dir=code_dir, folder=str(plan.out / "jobs"),
                             state="queued")) for r in sel.submit]
     with locked(plan.out):  # the queue waits on this lock until its attempts are in the ledger
+        live = _live_queue(plan.out)
+        if live is not None:  # one queue per sweep: --max-parallel holds across launches
+            for _, a in attempts:
+                a.queue_pid, a.queue_start = live
+            _record(plan, attempts, tracking_uri, lock=False)
+            submitted += attempts
+            return
         with open(logs / f"queue-{now().replace(':', '')}.log", "ab") as log:
             proc = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
                 [sys.executable, "-m", "diffsweep.launch.local_queue", str(plan.out), str(parallel)],
@@ -252,6 +259,20 @@ def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str, max_parallel: 
             a.queue_pid, a.queue_start = proc.pid, start
         _record(plan, attempts, tracking_uri, lock=False)
         submitted += attempts
+
+
+def _live_queue(out: Path) -> tuple[int, int | None] | None:
+    """(pid, start time) of this sweep's local queue if one runs and has not decided to exit."""
+    from diffsweep.launch.local_queue import closed_marker
+    from diffsweep.launch.state import pid_alive
+
+    ledger = read_ledger(out)
+    for entry in (ledger.entries.values() if ledger else []):
+        a = entry.latest
+        if (a is not None and a.executor == "local" and a.queue_pid is not None
+                and pid_alive(a.queue_pid, a.queue_start) and not closed_marker(out, a.queue_pid).exists()):
+            return a.queue_pid, a.queue_start
+    return None
 
 
 def _record(plan: SweepPlan, attempts: list[tuple[RunPlan, Attempt]], tracking_uri: str, lock: bool = True) -> None:

@@ -95,3 +95,22 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
     assert r.returncode == 0, r.stdout + r.stderr
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2
+
+
+def test_a_second_launch_hands_its_runs_to_the_running_queue(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=300, kinds=("transformer",),
+                        extra="launch: {max_parallel: 1}\n")
+    out = tmp_path / "runs" / "t"
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1, diff_v2]"))
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    entries = ledger(out)["entries"].values()
+    assert len({e["attempts"][0]["queue_pid"] for e in entries}) == 1  # one queue for the sweep
+    # max_parallel 1 held across both launches: the MLflow runs did not overlap in time
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    spans = sorted((run.info.start_time, run.info.end_time) for run in runs)
+    assert len(spans) == 3 and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
