@@ -17,65 +17,24 @@
 set -euo pipefail
 
 T0=$(date +%s.%N)
-say() { printf '[slurm] %s\n' "$*"; }
-die() { printf '[slurm] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=slurm/lib.sh
+source "$(dirname "$0")/lib.sh"
+need_root "$0" "$@"
 elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
 
-# Daemons run as root (SlurmUser=root). Re-run the whole script under sudo if needed.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null 2>&1 || die "must run as root (no sudo available)"
-  say "not root: re-running under sudo"
-  exec sudo -E bash "$0" "$@"
-fi
-
-export PATH="$PATH:/usr/sbin:/sbin:/usr/bin:/bin"
-BASE=${SLURM_CI_BASE:-/tmp/diffsweep-slurm}
 WITH_DBD=${WITH_DBD:-1}
 FAKE_GPUS=${FAKE_GPUS:-2}
 NO_INSTALL=${NO_INSTALL:-0}
 case "$WITH_DBD" in 0|1) ;; *) die "WITH_DBD must be 0 or 1" ;; esac
 case "$FAKE_GPUS" in ''|*[!0-9]*) die "FAKE_GPUS must be a number" ;; esac
-case "$BASE" in /?*) ;; *) die "SLURM_CI_BASE must be an absolute path" ;; esac
-BASE=${BASE%/}
 
-export SLURM_CONF="$BASE/etc/slurm.conf"
 MUNGE_SOCK="$BASE/munge/run/munge.socket.2"
 MUNGE_KEY="$BASE/munge/etc/munge.key"
 MYSQL_SOCK="$BASE/mysql/run/mysqld.sock"
 HOST=$(hostname -s)
 [ -n "$HOST" ] || die "hostname -s is empty"
 
-# ---------------------------------------------------------------- process helpers
-# A PID is "alive" only if /proc says it is not a zombie and its comm matches: the
-# daemons fork away to PID 1, which may reap them late, and kill -0 sees zombies.
-pid_alive() { # pid comm
-  local pid=$1 comm=$2 st
-  [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 1
-  st=$(sed -E 's/^[0-9]+ \(.*\) (.).*/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [ "$st" != Z ] || return 1
-  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ]
-}
-pid_of() { # pidfile -> pid ('' if none)
-  [ -r "$1" ] && tr -dc 0-9 <"$1" || true
-}
-running() { # pidfile comm
-  pid_alive "$(pid_of "$1")" "$2"
-}
-stop_daemon() { # name pidfile comm
-  local name=$1 pf=$2 comm=$3 pid i
-  pid=$(pid_of "$pf")
-  if pid_alive "$pid" "$comm"; then
-    say "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 200); do pid_alive "$pid" "$comm" || break; sleep 0.1; done
-    if pid_alive "$pid" "$comm"; then
-      say "$name did not exit in 20 s: SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      for i in $(seq 1 50); do pid_alive "$pid" "$comm" || break; sleep 0.1; done
-    fi
-  fi
-  rm -f "$pf"
-}
+# ---------------------------------------------------------------- helpers
 wait_for() { # timeout_s description command...
   local t=$1 what=$2 end; shift 2
   end=$(( $(date +%s) + t ))

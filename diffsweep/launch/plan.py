@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffsweep.config import ConfigError
-from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, ExecutorKind, Profile, load_profile
 from diffsweep.launch.resources import Estimate, estimate
@@ -130,10 +129,6 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
                              ledger_entry=entry, state=run_state(r.key, r.name, run_dir if known else None, ledger, scheduler,
                                              r.config)))
     return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings)
-
-
-def identity_of(run: PlannedRun) -> dict[str, object]:
-    return identity_fields(run.config)
 
 
 def cpu_count() -> int:

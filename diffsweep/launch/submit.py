@@ -24,9 +24,10 @@ from pathlib import Path
 
 import yaml
 
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, to_dict
+from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, locked, now, read_ledger, write_ledger
-from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan, cpu_count, identity_of
+from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan, cpu_count
 from diffsweep.launch.profiles import ExecutorKind
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
 
@@ -185,9 +186,8 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
 
 
 def _config_dict(r: RunPlan) -> dict:
-    from diffsweep.sweep.expand import resolved_dict
-
-    return resolved_dict(r.run)
+    """The run's resolved config as plain data: what its job trains (same key when reloaded)."""
+    return to_dict(r.run.config)
 
 
 def _launch_slurm(plan: SweepPlan, sel: Selection, jobs: dict, code_dir: str, max_parallel: int | None,
@@ -285,6 +285,6 @@ def _record(plan: SweepPlan, attempts: list[tuple[RunPlan, Attempt]], tracking_u
                                                  tracking_uri=tracking_uri)
         for r, a in attempts:
             entry = ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
-                                                               identity=identity_of(r.run)))
+                                                               identity=identity_fields(r.run.config)))
             entry.attempts.append(a)
         write_ledger(plan.out, ledger)

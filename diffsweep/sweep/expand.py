@@ -309,8 +309,3 @@ def _unique_names(runs: list[PlannedRun]) -> None:
     for i, r in enumerate(runs):
         if counts[r.name] > 1:  # distinct values that spell the same; the key tells them apart
             object.__setattr__(runs[i], "name", f"{r.name}-{r.key[:6]}")
-
-
-def resolved_dict(run: PlannedRun) -> dict[str, Any]:
-    """The run's resolved config as plain data (what a job trains; same key when reloaded)."""
-    return to_dict(run.config)

@@ -127,7 +127,7 @@ class MlflowTracker:
 
     def start(self, run_name: str, params: dict[str, str], tags: dict[str, str], config_yaml: str) -> str:
         """Create the run (status RUNNING) and log its params, tags and ``config.yaml``."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id

@@ -24,7 +24,7 @@ from diffsweep.data.dataset import (
     windows,
 )
 from diffsweep.data.prepare import Document, prepare, read_documents, text_files
-from diffsweep.data.tokenizers import EOT, load_tokenizer
+from diffsweep.data.tokenizers import load_tokenizer
 
 TOPICS = sorted(pydoc_data.topics.topics.items())[:24]  # ~0.2 MB: enough for a 512-token BPE
 VAL_FRACTION = 0.1
