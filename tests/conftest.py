@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 # One thread per test process: the CI box has 2 cores and may be shared (see shared notes).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# Without a GPU, Triton kernels run in Triton's CPU interpreter; it must be switched on before
+# any kernel module is imported. (Checked with nvidia-smi, not torch, to keep this import-free.)
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pathlib import Path  # noqa: E402
 

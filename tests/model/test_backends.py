@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffsweep.config import Backend
-from diffsweep.model.attention.backends import BACKENDS
+from diffsweep.model.attention.backends import BACKENDS, AttentionCall
 from diffsweep_kernels import reference
 
 SHAPES = [  # (B, Hq, Hkv, T, Dqk, Dv): MHA, GQA, DIFF V1's 2d-wide V, GQA + wide V
@@ -83,6 +83,23 @@ def test_sdpa_matches_reference_on_cpu(shape, op, dtype):
     _check("cpu", Backend.SDPA, shape, dtype, op)
 
 
+def _triton_unavailable(device: str, dtype: torch.dtype) -> str | None:
+    triton = BACKENDS[Backend.TRITON]
+    return triton.unavailable_reason() or triton.unsupported_reason(
+        AttentionCall(4, 4, 16, 32, True), torch.device(device), dtype)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="GPU machine: the compiled kernel is tested below")
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_triton_matches_reference_in_the_interpreter(shape, dtype):
+    """The fused kernel's logic (tiles, masks, online softmax, backward, dλ) in Triton's CPU
+    interpreter, which tests/conftest.py switches on without a GPU. No bf16: the interpreter
+    computes it wrongly (covered on GPU)."""
+    assert _triton_unavailable("cpu", dtype) is None, _triton_unavailable("cpu", dtype)
+    _check("cpu", Backend.TRITON, shape, dtype, "diff")
+
+
 def test_check_is_sensitive_to_a_wrong_mask():
     """The comparison above catches a non-causal kernel (so it is not a test that cannot fail)."""
 
@@ -121,3 +138,14 @@ def test_sdpa_matches_reference_on_gpu(shape, op, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_flash_matches_reference_on_gpu(shape, op, dtype):
     _check("cuda", Backend.FLASH, shape, dtype, op)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and _triton_unavailable("cuda", torch.bfloat16) is not None,
+                    reason=f"triton backend {_triton_unavailable('cuda', torch.bfloat16)}")
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["attend", "diff"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_triton_matches_reference_on_gpu(shape, op, dtype):
+    _check("cuda", Backend.TRITON, shape, dtype, op)

@@ -13,6 +13,8 @@ Each backend declares what it supports and is checked once, when the model is bu
 
 from __future__ import annotations
 
+import functools
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -113,9 +115,23 @@ def _flash_attn_func():
     return flash_attn_func
 
 
+@functools.cache
+def _flash_takes_wide_v(qk_dim: int, v_dim: int) -> bool:
+    """Whether the installed flash-attn accepts a V head dim other than the QK head dim (the DIFF
+    authors' fork and FlashAttention-3 do for some pairs; stock FlashAttention-2 refuses). Probed
+    once per pair with a 16-token call on the GPU."""
+    q = torch.zeros(1, 16, 1, qk_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.zeros(1, 16, 1, v_dim, device="cuda", dtype=torch.bfloat16)
+    try:
+        return _flash_attn_func()(q, q, v, causal=True).shape[-1] == v_dim
+    except (RuntimeError, ValueError, AssertionError, TypeError):
+        return False
+
+
 class FlashBackend(AttentionBackend):
-    """The flash-attn package (CUDA, fp16/bf16). Stock flash-attn needs equal QK and V dims, so a
-    wider V (DIFF V1) is split into QK-wide chunks and concatenated (paper App. A, FlashDiffAttn_2)."""
+    """The flash-attn package (CUDA, fp16/bf16). DIFF V1 takes two calls when the installed kernel
+    accepts V twice as wide as Q/K, and otherwise four: V split into QK-wide halves, each half
+    attended by both maps (paper App. A, FlashDiffAttn_1 and FlashDiffAttn_2)."""
 
     name = Backend.FLASH
 
@@ -138,20 +154,60 @@ class FlashBackend(AttentionBackend):
     def attend(self, q, k, v, *, scale):
         flash = _flash_attn_func()
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # flash-attn layout (B, T, H, D)
-        return split_v(lambda vc: flash(qt, kt, vc.transpose(1, 2), softmax_scale=scale, causal=True)
-                       .transpose(1, 2), q, v)
+
+        def call(vc):
+            return flash(qt, kt, vc.transpose(1, 2), softmax_scale=scale, causal=True).transpose(1, 2)
+
+        if v.shape[-1] != q.shape[-1] and _flash_takes_wide_v(q.shape[-1], v.shape[-1]):
+            return call(v)
+        return split_v(call, q, v)
+
+
+def _triton_diff():
+    """``diffsweep_kernels.triton_diff``, or None without the triton package."""
+    try:
+        return importlib.import_module("diffsweep_kernels.triton_diff")
+    except ImportError:
+        return None
+
+
+class TritonBackend(AttentionBackend):
+    """DIFF V1 through the fused Triton kernel (``diffsweep_kernels.triton_diff``): both softmax maps
+    in one pass over K/V, forward and backward. Standard attention and DIFF V2 (one standard call)
+    go to SDPA, whose FlashAttention kernel they can use as is.
+
+    Runs on CUDA GPUs; on CPU only inside Triton's interpreter (``TRITON_INTERPRET=1`` set before
+    the process imports the kernel), which is for tests, slow, and wrong in bf16."""
+
+    name = Backend.TRITON
+
+    def unavailable_reason(self):
+        kernel = _triton_diff()
+        if kernel is None:
+            return "needs the triton package (pip install triton; CUDA builds of torch ship it)"
+        if not torch.cuda.is_available() and not kernel.INTERPRET:
+            return ("needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 runs the kernel in "
+                    "Triton's CPU interpreter, for tests)")
+        return None
+
+    def unsupported_reason(self, call, device, dtype):
+        if not call.differential:
+            return BACKENDS[Backend.SDPA].unsupported_reason(call, device, dtype)
+        return _triton_diff().unsupported_reason(call.num_q_heads, call.num_kv_heads, call.qk_dim, call.v_dim,
+                                                 dtype, device)
+
+    def attend(self, q, k, v, *, scale):
+        return BACKENDS[Backend.SDPA].attend(q, k, v, scale=scale)
+
+    def diff_attend(self, q1, k1, q2, k2, v, lam, *, scale):
+        return _triton_diff().diff_attention(q1, k1, q2, k2, v, lam, scale=scale)
 
 
 BACKENDS: dict[Backend, AttentionBackend] = {
     Backend.REFERENCE: ReferenceBackend(),
     Backend.SDPA: SdpaBackend(),
     Backend.FLASH: FlashBackend(),
-}
-
-# Backend names without an implementation in this version, and what they will need.
-NOT_SHIPPED: dict[Backend, str] = {
-    Backend.TRITON: "is not shipped in this version of diffsweep_kernels (the fused Triton DIFF kernel "
-    "needs triton and a CUDA GPU); use 'sdpa' or 'flash'",
+    Backend.TRITON: TritonBackend(),
 }
 
 
@@ -159,10 +215,7 @@ def resolve_backend(
     name: Backend, call: AttentionCall, *, device: torch.device | str, dtype: torch.dtype
 ) -> AttentionBackend:
     """The backend ``name``, checked against ``call``; raises ``EnvironmentUnavailable`` with the reason."""
-    name = Backend(name)
-    if name not in BACKENDS:
-        raise EnvironmentUnavailable(f"model.attention.backend: {name.value!r} {NOT_SHIPPED[name]}")
-    backend = BACKENDS[name]
+    backend = BACKENDS[Backend(name)]
     device = torch.device(device)
     reason = backend.unavailable_reason()
     if reason is None and device.type != "meta":

@@ -1,0 +1,408 @@
+"""Fused DIFF V1 attention in Triton: ``out = (softmax(q1 k1ᵀ s) − λ softmax(q2 k2ᵀ s)) v``, causal.
+
+Layout as ``reference.diff_attention``: q1/q2 ``(B, Hq, T, D)``, k1/k2 ``(B, Hkv, T, D)``,
+v ``(B, Hkv, T, Dv)`` (Dv is 2D in DIFF V1, any power of two works), λ a 0-dim tensor, output
+``(B, Hq, T, Dv)``. GQA with contiguous groups. fp16/bf16/fp32 inputs, fp32 accumulation.
+
+Forward (one program per query tile and head): both softmax maps run their own online softmax
+against the same K1/K2/V tiles, V is loaded once per tile, and the kernel writes
+``O1 − λ·O2``. It also keeps O2 and both log-sum-exps for the backward.
+
+Backward (FlashAttention-2 style, two kernels, no atomics):
+
+- ``Δ1 = rowsum(dO∘O1) = rowsum(dO∘O) + λ·r`` and ``r = rowsum(dO∘O2)``; ``dλ = −Σ r``.
+- dK/dV kernel, one program per key tile and K/V head, looping over the head's query group:
+  ``dV += (P1 − λP2)ᵀ dO`` (one matmul for both maps), ``dP = dO Vᵀ`` (shared by both maps),
+  ``dS1 = P1∘(dP − Δ1)``, ``dS2 = −λ·P2∘(dP − r)``, ``dK1 += dS1ᵀ Q1``, ``dK2 += dS2ᵀ Q2``.
+- dQ kernel, one program per query tile and head: ``dQ1 += dS1 K1``, ``dQ2 += dS2 K2``.
+
+``diff_attention`` is a ``torch.library.triton_op`` (``diffsweep::diff_attention``) with its
+autograd registered, so ``torch.compile`` traces models that call it on a GPU.
+
+Triton's CPU interpreter runs these kernels when ``TRITON_INTERPRET=1`` is set before this module
+is imported (the tests do). It computes bf16 wrongly, so test there in fp32/fp16 only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+LOG2E = 1.4426950408889634
+
+# Head dims the kernels accept (tl.arange needs powers of two, tl.dot at least 16).
+QK_DIMS = (16, 32, 64, 128, 256)
+V_DIMS = (16, 32, 64, 128, 256, 512)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _configs(blocks: list[tuple[int, int, int, int]], interpret: tuple[int, int]) -> list[triton.Config]:
+    """Autotune configs ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``. The interpreter cannot
+    autotune (it has no timer), so it gets one config with unequal, small blocks, which the tests
+    need to exercise tails and the diagonal split."""
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": interpret[0], "BLOCK_N": interpret[1]}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in blocks]
+
+
+def _prune_wide_v(configs, named_args, **kwargs):
+    """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only 64-row tiles fit in registers."""
+    if named_args["DV"] >= 256:
+        narrow = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64]
+        return narrow or configs
+    return configs
+
+
+# Query tiles are multiples of key tiles in the forward and dQ kernels (and the reverse in dK/dV),
+# so every tile left of the diagonal is whole and needs no causal mask.
+FWD_CONFIGS = _configs(
+    [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3)],
+    interpret=(32, 16),
+)
+DKDV_CONFIGS = _configs(  # here BLOCK_N is the key tile owned by a program and BLOCK_M the query step
+    [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2), (32, 64, 8, 3)],
+    interpret=(16, 32),
+)
+DQ_CONFIGS = _configs(
+    [(128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
+    interpret=(32, 16),
+)
+
+
+@triton.jit
+def _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt,
+               offs_m, offs_d, offs_dv, lo, hi, T, qk_scale,
+               BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_seq = offs_n[:, None] < T
+        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
+        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq, other=0.0)
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
+        if CAUSAL_MASK:
+            future = offs_m[:, None] < offs_n[None, :]
+            s1 = tl.where(future, float("-inf"), s1)
+            s2 = tl.where(future, float("-inf"), s2)
+        # Map 1: online softmax (log2 domain).
+        m1_new = tl.maximum(m1, tl.max(s1, 1))
+        p1 = tl.math.exp2(s1 - m1_new[:, None])
+        alpha1 = tl.math.exp2(m1 - m1_new)
+        l1 = l1 * alpha1 + tl.sum(p1, 1)
+        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(v.dtype), v, input_precision=PRECISION)
+        m1 = m1_new
+        # Map 2, against the same V tile.
+        m2_new = tl.maximum(m2, tl.max(s2, 1))
+        p2 = tl.math.exp2(s2 - m2_new[:, None])
+        alpha2 = tl.math.exp2(m2 - m2_new)
+        l2 = l2 * alpha2 + tl.sum(p2, 1)
+        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(v.dtype), v, input_precision=PRECISION)
+        m2 = m2_new
+    return acc1, l1, m1, acc2, l2, m2
+
+
+@triton.autotune(configs=FWD_CONFIGS, key=["T", "D", "DV", "GROUP"], prune_configs_by={"early_config_prune": _prune_wide_v})
+@triton.jit
+def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                stride_vb, stride_vh, stride_vt,
+                H, T, sm_scale,
+                GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kv = h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    rows = offs_m[:, None] < T
+    q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q1 = tl.load(Q1 + q_off, mask=rows, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rows, other=0.0)
+    k1_ptr = K1 + b * stride_kb + kv * stride_kh
+    k2_ptr = K2 + b * stride_kb + kv * stride_kh
+    v_ptr = V + b * stride_vb + kv * stride_vh
+    lam = tl.load(LAM).to(tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp2 instead of exp
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    l2 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, DV], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, DV], tl.float32)
+    diag = start_m * BLOCK_M
+    # Key tiles wholly in the past: no mask. Then the diagonal tiles, masked.
+    acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr,
+                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, 0, diag, T,
+                                            qk_scale, BLOCK_N, False, PRECISION)
+    acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr,
+                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, diag,
+                                            tl.minimum(diag + BLOCK_M, T), T, qk_scale, BLOCK_N, True,
+                                            PRECISION)
+    o1 = acc1 / l1[:, None]
+    o2 = acc2 / l2[:, None]
+    o_off = bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    tl.store(O + o_off, (o1 - lam * o2).to(O.dtype.element_ty), mask=rows)
+    tl.store(O2 + o_off, o2.to(O2.dtype.element_ty), mask=rows)
+    in_seq = offs_m < T
+    tl.store(LSE1 + bh * T + offs_m, m1 + tl.math.log2(l1), mask=in_seq)
+    tl.store(LSE2 + bh * T + offs_m, m2 + tl.math.log2(l2), mask=in_seq)
+
+
+@triton.autotune(configs=DKDV_CONFIGS, key=["T", "D", "DV", "GROUP"], prune_configs_by={"early_config_prune": _prune_wide_v})
+@triton.jit
+def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV_,
+                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                 stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                 H, T, sm_scale,
+                 GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    bkv = tl.program_id(1)
+    HKV = H // GROUP
+    b = bkv // HKV
+    kv = bkv % HKV
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    keys = offs_n[:, None] < T
+    k_off = b * stride_kb + kv * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+    k1 = tl.load(K1 + k_off, mask=keys, other=0.0)
+    k2 = tl.load(K2 + k_off, mask=keys, other=0.0)
+    v = tl.load(V + b * stride_vb + kv * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                mask=keys, other=0.0)
+    lam = tl.load(LAM).to(tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    dk1 = tl.zeros([BLOCK_N, D], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV], tl.float32)
+    for g in range(GROUP):
+        h = kv * GROUP + g
+        bh = b * H + h
+        q_base = b * stride_qb + h * stride_qh
+        do_base = b * stride_dob + h * stride_doh
+        # Query tiles from this key tile's diagonal to the end; the first BLOCK_N rows need the mask.
+        for start_m in range(start_n, T, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            rows = offs_m[:, None] < T
+            in_seq = offs_m < T
+            q1 = tl.load(Q1 + q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows, other=0.0)
+            q2 = tl.load(Q2 + q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows, other=0.0)
+            do = tl.load(DO + do_base + offs_m[:, None] * stride_dot + offs_dv[None, :], mask=rows, other=0.0)
+            lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
+            lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
+            delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
+            r = tl.load(R + bh * T + offs_m, mask=in_seq, other=0.0)
+            # Transposed tiles (keys × queries), as FlashAttention-2's dK/dV loop.
+            p1t = tl.math.exp2(tl.dot(k1, tl.trans(q1), input_precision=PRECISION) * qk_scale - lse1[None, :])
+            p2t = tl.math.exp2(tl.dot(k2, tl.trans(q2), input_precision=PRECISION) * qk_scale - lse2[None, :])
+            if start_m < start_n + BLOCK_N:
+                past = offs_m[None, :] >= offs_n[:, None]
+                p1t = tl.where(past, p1t, 0.0)
+                p2t = tl.where(past, p2t, 0.0)
+            dv += tl.dot((p1t - lam * p2t).to(do.dtype), do, input_precision=PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            ds1t = p1t * (dpt - delta1[None, :])
+            ds2t = -lam * p2t * (dpt - r[None, :])
+            dk1 += tl.dot(ds1t.to(q1.dtype), q1, input_precision=PRECISION)
+            dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PRECISION)
+    # dK, dV are written contiguous (B, Hkv, T, D|DV).
+    dk_off = bkv * T * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(DK1 + dk_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=keys)
+    tl.store(DK2 + dk_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=keys)
+    tl.store(DV_ + bkv * T * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=keys)
+
+
+@triton.jit
+def _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt,
+              offs_m, offs_d, offs_dv, lo, hi, T, qk_scale,
+              BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_seq = offs_n[:, None] < T
+        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
+        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq, other=0.0)
+        p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale - lse1[:, None])
+        p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale - lse2[:, None])
+        if CAUSAL_MASK:
+            past = offs_m[:, None] >= offs_n[None, :]
+            p1 = tl.where(past, p1, 0.0)
+            p2 = tl.where(past, p2, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds1 = p1 * (dp - delta1[:, None])
+        ds2 = -lam * p2 * (dp - r[:, None])
+        dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION)
+        dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION)
+    return dq1, dq2
+
+
+@triton.autotune(configs=DQ_CONFIGS, key=["T", "D", "DV", "GROUP"], prune_configs_by={"early_config_prune": _prune_wide_v})
+@triton.jit
+def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
+               stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+               stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+               H, T, sm_scale,
+               GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kv = h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    rows = offs_m[:, None] < T
+    in_seq = offs_m < T
+    q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q1 = tl.load(Q1 + q_off, mask=rows, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rows, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                 mask=rows, other=0.0)
+    lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
+    lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
+    delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
+    r = tl.load(R + bh * T + offs_m, mask=in_seq, other=0.0)
+    lam = tl.load(LAM).to(tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    k1_ptr = K1 + b * stride_kb + kv * stride_kh
+    k2_ptr = K2 + b * stride_kb + kv * stride_kh
+    v_ptr = V + b * stride_vb + kv * stride_vh
+    dq1 = tl.zeros([BLOCK_M, D], tl.float32)
+    dq2 = tl.zeros([BLOCK_M, D], tl.float32)
+    diag = start_m * BLOCK_M
+    dq1, dq2 = _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr,
+                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, 0, diag, T, qk_scale,
+                         BLOCK_N, False, PRECISION)
+    dq1, dq2 = _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr,
+                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, diag, tl.minimum(diag + BLOCK_M, T), T,
+                         qk_scale, BLOCK_N, True, PRECISION)
+    dq_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
+    tl.store(DQ1 + dq_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rows)
+    tl.store(DQ2 + dq_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rows)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 dots, not TF32
+
+
+@triton_op("diffsweep::diff_attention_fwd", mutates_args={})
+def _forward(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+             lam: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(out, o2, lse1, lse2)``; only ``out`` is for callers (the rest feeds the backward)."""
+    B, H, T, D = q1.shape
+    Hkv, DV = k1.shape[1], v.shape[-1]
+    out = torch.empty((B, H, T, DV), device=q1.device, dtype=q1.dtype)
+    o2 = torch.empty_like(out)
+    lse1 = torch.empty((B, H, T), device=q1.device, dtype=torch.float32)
+    lse2 = torch.empty_like(lse1)
+
+    def grid(meta):
+        return (triton.cdiv(T, meta["BLOCK_M"]), B * H)
+
+    wrap_triton(_fwd_kernel)[grid](
+        q1, k1, q2, k2, v, lam, out, o2, lse1, lse2,
+        q1.stride(0), q1.stride(1), q1.stride(2), k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        H, T, scale, GROUP=H // Hkv, D=D, DV=DV, PRECISION=_precision(q1.dtype))
+    return out, o2, lse1, lse2
+
+
+@triton_op("diffsweep::diff_attention_bwd", mutates_args={})
+def _backward_op(dout: torch.Tensor, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
+                 v: torch.Tensor, lam: torch.Tensor, out: torch.Tensor, o2: torch.Tensor, lse1: torch.Tensor,
+                 lse2: torch.Tensor, scale: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(dq1, dk1, dq2, dk2, dv, dlam)``."""
+    B, H, T, D = q1.shape
+    Hkv, DV = k1.shape[1], v.shape[-1]
+    lam32 = lam.float()
+    r = (dout.float() * o2.float()).sum(-1)  # (B, H, T): rowsum(dO∘O2)
+    delta1 = (dout.float() * out.float()).sum(-1) + lam32 * r  # rowsum(dO∘O1), O1 = O + λ O2
+    dlam = (-r.sum()).reshape(lam.shape).to(lam.dtype)
+    dq1, dq2 = torch.empty_like(q1, memory_format=torch.contiguous_format), torch.empty_like(q2, memory_format=torch.contiguous_format)
+    dk1 = torch.empty((B, Hkv, T, D), device=k1.device, dtype=k1.dtype)
+    dk2 = torch.empty_like(dk1)
+    dv = torch.empty((B, Hkv, T, DV), device=v.device, dtype=v.dtype)
+    strides = (q1.stride(0), q1.stride(1), q1.stride(2), k1.stride(0), k1.stride(1), k1.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    meta = dict(GROUP=H // Hkv, D=D, DV=DV, PRECISION=_precision(q1.dtype))
+
+    def kv_grid(m):
+        return (triton.cdiv(T, m["BLOCK_N"]), B * Hkv)
+
+    def q_grid(m):
+        return (triton.cdiv(T, m["BLOCK_M"]), B * H)
+
+    wrap_triton(_dkdv_kernel)[kv_grid](q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, r, dk1, dk2, dv,
+                                       *strides, H, T, scale, **meta)
+    wrap_triton(_dq_kernel)[q_grid](q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, r, dq1, dq2,
+                                    *strides, H, T, scale, **meta)
+    return dq1, dk1, dq2, dk2, dv, dlam
+
+
+def _setup_context(ctx, inputs, output):
+    q1, k1, q2, k2, v, lam, scale = inputs
+    out, o2, lse1, lse2 = output
+    ctx.save_for_backward(q1, k1, q2, k2, v, lam, out, o2, lse1, lse2)
+    ctx.scale = scale
+
+
+def _backward(ctx, dout, _do2, _dlse1, _dlse2):
+    q1, k1, q2, k2, v, lam, out, o2, lse1, lse2 = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    grads = _backward_op(dout, q1, k1, q2, k2, v, lam, out, o2, lse1, lse2, ctx.scale)
+    return (*grads, None)
+
+
+_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def unsupported_reason(q_heads: int, kv_heads: int, qk_dim: int, v_dim: int, dtype: torch.dtype,
+                       device: torch.device) -> str | None:
+    """Why the kernel cannot run these shapes, or None. Checked at model-build time."""
+    if device.type != "cuda" and not (INTERPRET and device.type == "cpu"):
+        return (f"runs on CUDA devices (or on CPU in Triton's interpreter with TRITON_INTERPRET=1), "
+                f"got device {device.type!r}")
+    if dtype not in DTYPES:
+        return f"needs fp16, bf16 or fp32 inputs, got {dtype}"
+    if INTERPRET and dtype == torch.bfloat16:
+        return "cannot run bf16 in Triton's CPU interpreter (it computes bf16 wrongly); use fp32 or fp16"
+    if qk_dim not in QK_DIMS or v_dim not in V_DIMS:
+        return (f"needs a QK head dim in {list(QK_DIMS)} and a V head dim in {list(V_DIMS)}, "
+                f"got {qk_dim}/{v_dim}")
+    if q_heads % kv_heads:
+        return f"needs the KV heads to divide the query heads, got {q_heads}/{kv_heads}"
+    return None
+
+
+def diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+                   lam: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """Causal differential attention through the fused kernel (differentiable in every input)."""
+    B, H, T, D = q1.shape
+    if not (q2.shape == q1.shape and k1.shape == k2.shape and k1.shape[::2] == (B, T)
+            and k1.shape[-1] == D and v.shape[:3] == k1.shape[:3] and lam.numel() == 1):
+        raise ValueError(f"diff_attention: bad shapes q1 {tuple(q1.shape)} q2 {tuple(q2.shape)} k1 "
+                         f"{tuple(k1.shape)} k2 {tuple(k2.shape)} v {tuple(v.shape)} lam {tuple(lam.shape)}")
+    reason = unsupported_reason(H, k1.shape[1], D, v.shape[-1], q1.dtype, q1.device)
+    if reason is not None:
+        raise ValueError(f"diff_attention: {reason}")
+    # The kernels take one set of strides for q1/q2 and one for k1/k2, with unit stride in the
+    # head dim. DIFF V1's q1/q2 are slices of one projection, so this copies nothing there.
+    if q1.stride() != q2.stride() or q1.stride(-1) != 1:
+        q1, q2 = q1.contiguous(), q2.contiguous()
+    if k1.stride() != k2.stride() or k1.stride(-1) != 1:
+        k1, k2 = k1.contiguous(), k2.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    return _forward(q1, k1, q2, k2, v, lam.reshape(()).float(), float(scale))[0]

@@ -1,0 +1,172 @@
+"""The fused Triton DIFF V1 kernel (``diffsweep_kernels.triton_diff``) on its own: shapes and
+layouts a model hands it, edge lengths, λ of any sign, the custom-op registration, and (on a GPU)
+torch.compile. Without a GPU it runs in Triton's interpreter (switched on in tests/conftest.py).
+
+The tolerance is relative to the reference's own error at the same precision (house rule 10):
+``err(kernel) <= 2 * err(reference in that dtype) + a few ulps``, both against an fp64 reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton package is not installed (pip install triton)")
+
+from diffsweep_kernels import reference, triton_diff  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not triton_diff.INTERPRET:
+    pytest.skip("no GPU and TRITON_INTERPRET is not set (tests/conftest.py sets it)", allow_module_level=True)
+
+NAMES = ["out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam"]
+
+
+def _inputs(B, H, Hkv, T, D, Dv, lam=0.6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q1, q2 = (torch.randn(B, H, T, D, generator=g) * 2 for _ in range(2))
+    k1, k2 = (torch.randn(B, Hkv, T, D, generator=g) * 2 for _ in range(2))
+    v = torch.randn(B, Hkv, T, Dv, generator=g)
+    return [q1, k1, q2, k2, v, torch.tensor(lam)]
+
+
+def _out_and_grads(fn, tensors, dtype, grad_seed=7):
+    leaves = [t.detach().to(DEVICE, dtype if t.dim() else torch.float32 if dtype != torch.float64 else dtype)
+              .requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(DEVICE, dtype)
+    out.backward(grad)
+    grads = [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
+    return [out.detach().double().cpu()] + [g.double().cpu() for g in grads]
+
+
+def _kernel(q1, k1, q2, k2, v, lam):
+    return triton_diff.diff_attention(q1, k1, q2, k2, v, lam, scale=q1.shape[-1] ** -0.5)
+
+
+def _reference(q1, k1, q2, k2, v, lam):
+    return reference.diff_attention(q1, k1, q2, k2, v, lam, scale=q1.shape[-1] ** -0.5, upcast=True)
+
+
+def assert_matches_reference(tensors, dtype, kernel=_kernel):
+    truth = _out_and_grads(_reference, tensors, torch.float64)
+    ref_low = _out_and_grads(_reference, tensors, dtype)
+    got = _out_and_grads(kernel, tensors, dtype)
+    for name, t, r, g in zip(NAMES, truth, ref_low, got):
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        # A few ulps of the O(1) intermediates: with one key, dS = P(dP - Δ) is an exact zero
+        # that the kernel reaches by cancellation.
+        floor = 16 * torch.finfo(dtype).eps * max(1.0, t.abs().max().item())
+        err, ref_err = (g - t).abs().max().item(), (r - t).abs().max().item()
+        assert err <= 2 * ref_err + floor, f"{name}: err {err:.2e} vs reference {ref_err:.2e}"
+
+
+DTYPES = [torch.float32, torch.float16]  # bf16: GPU only (the interpreter computes it wrongly)
+if DEVICE == "cuda":
+    DTYPES.append(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    ("B", "H", "Hkv", "T", "D", "Dv"),
+    [
+        (1, 1, 1, 1, 16, 32),  # one token
+        (1, 2, 2, 16, 16, 32),  # exactly one tile
+        (1, 2, 2, 17, 16, 32),  # one past a tile
+        (2, 4, 1, 70, 16, 32),  # GQA 4:1, several tiles with a ragged tail
+        (1, 2, 1, 48, 32, 64),  # wider heads
+        (1, 2, 2, 40, 16, 16),  # V as wide as Q/K
+    ],
+)
+def test_output_and_every_gradient_match_the_reference(B, H, Hkv, T, D, Dv, dtype):
+    assert_matches_reference(_inputs(B, H, Hkv, T, D, Dv), dtype)
+
+
+@pytest.mark.parametrize("lam", [-0.3, 0.0, 1.0])
+def test_lambda_of_any_sign_and_its_gradient(lam):
+    assert_matches_reference(_inputs(1, 2, 1, 33, 16, 32, lam=lam), torch.float32)
+
+
+def test_strided_inputs_as_diff_v1_hands_them_over():
+    """DIFF V1 passes q1/q2 and k1/k2 as slices of one projection (non-contiguous) and V as a
+    transposed view; the kernel reads them through their strides and still matches."""
+    B, T, h, hkv, d = 2, 37, 4, 2, 16
+    g = torch.Generator().manual_seed(3)
+    q_proj = torch.randn(B, T, h, 2, d, generator=g) * 2
+    k_proj = torch.randn(B, T, hkv, 2, d, generator=g) * 2
+    v_proj = torch.randn(B, T, hkv, 2 * d, generator=g)
+
+    def split(qp, kp, vp, lam):  # as DiffAttentionV1.forward lays them out
+        q, k = qp.permute(3, 0, 2, 1, 4), kp.permute(3, 0, 2, 1, 4)
+        return q[0], k[0], q[1], k[1], vp.transpose(1, 2), lam
+
+    def kernel(qp, kp, vp, lam):
+        args = split(qp, kp, vp, lam)
+        assert not args[0].is_contiguous() and not args[4].is_contiguous()
+        return _kernel(*args)
+
+    def ref(qp, kp, vp, lam):
+        return _reference(*split(qp, kp, vp, lam))
+
+    tensors = [q_proj, k_proj, v_proj, torch.tensor(0.7)]
+    truth = _out_and_grads(ref, tensors, torch.float64)
+    got = _out_and_grads(kernel, tensors, torch.float32)
+    for name, t, g in zip(["out", "dq", "dk", "dv", "dlam"], truth, got):
+        assert (g - t).abs().max().item() < 1e-4 * max(1.0, t.abs().max().item()), name
+
+
+def test_a_wrong_kernel_fails_the_comparison():
+    """The comparison catches a kernel that drops the second map's gradient (not a test that cannot fail)."""
+
+    def no_map2_gradient(q1, k1, q2, k2, v, lam):
+        return _kernel(q1, k1, q2.detach(), k2, v, lam)
+
+    with pytest.raises(AssertionError, match="dq2"):
+        assert_matches_reference(_inputs(1, 2, 2, 20, 16, 32), torch.float32, kernel=no_map2_gradient)
+
+
+def test_bad_shapes_are_refused_with_the_shapes():
+    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 16, 32)
+    with pytest.raises(ValueError, match=r"diff_attention: bad shapes q1 \(1, 2, 8, 16\)"):
+        triton_diff.diff_attention(q1, k1, q2[:, :1], k2, v, lam, scale=0.25)
+    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 24, 48)
+    with pytest.raises(ValueError, match="needs a QK head dim in"):
+        triton_diff.diff_attention(q1, k1, q2, k2, v, lam, scale=0.25)
+
+
+def test_registered_as_a_custom_op_with_autograd():
+    """``diffsweep::diff_attention_fwd`` is a torch op with its autograd formula registered
+    (what torch.compile needs). Fake-tensor tracing runs on GPU only: in the interpreter
+    ``wrap_triton`` hands back the raw kernel, which cannot take fake tensors."""
+    op = torch.ops.diffsweep.diff_attention_fwd.default
+    q1, k1, q2, k2, v, lam = (t.requires_grad_() for t in _inputs(1, 2, 1, 20, 16, 32))
+    utils = ("test_schema", "test_autograd_registration")
+    if DEVICE == "cuda":
+        utils += ("test_faketensor", "test_aot_dispatch_dynamic")
+        q1, k1, q2, k2, v, lam = (t.detach().cuda().requires_grad_() for t in (q1, k1, q2, k2, v, lam))
+    result = torch.library.opcheck(op, (q1, k1, q2, k2, v, lam, 0.25), test_utils=utils)
+    assert result == {name: "SUCCESS" for name in utils}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.compile of Triton ops)")
+def test_torch_compile_traces_a_diff_v1_model_using_the_kernel():
+    from torch.nn import functional as F
+
+    from diffsweep.config import load_config
+    from diffsweep.model.transformer import build_model
+
+    cfg = load_config(None, ["model.size=tiny-l", "model.vocab_size=512", "model.attention.kind=diff_v1",
+                             "model.attention.backend=triton"]).model
+    torch.manual_seed(0)
+    model = build_model(cfg, device="cuda", compute_dtype=torch.bfloat16)
+    tokens = torch.randint(0, 512, (2, 257), device="cuda")
+
+    def loss_of(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = m(tokens[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+    eager = loss_of(model)
+    compiled = loss_of(torch.compile(model, fullgraph=True))
+    assert compiled.item() == pytest.approx(eager.item(), abs=2e-2)
