@@ -51,8 +51,10 @@ def _configs(blocks: list[tuple[int, int, int, int]], interpret: tuple[int, int]
 
 
 def _prune_wide_v(configs, named_args, **kwargs):
-    """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only 64-row tiles fit in registers."""
-    if named_args["DV"] >= 256:
+    """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only 64-row tiles fit in registers.
+    (The autotuner passes positional arguments in ``named_args`` and keyword ones, such as the
+    constexpr ``DV``, as keywords.)"""
+    if {**named_args, **kwargs}["DV"] >= 256:
         narrow = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64]
         return narrow or configs
     return configs
@@ -291,6 +293,29 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
     tl.store(DQ2 + dq_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rows)
 
 
+@triton.jit
+def _bwd_preprocess(O, O2, DO, LAM, DELTA1, R, stride_dob, stride_doh, stride_dot, H, T,
+                    DV: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per query row: ``r = rowsum(dO∘O2)`` and ``Δ1 = rowsum(dO∘O) + λ·r`` (= rowsum(dO∘O1))."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, DV)
+    rows = offs_m[:, None] < T
+    o_off = bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    o = tl.load(O + o_off, mask=rows, other=0.0).to(tl.float32)
+    o2 = tl.load(O2 + o_off, mask=rows, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                 mask=rows, other=0.0).to(tl.float32)
+    lam = tl.load(LAM).to(tl.float32)
+    r = tl.sum(do * o2, 1)
+    in_seq = offs_m < T
+    tl.store(R + bh * T + offs_m, r, mask=in_seq)
+    tl.store(DELTA1 + bh * T + offs_m, tl.sum(do * o, 1) + lam * r, mask=in_seq)
+
+
 def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 dots, not TF32
 
@@ -325,9 +350,11 @@ def _backward_op(dout: torch.Tensor, q1: torch.Tensor, k1: torch.Tensor, q2: tor
     """Returns ``(dq1, dk1, dq2, dk2, dv, dlam)``."""
     B, H, T, D = q1.shape
     Hkv, DV = k1.shape[1], v.shape[-1]
-    lam32 = lam.float()
-    r = (dout.float() * o2.float()).sum(-1)  # (B, H, T): rowsum(dO∘O2)
-    delta1 = (dout.float() * out.float()).sum(-1) + lam32 * r  # rowsum(dO∘O1), O1 = O + λ O2
+    r = torch.empty((B, H, T), device=q1.device, dtype=torch.float32)
+    delta1 = torch.empty_like(r)
+    rows = min(128, max(16, 8192 // DV))
+    wrap_triton(_bwd_preprocess)[(triton.cdiv(T, rows), B * H)](
+        out, o2, dout, lam, delta1, r, dout.stride(0), dout.stride(1), dout.stride(2), H, T, DV=DV, BLOCK_M=rows)
     dlam = (-r.sum()).reshape(lam.shape).to(lam.dtype)
     dq1, dq2 = torch.empty_like(q1, memory_format=torch.contiguous_format), torch.empty_like(q2, memory_format=torch.contiguous_format)
     dk1 = torch.empty((B, Hkv, T, D), device=k1.device, dtype=k1.dtype)

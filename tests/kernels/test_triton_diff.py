@@ -170,3 +170,12 @@ def test_torch_compile_traces_a_diff_v1_model_using_the_kernel():
     eager = loss_of(model)
     compiled = loss_of(torch.compile(model, fullgraph=True))
     assert compiled.item() == pytest.approx(eager.item(), abs=2e-2)
+
+
+def test_wide_v_configs_are_pruned_as_the_autotuner_calls_the_pruner():
+    """On a GPU the autotuner calls ``early_config_prune(configs, positional_args, **keyword_args)``;
+    DV is a keyword there. Wide V keeps only tiles whose two accumulators fit."""
+    configs = [triton_diff.triton.Config({"BLOCK_M": m, "BLOCK_N": n}) for m, n in [(128, 64), (64, 64), (64, 32)]]
+    kept = triton_diff._prune_wide_v(configs, {"Q1": None, "T": 2048}, GROUP=1, D=128, DV=256, PRECISION="tf32")
+    assert [c.kwargs["BLOCK_M"] for c in kept] == [64, 64]
+    assert triton_diff._prune_wide_v(configs, {"T": 2048}, D=64, DV=128) == configs
