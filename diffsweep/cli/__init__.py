@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from diffsweep import __version__
+from diffsweep.cli import bench as bench_cli
 from diffsweep.cli import config as config_cli
 from diffsweep.cli import data as data_cli
 from diffsweep.cli import fit as fit_cli
@@ -27,6 +28,7 @@ app = typer.Typer(
 app.add_typer(model_cli.app, name="model")
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
+app.add_typer(bench_cli.app, name="bench")
 app.command("train")(train_cli.train)
 app.command("ui")(ui_cli.ui)
 app.command("fit")(fit_cli.fit)

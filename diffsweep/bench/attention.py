@@ -1,0 +1,321 @@
+"""Attention alone: the baseline vs DIFF V1 (each backend) vs DIFF V2, forward and forward+backward.
+
+Head layouts come from the size presets (``load_config`` + ``attention_call``), so a layout is the
+attention one layer of that model runs: at 1.4B the baseline has 16 heads of d = 128, DIFF V1 8
+heads (Q/K dim 128, V dim 256), DIFF V2 32 query heads on 16 K/V heads.
+
+Rows: the baseline (on a GPU SDPA's FlashAttention kernel, and its cuDNN kernel beside it; on CPU
+plain SDPA), DIFF V1 through each backend, DIFF V2 as one SDPA call over 2h query heads plus its
+combine ``out[:, 0::2] - λ·out[:, 1::2]``. A row that cannot run here carries the reason instead
+of numbers. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
+affects them alike and the ratio ``t_baseline / t`` is the trustworthy figure.
+
+FLOP convention (the same for every row, ``FLOP_CONVENTION``): a matmul (M×K)·(K×N) counts
+2·M·N·K; per query head the baseline multiplies QKᵀ (dim d) and PV (dim d); DIFF V1 two QKᵀ of dim
+d and two PV of dim 2d (1.5× the baseline's attention FLOPs at equal parameters); DIFF V2 the
+baseline's formula over its 2h query heads. The causal mask halves the full T×T products.
+Forward+backward counts 3× the forward (backward ≈ 2× forward). These are the FLOPs of the math:
+a kernel that recomputes (SDPA's split V recomputes QKᵀ per V chunk, flash recomputes the forward
+in the backward) is not credited for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from diffsweep.bench.common import (
+    CPU_NOTE,
+    describe_device,
+    dtype_name,
+    failure_reason,
+    resolve_device,
+    resolve_dtype,
+    time_call,
+)
+from diffsweep.config import SIZES, AttentionKind, Backend, ConfigError, EnvironmentUnavailable, load_config
+from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
+from diffsweep.model.transformer import attention_call
+
+FLOP_CONVENTION = (
+    "FLOPs: 2·M·N·K per matmul of the math (per query head QKᵀ and PV; DIFF V1 two QKᵀ of dim d and two PV "
+    "of dim 2d = 1.5x the baseline; DIFF V2 the baseline's over 2h query heads), halved for the causal mask; "
+    "fwd+bwd = 3 x fwd; kernel recomputation not counted"
+)
+
+GPU_LAYOUTS, GPU_SEQS, GPU_BATCH_TOKENS = ("1.4B", "3B"), (2048, 4096), 16_384
+CPU_LAYOUTS, CPU_SEQS, CPU_BATCH_TOKENS = ("tiny-l",), (256, 512), 2_048
+
+
+def layout_calls(size: str) -> dict[AttentionKind, AttentionCall]:
+    """The attention call each kind makes in one layer of the size preset ``size``."""
+    return {
+        kind: attention_call(load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model)
+        for kind in AttentionKind
+    }
+
+
+def forward_flops(call: AttentionCall, batch: int, seq: int) -> int:
+    """Forward FLOPs of causal attention ``call`` over ``batch`` sequences of ``seq`` tokens."""
+    maps = 2 if call.differential else 1  # DIFF V1: two softmax maps, each against the full V
+    full = maps * 2 * batch * call.num_q_heads * seq * seq * (call.qk_dim + call.v_dim)  # QKᵀ + PV
+    return full // 2  # causal: half of the T×T products
+
+
+def forward_backward_flops(call: AttentionCall, batch: int, seq: int) -> int:
+    return 3 * forward_flops(call, batch, seq)
+
+
+class SdpaKernel(AttentionBackend):
+    """SDPA restricted to one of PyTorch's kernels: the GPU baseline (FlashAttention, or cuDNN)."""
+
+    name = Backend.SDPA
+
+    def __init__(self, kernel: SDPBackend) -> None:
+        self.kernel = kernel
+
+    def attend(self, q, k, v, *, scale):
+        with sdpa_kernel(self.kernel):  # the backward runs the kernel the forward picked
+            return BACKENDS[Backend.SDPA].attend(q, k, v, scale=scale)
+
+
+Forward = Callable[[], torch.Tensor]
+
+
+def _leaf(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+
+
+def _transformer(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
+    q = _leaf((B, c.num_q_heads, T, c.qk_dim), device, dtype)
+    k = _leaf((B, c.num_kv_heads, T, c.qk_dim), device, dtype)
+    v = _leaf((B, c.num_kv_heads, T, c.v_dim), device, dtype)
+    return (lambda: backend.attend(q, k, v, scale=c.qk_dim**-0.5)), [q, k, v]
+
+
+def _diff_v1(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
+    q1, q2 = (_leaf((B, c.num_q_heads, T, c.qk_dim), device, dtype) for _ in range(2))
+    k1, k2 = (_leaf((B, c.num_kv_heads, T, c.qk_dim), device, dtype) for _ in range(2))
+    v = _leaf((B, c.num_kv_heads, T, c.v_dim), device, dtype)
+    lam = torch.tensor(0.8, device=device, dtype=torch.float32, requires_grad=True)  # 0-dim fp32, as the model's
+
+    def forward() -> torch.Tensor:
+        return backend.diff_attend(q1, k1, q2, k2, v, lam, scale=c.qk_dim**-0.5)
+
+    return forward, [q1, k1, q2, k2, v, lam]
+
+
+def _diff_v2(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
+    attend, leaves = _transformer(backend, c, B, T, device, dtype)  # 2h query heads on h_kv K/V heads
+    lam = torch.rand((B, c.num_q_heads // 2, T, 1), device=device, dtype=dtype).requires_grad_()  # per token, head
+
+    def forward() -> torch.Tensor:
+        out = attend()
+        return out[:, 0::2] - lam * out[:, 1::2]  # same_group pairing (diff_v2.py)
+
+    return forward, [*leaves, lam]
+
+
+INPUTS: dict[AttentionKind, Callable[..., tuple[Forward, list[torch.Tensor]]]] = {
+    AttentionKind.TRANSFORMER: _transformer,
+    AttentionKind.DIFF_V1: _diff_v1,
+    AttentionKind.DIFF_V2: _diff_v2,
+}
+
+
+@dataclass
+class Row:
+    """One line of the table: what runs, then its timings (or why it could not run)."""
+
+    kind: AttentionKind
+    kernel: str
+    call: AttentionCall
+    backend: AttentionBackend | None = None
+    reason: str | None = None
+    forward: Forward | None = None
+    leaves: list[torch.Tensor] = field(default_factory=list)
+    grad_out: torch.Tensor | None = None
+    fwd_s: list[float] = field(default_factory=list)
+    fwd_bwd_s: list[float] = field(default_factory=list)
+
+    def forward_backward(self) -> None:
+        torch.autograd.grad(self.forward(), self.leaves, self.grad_out)
+
+    def release(self) -> None:
+        """Drop the inputs (the timings stay)."""
+        self.forward, self.leaves, self.grad_out = None, [], None
+
+    def fail(self, reason: str) -> None:
+        self.reason = reason
+        self.release()
+
+
+def _resolve(kind: AttentionKind, name: Backend, call: AttentionCall, device: torch.device,
+             dtype: torch.dtype) -> Row:
+    try:
+        backend = resolve_backend(name, call, device=device, dtype=dtype)
+    except EnvironmentUnavailable as exc:
+        return Row(kind, name.value, call, reason=str(exc).removeprefix(f"model.attention.backend: '{name.value}' "))
+    if name is Backend.TRITON and device.type == "cpu":
+        return Row(kind, name.value, call, reason="runs on CPU only interpreted (TRITON_INTERPRET=1): a correctness "
+                   "check, not a timing")
+    return Row(kind, name.value, call, backend=backend)
+
+
+def plan_rows(calls: dict[AttentionKind, AttentionCall], device: torch.device, dtype: torch.dtype,
+              backends: tuple[Backend, ...]) -> list[Row]:
+    """The rows of one layout, baseline first."""
+    base = calls[AttentionKind.TRANSFORMER]
+    if device.type == "cuda":
+        rows = [Row(AttentionKind.TRANSFORMER, "sdpa-flash", base, backend=SdpaKernel(SDPBackend.FLASH_ATTENTION)),
+                Row(AttentionKind.TRANSFORMER, "sdpa-cudnn", base, backend=SdpaKernel(SDPBackend.CUDNN_ATTENTION))]
+    else:
+        rows = [Row(AttentionKind.TRANSFORMER, "sdpa", base, backend=BACKENDS[Backend.SDPA]),
+                Row(AttentionKind.TRANSFORMER, "sdpa-cudnn", base, reason="cuDNN attention needs a CUDA GPU")]
+    v1, v2 = AttentionKind.DIFF_V1, AttentionKind.DIFF_V2
+    rows += [_resolve(v1, name, calls[v1], device, dtype) for name in backends]
+    rows.append(_resolve(v2, Backend.SDPA, calls[v2], device, dtype))
+    return rows
+
+
+def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: torch.dtype, *, reps: int,
+            warmup: int) -> None:
+    """Time every runnable row round-robin: ``warmup`` rounds, then ``reps`` timed rounds."""
+    for row in rows:
+        if row.reason is not None:
+            continue
+        try:
+            row.forward, row.leaves = INPUTS[row.kind](row.backend, row.call, batch, seq, device, dtype)
+            with torch.no_grad():
+                row.grad_out = torch.randn_like(row.forward())
+        except RuntimeError as exc:  # out of memory, no kernel for these inputs
+            row.fail(failure_reason(exc))
+    for i in range(warmup + reps):
+        for row in rows:
+            if row.reason is not None:
+                continue
+            try:
+                fwd, fwd_bwd = time_call(row.forward, device), time_call(row.forward_backward, device)
+            except RuntimeError as exc:
+                row.fail(failure_reason(exc))
+                continue
+            if i >= warmup:
+                row.fwd_s.append(fwd)
+                row.fwd_bwd_s.append(fwd_bwd)
+    for row in rows:
+        row.release()
+
+
+def _row_result(row: Row, base: Row, batch: int, seq: int) -> dict:
+    c = row.call
+    result = {
+        "kind": row.kind.value, "kernel": row.kernel, "q_heads": c.num_q_heads, "kv_heads": c.num_kv_heads,
+        "qk_dim": c.qk_dim, "v_dim": c.v_dim, "fwd_flops": forward_flops(c, batch, seq),
+        "fwd_bwd_flops": forward_backward_flops(c, batch, seq), "reason": row.reason,
+        "fwd_ms": None, "fwd_bwd_ms": None, "fwd_tflops": None, "fwd_bwd_tflops": None,
+        "fwd_ratio": None, "fwd_bwd_ratio": None,
+    }
+    if row.reason is not None:
+        return result
+    for key, times in (("fwd", row.fwd_s), ("fwd_bwd", row.fwd_bwd_s)):
+        t = statistics.median(times)
+        result[f"{key}_ms"] = t * 1e3
+        result[f"{key}_tflops"] = result[f"{key}_flops"] / t / 1e12
+        if base.reason is None:
+            result[f"{key}_ratio"] = statistics.median(getattr(base, f"{key}_s")) / t
+    return result
+
+
+def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = None,
+                  batch_tokens: int | None = None, dtype: str | None = None, device: str = "auto",
+                  backends: list[str] | None = None, reps: int = 10, warmup: int = 2) -> dict:
+    """Benchmark the attention of each layout at each sequence length; returns the results as data.
+
+    Defaults: on a GPU the 1.4B and 3B layouts at T = 2048 and 4096, bf16, 16K tokens per batch
+    (B = batch_tokens // T); on CPU the tiny-l layout at T = 256 and 512, fp32, 2K tokens, 1 thread.
+    """
+    for name in layouts or ():
+        if name not in SIZES:
+            raise ConfigError("--layout", f"expected a size preset, one of [{', '.join(SIZES)}], got '{name}'")
+    for s in seqs or ():
+        if s < 1:
+            raise ConfigError("--seq", f"expected a positive sequence length, got {s}")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise ConfigError("--batch-tokens", f"expected a positive number of tokens, got {batch_tokens}")
+    if reps < 1:
+        raise ConfigError("--reps", f"expected at least 1 timed repetition, got {reps}")
+    if warmup < 0:
+        raise ConfigError("--warmup", f"expected 0 or more warm-up rounds, got {warmup}")
+    chosen = tuple(_backend(name) for name in backends) if backends else tuple(Backend)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    gpu = dev.type == "cuda"
+    layouts = layouts or list(GPU_LAYOUTS if gpu else CPU_LAYOUTS)
+    seqs = seqs or list(GPU_SEQS if gpu else CPU_SEQS)
+    batch_tokens = batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
+
+    torch.manual_seed(0)
+    cases = []
+    for size in layouts:
+        calls = layout_calls(size)
+        for seq in seqs:
+            batch = max(1, batch_tokens // seq)
+            rows = plan_rows(calls, dev, torch_dtype, chosen)
+            measure(rows, batch, seq, dev, torch_dtype, reps=reps, warmup=warmup)
+            cases.append({"layout": size, "seq": seq, "batch": batch,
+                          "rows": [_row_result(row, rows[0], batch, seq) for row in rows]})
+    return {
+        "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "reps": reps, "warmup": warmup,
+        "baseline": cases[0]["rows"][0]["kernel"] if cases else None, "flop_convention": FLOP_CONVENTION,
+        "note": None if gpu else CPU_NOTE, "cases": cases,
+    }
+
+
+def _backend(name: str) -> Backend:
+    try:
+        return Backend(name)
+    except ValueError:
+        allowed = ", ".join(b.value for b in Backend)
+        raise ConfigError("--backend", f"expected one of [{allowed}], got '{name}'") from None
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def render(result: dict) -> None:
+    """The results as one rich table per (layout, sequence length), reasons listed under it."""
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"attention benchmark on {result['device']}, {result['dtype']}, "
+                  f"median of {result['reps']} after {result['warmup']} warm-up round(s)")
+    if result["note"]:
+        console.print(result["note"])
+    for case in result["cases"]:
+        rows = case["rows"]
+        heads = {r["kind"]: f"{r['q_heads']}/{r['kv_heads']}, {r['qk_dim']}/{r['v_dim']}" for r in rows}
+        table = Table(title=f"layout {case['layout']}, T={case['seq']}, B={case['batch']}",
+                      box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for col in ("attention", "kernel"):
+            table.add_column(col)
+        for col in ("fwd ms", "f+b ms", "fwd TF/s", "f+b TF/s", "fwd ×", "f+b ×"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(r["kind"], escape(r["kernel"]), _num(r["fwd_ms"], ".3f"), _num(r["fwd_bwd_ms"], ".3f"),
+                          _num(r["fwd_tflops"], ".3g"), _num(r["fwd_bwd_tflops"], ".3g"),
+                          _num(r["fwd_ratio"], ".3f"), _num(r["fwd_bwd_ratio"], ".3f"))
+        console.print(table)
+        console.print("  heads q/kv, QK/V dim: " + "; ".join(f"{k} {v}" for k, v in heads.items()), highlight=False)
+        for r in rows:
+            if r["reason"] is not None:
+                console.print(f"  {r['kind']} / {r['kernel']}: {r['reason']}", markup=False, highlight=False)
+    console.print("f+b = forward+backward; TF/s = TFLOP/s; × = t_baseline / t (throughput ratio to the first row). "
+                  + result["flop_convention"] + ".", highlight=False)
