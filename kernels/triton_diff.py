@@ -35,9 +35,9 @@ from torch.library import triton_op, wrap_triton
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 LOG2E = 1.4426950408889634
 
-# Head dims the kernels accept (tl.arange needs powers of two, tl.dot at least 16).
-QK_DIMS = (16, 32, 64, 128, 256)
-V_DIMS = (16, 32, 64, 128, 256, 512)
+# Largest head dims (tiles are padded to the next power of two of at least 16, and masked).
+MAX_QK_DIM = 256
+MAX_V_DIM = 512
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -54,38 +54,38 @@ def _prune_wide_v(configs, named_args, **kwargs):
     """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only 64-row tiles fit in registers.
     (The autotuner passes positional arguments in ``named_args`` and keyword ones, such as the
     constexpr ``DV``, as keywords.)"""
-    if {**named_args, **kwargs}["DV"] >= 256:
+    if {**named_args, **kwargs}["BLOCK_DV"] >= 256:
         narrow = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64]
         return narrow or configs
     return configs
 
 
 # Query tiles are multiples of key tiles in the forward and dQ kernels (and the reverse in dK/dV),
-# so every tile left of the diagonal is whole and needs no causal mask.
-FWD_CONFIGS = _configs(
-    [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3)],
-    interpret=(32, 16),
-)
-DKDV_CONFIGS = _configs(  # here BLOCK_N is the key tile owned by a program and BLOCK_M the query step
-    [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2), (32, 64, 8, 3)],
-    interpret=(16, 32),
-)
-DQ_CONFIGS = _configs(
-    [(128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
-    interpret=(32, 16),
-)
+# so every tile left of the diagonal is whole and needs no causal mask. The lists were chosen from
+# `python -m diffsweep_kernels.compile_report` (sm_90 shared memory, registers and spills at head
+# dims 128/256, analysis/benchmarks/RESULTS.md); on a GPU the autotuner times them per shape.
+FWD_BLOCKS = [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 16, 8, 2),
+              (32, 32, 4, 2), (32, 16, 4, 2)]
+# In dK/dV, BLOCK_N is the key tile a program owns and BLOCK_M the query step.
+DKDV_BLOCKS = [(32, 128, 8, 2), (64, 128, 8, 2), (16, 64, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2), (32, 32, 8, 2),
+               (16, 32, 4, 2)]
+DQ_BLOCKS = [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (32, 32, 4, 2),
+             (32, 16, 4, 2)]
+FWD_CONFIGS = _configs(FWD_BLOCKS, interpret=(32, 16))
+DKDV_CONFIGS = _configs(DKDV_BLOCKS, interpret=(16, 32))
+DQ_CONFIGS = _configs(DQ_BLOCKS, interpret=(32, 16))
 
 
 @triton.jit
 def _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt,
-               offs_m, offs_d, offs_dv, lo, hi, T, qk_scale,
+               offs_m, offs_d, offs_dv, d_cols, dv_cols, lo, hi, T, qk_scale,
                BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_seq = offs_n[:, None] < T
-        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
-        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq, other=0.0)
+        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
+        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq & dv_cols, other=0.0)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
         if CAUSAL_MASK:
@@ -115,7 +115,8 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                 stride_vb, stride_vh, stride_vt,
                 H, T, sm_scale,
-                GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+                GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -123,12 +124,14 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
     h = bh % H
     kv = h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    offs_dv = tl.arange(0, DV)
+    offs_d = tl.arange(0, BLOCK_D)  # head dims padded to powers of two, masked
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_cols = offs_d[None, :] < D
+    dv_cols = offs_dv[None, :] < DV
     rows = offs_m[:, None] < T
     q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q1 = tl.load(Q1 + q_off, mask=rows, other=0.0)
-    q2 = tl.load(Q2 + q_off, mask=rows, other=0.0)
+    q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
     k1_ptr = K1 + b * stride_kb + kv * stride_kh
     k2_ptr = K2 + b * stride_kb + kv * stride_kh
     v_ptr = V + b * stride_vb + kv * stride_vh
@@ -138,22 +141,22 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
     l2 = tl.zeros([BLOCK_M], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, DV], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, DV], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     diag = start_m * BLOCK_M
     # Key tiles wholly in the past: no mask. Then the diagonal tiles, masked.
     acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr,
-                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, 0, diag, T,
+                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, d_cols, dv_cols, 0, diag, T,
                                             qk_scale, BLOCK_N, False, PRECISION)
     acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr,
-                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, diag,
+                                            stride_kt, stride_vt, offs_m, offs_d, offs_dv, d_cols, dv_cols, diag,
                                             tl.minimum(diag + BLOCK_M, T), T, qk_scale, BLOCK_N, True,
                                             PRECISION)
     o1 = acc1 / l1[:, None]
     o2 = acc2 / l2[:, None]
     o_off = bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :]
-    tl.store(O + o_off, (o1 - lam * o2).to(O.dtype.element_ty), mask=rows)
-    tl.store(O2 + o_off, o2.to(O2.dtype.element_ty), mask=rows)
+    tl.store(O + o_off, (o1 - lam * o2).to(O.dtype.element_ty), mask=rows & dv_cols)
+    tl.store(O2 + o_off, o2.to(O2.dtype.element_ty), mask=rows & dv_cols)
     in_seq = offs_m < T
     tl.store(LSE1 + bh * T + offs_m, m1 + tl.math.log2(l1), mask=in_seq)
     tl.store(LSE2 + bh * T + offs_m, m2 + tl.math.log2(l2), mask=in_seq)
@@ -165,7 +168,8 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
                  stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                  stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
                  H, T, sm_scale,
-                 GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+                 GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bkv = tl.program_id(1)
@@ -173,19 +177,21 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
     b = bkv // HKV
     kv = bkv % HKV
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    offs_dv = tl.arange(0, DV)
+    offs_d = tl.arange(0, BLOCK_D)  # head dims padded to powers of two, masked
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_cols = offs_d[None, :] < D
+    dv_cols = offs_dv[None, :] < DV
     keys = offs_n[:, None] < T
     k_off = b * stride_kb + kv * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
-    k1 = tl.load(K1 + k_off, mask=keys, other=0.0)
-    k2 = tl.load(K2 + k_off, mask=keys, other=0.0)
+    k1 = tl.load(K1 + k_off, mask=keys & d_cols, other=0.0)
+    k2 = tl.load(K2 + k_off, mask=keys & d_cols, other=0.0)
     v = tl.load(V + b * stride_vb + kv * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                mask=keys, other=0.0)
+                mask=keys & dv_cols, other=0.0)
     lam = tl.load(LAM).to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    dk1 = tl.zeros([BLOCK_N, D], tl.float32)
-    dk2 = tl.zeros([BLOCK_N, D], tl.float32)
-    dv = tl.zeros([BLOCK_N, DV], tl.float32)
+    dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for g in range(GROUP):
         h = kv * GROUP + g
         bh = b * H + h
@@ -196,9 +202,11 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
             offs_m = start_m + tl.arange(0, BLOCK_M)
             rows = offs_m[:, None] < T
             in_seq = offs_m < T
-            q1 = tl.load(Q1 + q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows, other=0.0)
-            q2 = tl.load(Q2 + q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows, other=0.0)
-            do = tl.load(DO + do_base + offs_m[:, None] * stride_dot + offs_dv[None, :], mask=rows, other=0.0)
+            q_off = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
+            q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
+            q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
+            do = tl.load(DO + do_base + offs_m[:, None] * stride_dot + offs_dv[None, :], mask=rows & dv_cols,
+                         other=0.0)
             lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
             lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
             delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
@@ -218,21 +226,22 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
             dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PRECISION)
     # dK, dV are written contiguous (B, Hkv, T, D|DV).
     dk_off = bkv * T * D + offs_n[:, None] * D + offs_d[None, :]
-    tl.store(DK1 + dk_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=keys)
-    tl.store(DK2 + dk_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=keys)
-    tl.store(DV_ + bkv * T * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=keys)
+    tl.store(DK1 + dk_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=keys & d_cols)
+    tl.store(DK2 + dk_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=keys & d_cols)
+    tl.store(DV_ + bkv * T * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty),
+             mask=keys & dv_cols)
 
 
 @triton.jit
 def _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt,
-              offs_m, offs_d, offs_dv, lo, hi, T, qk_scale,
+              offs_m, offs_d, offs_dv, d_cols, dv_cols, lo, hi, T, qk_scale,
               BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_seq = offs_n[:, None] < T
-        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
-        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq, other=0.0)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq, other=0.0)
+        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
+        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq & dv_cols, other=0.0)
         p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale - lse1[:, None])
         p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale - lse2[:, None])
         if CAUSAL_MASK:
@@ -253,7 +262,8 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
                H, T, sm_scale,
-               GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr,
+               GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -261,15 +271,17 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
     h = bh % H
     kv = h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    offs_dv = tl.arange(0, DV)
+    offs_d = tl.arange(0, BLOCK_D)  # head dims padded to powers of two, masked
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_cols = offs_d[None, :] < D
+    dv_cols = offs_dv[None, :] < DV
     rows = offs_m[:, None] < T
     in_seq = offs_m < T
     q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q1 = tl.load(Q1 + q_off, mask=rows, other=0.0)
-    q2 = tl.load(Q2 + q_off, mask=rows, other=0.0)
+    q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :],
-                 mask=rows, other=0.0)
+                 mask=rows & dv_cols, other=0.0)
     lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
     lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
     delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
@@ -279,31 +291,31 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
     k1_ptr = K1 + b * stride_kb + kv * stride_kh
     k2_ptr = K2 + b * stride_kb + kv * stride_kh
     v_ptr = V + b * stride_vb + kv * stride_vh
-    dq1 = tl.zeros([BLOCK_M, D], tl.float32)
-    dq2 = tl.zeros([BLOCK_M, D], tl.float32)
+    dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     diag = start_m * BLOCK_M
     dq1, dq2 = _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr,
-                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, 0, diag, T, qk_scale,
+                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, d_cols, dv_cols, 0, diag, T, qk_scale,
                          BLOCK_N, False, PRECISION)
     dq1, dq2 = _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, v_ptr,
-                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, diag, tl.minimum(diag + BLOCK_M, T), T,
+                         stride_kt, stride_vt, offs_m, offs_d, offs_dv, d_cols, dv_cols, diag, tl.minimum(diag + BLOCK_M, T), T,
                          qk_scale, BLOCK_N, True, PRECISION)
     dq_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
-    tl.store(DQ1 + dq_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rows)
-    tl.store(DQ2 + dq_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rows)
+    tl.store(DQ1 + dq_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rows & d_cols)
+    tl.store(DQ2 + dq_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rows & d_cols)
 
 
 @triton.jit
 def _bwd_preprocess(O, O2, DO, LAM, DELTA1, R, stride_dob, stride_doh, stride_dot, H, T,
-                    DV: tl.constexpr, BLOCK_M: tl.constexpr):
+                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
     """Per query row: ``r = rowsum(dO∘O2)`` and ``Δ1 = rowsum(dO∘O) + λ·r`` (= rowsum(dO∘O1))."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, DV)
-    rows = offs_m[:, None] < T
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows = (offs_m[:, None] < T) & (offs_dv[None, :] < DV)
     o_off = bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :]
     o = tl.load(O + o_off, mask=rows, other=0.0).to(tl.float32)
     o2 = tl.load(O2 + o_off, mask=rows, other=0.0).to(tl.float32)
@@ -316,8 +328,15 @@ def _bwd_preprocess(O, O2, DO, LAM, DELTA1, R, stride_dob, stride_doh, stride_do
     tl.store(DELTA1 + bh * T + offs_m, tl.sum(do * o, 1) + lam * r, mask=in_seq)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 dots, not TF32
+def _preprocess_rows(block_dv: int) -> int:
+    return min(128, max(16, 8192 // block_dv))  # rows per program of the backward's row sums
+
+
+def _dims(group: int, d: int, dv: int, dtype: torch.dtype) -> dict:
+    """The compile-time arguments every kernel takes: the GQA group, head dims, their padded tiles,
+    and the dot precision (fp32 inputs get exact fp32 dots, not TF32)."""
+    return dict(GROUP=group, D=d, DV=dv, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                BLOCK_DV=max(16, triton.next_power_of_2(dv)), PRECISION="ieee" if dtype == torch.float32 else "tf32")
 
 
 @triton_op("diffsweep::diff_attention_fwd", mutates_args={})
@@ -338,7 +357,7 @@ def _forward(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Ten
         q1, k1, q2, k2, v, lam, out, o2, lse1, lse2,
         q1.stride(0), q1.stride(1), q1.stride(2), k1.stride(0), k1.stride(1), k1.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        H, T, scale, GROUP=H // Hkv, D=D, DV=DV, PRECISION=_precision(q1.dtype))
+        H, T, scale, **_dims(H // Hkv, D, DV, q1.dtype))
     return out, o2, lse1, lse2
 
 
@@ -352,17 +371,19 @@ def _backward_op(dout: torch.Tensor, q1: torch.Tensor, k1: torch.Tensor, q2: tor
     Hkv, DV = k1.shape[1], v.shape[-1]
     r = torch.empty((B, H, T), device=q1.device, dtype=torch.float32)
     delta1 = torch.empty_like(r)
-    rows = min(128, max(16, 8192 // DV))
+    meta = _dims(H // Hkv, D, DV, q1.dtype)
+    rows = _preprocess_rows(meta["BLOCK_DV"])
     wrap_triton(_bwd_preprocess)[(triton.cdiv(T, rows), B * H)](
-        out, o2, dout, lam, delta1, r, dout.stride(0), dout.stride(1), dout.stride(2), H, T, DV=DV, BLOCK_M=rows)
+        out, o2, dout, lam, delta1, r, dout.stride(0), dout.stride(1), dout.stride(2), H, T, DV=DV,
+        BLOCK_DV=meta["BLOCK_DV"], BLOCK_M=rows)
     dlam = (-r.sum()).reshape(lam.shape).to(lam.dtype)
-    dq1, dq2 = torch.empty_like(q1, memory_format=torch.contiguous_format), torch.empty_like(q2, memory_format=torch.contiguous_format)
+    dq1 = torch.empty((B, H, T, D), device=q1.device, dtype=q1.dtype)  # gradients are written contiguous
+    dq2 = torch.empty_like(dq1)
     dk1 = torch.empty((B, Hkv, T, D), device=k1.device, dtype=k1.dtype)
     dk2 = torch.empty_like(dk1)
     dv = torch.empty((B, Hkv, T, DV), device=v.device, dtype=v.dtype)
     strides = (q1.stride(0), q1.stride(1), q1.stride(2), k1.stride(0), k1.stride(1), k1.stride(2),
                v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    meta = dict(GROUP=H // Hkv, D=D, DV=DV, PRECISION=_precision(q1.dtype))
 
     def kv_grid(m):
         return (triton.cdiv(T, m["BLOCK_N"]), B * Hkv)
@@ -405,9 +426,8 @@ def unsupported_reason(q_heads: int, kv_heads: int, qk_dim: int, v_dim: int, dty
         return f"needs fp16, bf16 or fp32 inputs, got {dtype}"
     if INTERPRET and dtype == torch.bfloat16:
         return "cannot run bf16 in Triton's CPU interpreter (it computes bf16 wrongly); use fp32 or fp16"
-    if qk_dim not in QK_DIMS or v_dim not in V_DIMS:
-        return (f"needs a QK head dim in {list(QK_DIMS)} and a V head dim in {list(V_DIMS)}, "
-                f"got {qk_dim}/{v_dim}")
+    if qk_dim > MAX_QK_DIM or v_dim > MAX_V_DIM:
+        return f"needs head dims of at most {MAX_QK_DIM} (QK) and {MAX_V_DIM} (V), got {qk_dim}/{v_dim}"
     if q_heads % kv_heads:
         return f"needs the KV heads to divide the query heads, got {q_heads}/{kv_heads}"
     return None

@@ -76,6 +76,8 @@ if DEVICE == "cuda":
         (2, 4, 1, 70, 16, 32),  # GQA 4:1, several tiles with a ragged tail
         (1, 2, 1, 48, 32, 64),  # wider heads
         (1, 2, 2, 40, 16, 16),  # V as wide as Q/K
+        (1, 2, 1, 33, 24, 48),  # head dims that are not powers of two (padded tiles, masked)
+        (1, 2, 2, 20, 8, 16),  # head dims below tl.dot's minimum of 16
     ],
 )
 def test_output_and_every_gradient_match_the_reference(B, H, Hkv, T, D, Dv, dtype):
@@ -129,8 +131,8 @@ def test_bad_shapes_are_refused_with_the_shapes():
     q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 16, 32)
     with pytest.raises(ValueError, match=r"diff_attention: bad shapes q1 \(1, 2, 8, 16\)"):
         triton_diff.diff_attention(q1, k1, q2[:, :1], k2, v, lam, scale=0.25)
-    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 24, 48)
-    with pytest.raises(ValueError, match="needs a QK head dim in"):
+    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 320, 640)
+    with pytest.raises(ValueError, match="needs head dims of at most 256"):
         triton_diff.diff_attention(q1, k1, q2, k2, v, lam, scale=0.25)
 
 
@@ -176,6 +178,19 @@ def test_wide_v_configs_are_pruned_as_the_autotuner_calls_the_pruner():
     """On a GPU the autotuner calls ``early_config_prune(configs, positional_args, **keyword_args)``;
     DV is a keyword there. Wide V keeps only tiles whose two accumulators fit."""
     configs = [triton_diff.triton.Config({"BLOCK_M": m, "BLOCK_N": n}) for m, n in [(128, 64), (64, 64), (64, 32)]]
-    kept = triton_diff._prune_wide_v(configs, {"Q1": None, "T": 2048}, GROUP=1, D=128, DV=256, PRECISION="tf32")
+    kept = triton_diff._prune_wide_v(configs, {"Q1": None, "T": 2048}, **triton_diff._dims(1, 128, 256, torch.bfloat16))
     assert [c.kwargs["BLOCK_M"] for c in kept] == [64, 64]
-    assert triton_diff._prune_wide_v(configs, {"T": 2048}, D=64, DV=128) == configs
+    assert triton_diff._prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 96, 192, torch.bfloat16)) == kept
+    assert triton_diff._prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 64, 128, torch.bfloat16)) == configs
+
+
+def test_every_config_keeps_the_tiles_left_of_the_diagonal_whole():
+    """The forward and dQ loops skip the causal mask left of the diagonal, which is only right when
+    a query tile is a whole number of key tiles (and in dK/dV a key tile of query steps)."""
+    interpreted = [(32, 16, 4, 1), (16, 32, 4, 1)]
+    for m, n, _, _ in triton_diff.FWD_BLOCKS + triton_diff.DQ_BLOCKS + interpreted[:1]:
+        assert m % n == 0, (m, n)
+    for m, n, _, _ in triton_diff.DKDV_BLOCKS + interpreted[1:]:
+        assert n % m == 0, (m, n)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in triton_diff.FWD_CONFIGS] == (
+        [(32, 16)] if triton_diff.INTERPRET else [b[:2] for b in triton_diff.FWD_BLOCKS])

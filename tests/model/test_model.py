@@ -136,13 +136,15 @@ def test_triton_backend_refuses_what_the_kernel_cannot_do():
     if triton.unavailable_reason() is not None:
         pytest.skip(f"triton backend {triton.unavailable_reason()}")
     cpu = torch.device("cpu")
-    assert "head dim" in triton.unsupported_reason(AttentionCall(4, 4, 24, 48, True), cpu, torch.float32)
+    assert "head dims of at most 256" in triton.unsupported_reason(AttentionCall(4, 4, 320, 640, True), cpu,
+                                                                   torch.float32)
+    assert triton.unsupported_reason(AttentionCall(4, 4, 24, 48, True), cpu, torch.float32) is None  # padded
     assert "fp16, bf16 or fp32" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), cpu, torch.float64)
     assert triton.unsupported_reason(AttentionCall(4, 4, 24, 24, False), cpu, torch.float32) is None  # via SDPA
     if not torch.cuda.is_available():
         assert "bf16" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), cpu, torch.bfloat16)
-    with pytest.raises(EnvironmentUnavailable, match="model.attention.backend: 'triton' needs a QK head dim"):
-        build_model(_cfg("diff_v1", "model.d_model=96", "model.attention.head_dim=24", backend="triton"))
+    with pytest.raises(EnvironmentUnavailable, match="model.attention.backend: 'triton' needs head dims of at most"):
+        build_model(_cfg("diff_v1", "model.d_model=640", "model.attention.head_dim=320", backend="triton"))
 
 
 def test_flash_backend_fails_at_build_time_with_the_reason_without_gpu():
