@@ -124,11 +124,14 @@ def main() -> None:
     args = parser.parse_args()
     print(f"sm_90, {args.dtype}, QK dim {args.qk_dim}, V dim {args.v_dim}, GQA group {args.group}")
     print(f"{'kernel':6} {'M':>4} {'N':>4} {'warps':>5} {'stages':>6} {'shared KiB':>10} {'regs':>5} {'spill B':>8}")
+    dims = triton_diff._dims(args.group, args.qk_dim, args.v_dim, DTYPES[args.dtype])
     for row in report(DTYPES[args.dtype], args.qk_dim, args.v_dim, args.group):
         d = asdict(row)
+        note = "" if row.fits else "  (over the shared-memory limit: the autotuner skips it)"
+        if row.kernel != "pre" and not triton_diff.tile_fits(row.block_m, row.block_n, dims["BLOCK_DV"]):
+            note += "  (pruned for this V dim: never timed)"
         print(f"{d['kernel']:6} {d['block_m']:>4} {d['block_n']:>4} {d['num_warps']:>5} {d['num_stages']:>6} "
-              f"{d['shared_bytes'] / 1024:>10.0f} {d['registers']:>5} {d['spill_bytes']:>8}"
-              + ("" if row.fits else "  (over the shared-memory limit: the autotuner skips it)"))
+              f"{d['shared_bytes'] / 1024:>10.0f} {d['registers']:>5} {d['spill_bytes']:>8}{note}")
 
 
 if __name__ == "__main__":

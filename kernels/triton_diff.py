@@ -50,14 +50,18 @@ def _configs(blocks: list[tuple[int, int, int, int]], interpret: tuple[int, int]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in blocks]
 
 
+def tile_fits(block_m: int, block_n: int, block_dv: int) -> bool:
+    """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only tiles up to 64 fit in registers."""
+    return block_dv < 256 or (block_m <= 64 and block_n <= 64)
+
+
 def _prune_wide_v(configs, named_args, **kwargs):
-    """Two fp32 accumulators of BLOCK_M × Dv: with Dv ≥ 256 only 64-row tiles fit in registers.
-    (The autotuner passes positional arguments in ``named_args`` and keyword ones, such as the
-    constexpr ``DV``, as keywords.)"""
-    if {**named_args, **kwargs}["BLOCK_DV"] >= 256:
-        narrow = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64]
-        return narrow or configs
-    return configs
+    """The autotuner's pruner: drops configs whose tiles do not fit (see ``tile_fits``). It passes
+    positional arguments in ``named_args`` and keyword ones, such as the constexpr ``BLOCK_DV``,
+    as keywords."""
+    block_dv = {**named_args, **kwargs}["BLOCK_DV"]
+    kept = [c for c in configs if tile_fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], block_dv)]
+    return kept or configs
 
 
 # Query tiles are multiples of key tiles in the forward and dQ kernels (and the reverse in dK/dV),
