@@ -35,8 +35,8 @@ def fetch_demo(
 def prepare(
     inputs: Annotated[list[Path] | None, typer.Argument(help="Text files or directories (.txt/.md/.rst).",
                                                          show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Dataset directory to create [default: data/demo "
-                                             "with --demo].", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Dataset directory to create (default: data/demo "
+                                             "with --demo).", show_default=False)] = None,
     tokenizer: Annotated[TokenizerKind, typer.Option("--tokenizer", help="Tokenizer.")] = TokenizerKind.BPE,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of a trained bpe.")] = 4096,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each document kept for "

@@ -35,7 +35,7 @@ def _choice(enum: type[E], value: str, flag: str) -> E:
 def fit(
     sweep: Annotated[Path | None, typer.Argument(help="Sweep YAML whose runs to fit (its experiment and name).",
                                                  show_default=False)] = None,
-    experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment [default: the sweep's].",
+    experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment (default: the sweep's).",
                                                    show_default=False)] = None,
     sweep_name: Annotated[str | None, typer.Option("--sweep", help="Only runs launched by this sweep (its name).",
                                                    show_default=False)] = None,
@@ -45,12 +45,12 @@ def fit(
                                              "tokens; e.g. a frozen points.csv).", show_default=False)] = None,
     baseline: Annotated[str, typer.Option("--baseline", help="The reference architecture.")] = "transformer",
     candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
-                                                        "baseline [default: all others].", show_default=False)] = None,
+                                                        "baseline (default: all others).", show_default=False)] = None,
     axis: Annotated[str, typer.Option("--axis", help="auto | N (parameters) | D (tokens).")] = "auto",
     form: Annotated[str, typer.Option("--form", help="offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
                                       "chinchilla: E + A/N^α + B/D^β.")] = "offset",
     objective: Annotated[str | None, typer.Option("--objective", help="l2 | huber (δ=1e-3) on log loss "
-                                                  "[default: huber for chinchilla, else l2].", show_default=False)] = None,
+                                                  "(default: huber for chinchilla, else l2).", show_default=False)] = None,
     count: Annotated[str, typer.Option("--count", help="N counts: total | non_embedding parameters.")] = "total",
     at: Annotated[list[str] | None, typer.Option("--at", help="Extra reference size for the ratios, e.g. 11B "
                                                  "(repeatable).", show_default=False)] = None,
@@ -63,8 +63,8 @@ def fit(
     level: Annotated[float, typer.Option("--level", help="Confidence level.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
     noise_sd: Annotated[float | None, typer.Option("--noise-sd", help="Known run-to-run sd of log loss "
-                                                   "[default: from seeds, else residuals].", show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Output folder [default: fits/<sweep>-<axis>].",
+                                                   "(default: from seeds, else residuals).", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: fits/<sweep>-<axis>).",
                                              show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="Do not log the fit as an MLflow run.")] = False,
     json_out: JsonOpt = False,

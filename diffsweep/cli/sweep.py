@@ -13,15 +13,15 @@ from diffsweep.config.units import human
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
-                                                "YAML path [default: the sweep's launch.profile, else automatic].",
+                                                "YAML path (default: the sweep's launch.profile, else automatic).",
                                                 show_default=False)]
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local [default: the profile's; without "
-                                                 "a profile, slurm if sbatch is on PATH, else local].",
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local (default: the profile's; without "
+                                                 "a profile, slurm if sbatch is on PATH, else local).",
                                                  show_default=False)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directory (ledger, run dirs, logs) "
-                                             "[default: the sweep's launch.output, else runs/<sweep name>].",
+                                             "(default: the sweep's launch.output, else runs/<sweep name>).",
                                              show_default=False)]
 BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Refuse to launch runs needing more GPU-hours.",
                                                  show_default=False)]
@@ -138,13 +138,13 @@ def launch(
     profile: ProfileOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be submitted; submit nothing.")] = False,
     max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, help="Runs executing at once "
-                                                     "[default: the sweep's launch.max_parallel; local: 1].",
+                                                     "(default: the sweep's launch.max_parallel; local: 1).",
                                                      show_default=False)] = None,
     only: OnlyOpt = None,
     out: OutOpt = None,
     budget: BudgetOpt = None,
     retries: Annotated[int | None, typer.Option("--retries", min=0, help="Retry budget for failed runs "
-                                                "[default: the sweep's launch.max_retries].",
+                                                "(default: the sweep's launch.max_retries).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
 ) -> None:
@@ -290,7 +290,7 @@ def cancel(
 @handle_errors
 def logs(
     run: Annotated[str, typer.Argument(help="Run name or key (prefix), as shown by plan/status.", show_default=False)],
-    sweep: Annotated[Path | None, typer.Option("--sweep", help="The run's sweep YAML [default: search runs/*/].",
+    sweep: Annotated[Path | None, typer.Option("--sweep", help="The run's sweep YAML (default: search runs/*/).",
                                                show_default=False)] = None,
     out: OutOpt = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,

@@ -15,7 +15,7 @@ EXIT_DIVERGED = 4  # the run failed: non-finite loss or gradient norm (see the M
 OutOpt = Annotated[Path, typer.Option("--out", help="Runs directory; the run's is OUT/<run name>.")]
 ExperimentOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
 ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from this checkpoint file "
-                                                "[default: the run's newest, if any].", show_default=False)]
+                                                "(default: the run's newest, if any).", show_default=False)]
 
 
 @handle_errors

@@ -190,3 +190,21 @@ def test_help_imports_neither_torch_nor_mlflow():
 def test_version():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.strip() == "0.1.0"
+
+
+def test_no_option_help_has_bracketed_text_that_rich_would_swallow():
+    """Rich reads ``[default: x]`` in a help string as markup and prints nothing for it."""
+    import re
+
+    import typer.main
+
+    from diffsweep.cli import app
+
+    def commands(cmd):
+        yield cmd
+        for sub in getattr(cmd, "commands", {}).values():
+            yield from commands(sub)
+
+    bad = [(cmd.name, param.name) for cmd in commands(typer.main.get_command(app)) for param in cmd.params
+           if re.search(r"\[[a-z ]+:", getattr(param, "help", None) or "")]
+    assert not bad, bad
