@@ -68,6 +68,13 @@ class Precision(StrEnum):
     BF16 = "bf16"  # bf16 autocast, fp32 master weights
 
 
+class Parallel(StrEnum):
+    """How training spreads over several processes (used only when there is more than one)."""
+
+    DDP = "ddp"  # DistributedDataParallel: a full replica per GPU, gradients all-reduced
+    FSDP = "fsdp"  # FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded
+
+
 class TokenizerKind(StrEnum):
     """Tokenizer of a dataset; part of a run's identity."""
 

@@ -22,6 +22,8 @@ NOT_IDENTITY = (
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.spike_threshold",
+    "train.parallel",
+    "train.activation_checkpointing",
 )
 
 

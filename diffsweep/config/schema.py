@@ -13,6 +13,7 @@ from diffsweep.config.enums import (
     Backend,
     HeadNorm,
     LRSchedule,
+    Parallel,
     Precision,
     TokenizerKind,
     V2Lambda,
@@ -89,6 +90,10 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd only: share of steps spent decaying
     grad_clip: float = 1.0
     precision: Precision = Precision.AUTO
+    # Several processes (torchrun, or one Slurm task per GPU): how the model is spread over them,
+    # and whether blocks recompute their activations in the backward. Neither changes the math.
+    parallel: Parallel = Parallel.FSDP
+    activation_checkpointing: bool = False
     eval_every: int = 1000  # steps between validation + probes (λ, outliers, AR-Hit slices)
     eval_tokens: int = 4_194_304  # validation tokens per evaluation (whole sequences)
     log_every: int = 10  # steps between console lines (MLflow gets every step, batched)
