@@ -7,6 +7,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from diffsweep.config import AttentionKind, Backend, ModelConfig
 from diffsweep.config.kinds import KIND_SPECS
@@ -50,6 +51,7 @@ class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.cfg = cfg
+        self.activation_checkpointing = False  # training keeps only block inputs; blocks rerun in the backward
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         # Layers are numbered 1..L, as in the paper's λ_init formula.
         self.layers = nn.ModuleList(Block(cfg, layer, backend) for layer in range(1, cfg.n_layers + 1))
@@ -76,7 +78,10 @@ class LanguageModel(nn.Module):
         head_dim = self.cfg.attention.head_dim
         rope = Rotary(tokens.shape[1], head_dim, self.cfg.rope_theta, device=tokens.device)
         for block in self.layers:
-            x = block(x, rope)
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, rope, use_reentrant=False)  # recompute the block in the backward
+            else:
+                x = block(x, rope)
         return torch.nn.functional.linear(self.norm(x), self.output_weight())
 
 

@@ -14,7 +14,6 @@ import torch
 from torch.nn import functional as F
 
 from diffsweep.model.attention.backends import AttentionBackend
-from diffsweep.model.attention.diff_v1 import DiffAttentionV1
 from diffsweep.model.attention.diff_v2 import DiffAttentionV2
 from diffsweep.model.transformer import LanguageModel
 
@@ -70,6 +69,7 @@ class _LogitProbe(AttentionBackend):
 
     def __init__(self, inner: AttentionBackend) -> None:
         self.inner, self.name, self.top = inner, inner.name, 0.0
+        self.lam: float | None = None  # DIFF V1's λ as the layer used it
 
     def _record(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         group = q.shape[1] // k.shape[1]
@@ -86,6 +86,7 @@ class _LogitProbe(AttentionBackend):
         return self.inner.attend(q, k, v, scale=scale)
 
     def diff_attend(self, q1, k1, q2, k2, v, lam, *, scale):
+        self.lam = float(lam)  # read here, in the forward: FSDP shards the λ vectors outside it
         self._record(q1, k1, scale)
         self._record(q2, k2, scale)
         return self.inner.diff_attend(q1, k1, q2, k2, v, lam, scale=scale)
@@ -118,6 +119,7 @@ def _probed(model: LanguageModel) -> Iterator[dict[str, object]]:
                 handles.append(attention.register_forward_pre_hook(v2_hook(index)))
         yield found
         found["logit_top"] = max(p.top for p in probes)
+        found["v1_lambda"] = {i: p.lam for i, p in enumerate(probes) if p.lam is not None}
     finally:
         for attention, original in zip(attentions, originals, strict=True):
             attention.backend = original
@@ -135,11 +137,10 @@ def probe(model: LanguageModel, window: torch.Tensor) -> dict[str, float]:
     - ``outliers/hidden_top1``: the largest |hidden state| (any block's output).
     """
     out: dict[str, float] = {}
-    for index, block in enumerate(model.layers):
-        if isinstance(block.attention, DiffAttentionV1):
-            out[f"lambda/layer_{index + 1:02d}"] = float(block.attention.lambda_full())
     with _probed(model) as found:
         model(window[:, :-1])
+    for index, lam in sorted(found["v1_lambda"].items()):
+        out[f"lambda/layer_{index + 1:02d}"] = lam
     for index, lam in sorted(found["v2_lambda"].items()):
         out[f"lambda/layer_{index + 1:02d}/mean"] = float(lam.mean())
         out[f"lambda/layer_{index + 1:02d}/std"] = float(lam.std())

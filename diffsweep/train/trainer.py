@@ -29,6 +29,8 @@ from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible,
 from diffsweep.model import counting
 from diffsweep.model.transformer import LanguageModel, build_model
 from diffsweep.train import checkpoint as ckpt
+from diffsweep.train import distributed
+from diffsweep.train.distributed import World
 from diffsweep.train.optim import build_optimizer, lr_at, total_steps
 from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
@@ -64,7 +66,6 @@ def train(
     *,
     experiment: str = "diffsweep",
     resume_from: Path | None = None,
-    rank: int | None = None,
     callbacks: tuple[StepCallback, ...] = (),
     echo: Callable[[str], None] = print,
     tags: dict[str, str] | None = None,
@@ -73,11 +74,17 @@ def train(
 
     Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
     already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
-    every step. Only ``rank`` 0 (default: the ``RANK`` environment variable, else 0) tracks.
-    ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
+    every step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
+
+    Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
+    trains on its slice of every global batch; only rank 0 prints, tracks and writes checkpoints.
     """
-    rank = _rank() if rank is None else rank
+    world = distributed.world_from_env()
+    rank = world.rank
+    if rank != 0:
+        echo = _quiet
     t = config.train
+    _check_batch_split(t, world)
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
@@ -93,23 +100,40 @@ def train(
     # Signals only set a flag from here on; one arriving during set-up stops before the first step.
     with PreemptionFlag() as flag:
         device = _device()
-        torch.manual_seed(t.seed)
-        autocast_dtype = _autocast_dtype(t.precision, device)
-        model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
-        optimizer = build_optimizer(model, t)
-        run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank)
-        if state is not None:
-            run.restore(state)
-            echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}")
-        run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model, tags or {})
-        try:
-            return run.loop(flag, callbacks)
-        except KeyboardInterrupt:
-            _finish_quietly(tracker, "KILLED", "interrupted (SIGINT)", echo)
-            raise
-        except BaseException as exc:
-            _finish_quietly(tracker, "FAILED", f"{type(exc).__name__}: {exc}", echo)
-            raise
+        with distributed.process_group(world, device):
+            torch.manual_seed(t.seed)
+            autocast_dtype = _autocast_dtype(t.precision, device)
+            model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+            model.activation_checkpointing = t.activation_checkpointing
+            model = distributed.wrap(model, t.parallel, world, device, autocast_dtype)
+            optimizer = build_optimizer(model, t)
+            run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
+            if state is not None:
+                run.restore(state)
+                echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
+                     + (f" on {world.world_size} processes" if world.distributed else ""))
+            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model, tags or {})
+            try:
+                return run.loop(flag, callbacks)
+            except KeyboardInterrupt:
+                _finish_quietly(tracker, "KILLED", "interrupted (SIGINT)", echo)
+                raise
+            except BaseException as exc:
+                _finish_quietly(tracker, "FAILED", f"{type(exc).__name__}: {exc}", echo)
+                raise
+
+
+def _quiet(line: str) -> None:
+    """Ranks other than 0 print nothing (rank 0 speaks for the job)."""
+
+
+def _check_batch_split(t, world: World) -> None:
+    """Every process gets the same whole number of micro-batches of each global batch."""
+    sequences = t.batch_tokens // t.seq_len
+    if sequences % (world.world_size * t.micro_batch_size):
+        raise ConfigError("train.micro_batch_size",
+                          f"{world.world_size} processes x {t.micro_batch_size} sequences per micro-batch do "
+                          f"not divide the {sequences} sequences of a global batch (train.batch_tokens / seq_len)")
 
 
 def _finish_quietly(tracker, status: str, reason: str, echo: Callable[[str], None]) -> None:
@@ -118,11 +142,6 @@ def _finish_quietly(tracker, status: str, reason: str, echo: Callable[[str], Non
         tracker.finish(status, reason)
     except Exception as exc:  # noqa: BLE001 (the training error is what the user must see)
         echo(f"warning: could not mark MLflow run {tracker.run_id} {status}: {type(exc).__name__}: {exc}")
-
-
-def _rank() -> int:
-    """This process's rank: torchrun's RANK, else Slurm's SLURM_PROCID (srun / submitit), else 0."""
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
 def _device() -> torch.device:
@@ -134,11 +153,12 @@ def _device() -> torch.device:
 class _Run:
     """The state of one training job and the steps of its loop."""
 
-    def __init__(self, config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, rank) -> None:
-        self.config, self.t, self.rank = config, config.train, rank
+    def __init__(self, config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world: World) -> None:
+        self.config, self.t, self.world, self.rank = config, config.train, world, world.rank
         self.train_tokens, self.val_tokens = dataset.split("train"), dataset.split("val")
         self.fingerprint = dataset.meta.fingerprint
-        self.model: LanguageModel = model
+        self.model = model  # the model as trained: wrapped in DDP, sharded by FSDP2, or plain
+        self.module: LanguageModel = distributed.unwrap(model)
         self.optimizer = optimizer
         self.device, self.autocast_dtype = device, autocast_dtype
         self.run_dir, self.echo = run_dir, echo
@@ -153,7 +173,7 @@ class _Run:
     def loop(self, flag: PreemptionFlag, callbacks: tuple[StepCallback, ...]) -> TrainResult:
         saved_at = self.step
         while self.step < self.total:
-            if flag.requested and self.step == saved_at:  # signalled during set-up: nothing new to save
+            if self.step == saved_at and self._stop(flag):  # signalled during set-up: nothing new to save
                 return self._preempted(flag)
             self.step += 1
             metrics = self.train_step()
@@ -167,7 +187,7 @@ class _Run:
             if self.step % self.t.checkpoint_every == 0 or self.step == self.total:
                 self.save()
                 saved_at = self.step
-            if flag.requested and self.step < self.total:
+            if self.step < self.total and self._stop(flag):
                 if saved_at != self.step:
                     self.save()
                 return self._preempted(flag)
@@ -175,12 +195,17 @@ class _Run:
         self.echo(f"finished {self.total} steps; MLflow run {self.tracker.run_id}")
         return TrainResult("finished", self.step, self.total, self.run_dir, self.tracker.run_id)
 
+    def _stop(self, flag: PreemptionFlag) -> bool:
+        """Whether to stop now: every process decides the same (a signal may reach only one)."""
+        return distributed.any_rank(flag.requested, self.world)
+
     def _preempted(self, flag: PreemptionFlag) -> TrainResult:
-        reason = f"preempted by {flag.signal.name} at step {self.step}; resume to continue"
+        name = flag.signal.name if flag.signal is not None else "a signal to another process"
+        reason = f"preempted by {name} at step {self.step}; resume to continue"
         self.tracker.finish("KILLED", reason)
         self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
         return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason,
-                           flag.signal.name)
+                           flag.signal.name if flag.signal is not None else None)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -199,19 +224,23 @@ class _Run:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         starts = batch_starts(self.t.seed, self.step, self.sequences_per_step, len(self.train_tokens), self.t.seq_len)
+        share = len(starts) // self.world.world_size  # this process's slice of the global batch
+        starts = starts[self.world.rank * share : (self.world.rank + 1) * share]
         micro = self.t.micro_batch_size
         num_micro = len(starts) // micro
         loss_sum = torch.zeros((), device=self.device)
         for i in range(num_micro):
             window = self._window(self.train_tokens, starts[i * micro : (i + 1) * micro])
-            with self._autocast():
-                logits = self.model(window[:, :-1])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
-            (loss / num_micro).backward()
+            with self._gradient_sync(last=i == num_micro - 1):
+                with self._autocast():
+                    logits = self.model(window[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+                (loss / num_micro).backward()  # DDP / FSDP2 average the gradients over processes
             loss_sum += loss.detach()
         clip = self.t.grad_clip if self.t.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        loss_value = float(loss_sum) / num_micro
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2
+        loss_value = distributed.mean(float(loss_sum) / num_micro, self.world)
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             raise Diverged(f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} "
                            f"at step {self.step} (loss {loss_value}, grad norm {grad_norm})")
@@ -232,9 +261,16 @@ class _Run:
             metrics["train/mfu"] = metrics["train/tokens_per_s"] * self.mfu_scale
         return metrics
 
+    def _gradient_sync(self, *, last: bool):
+        """DDP all-reduces gradients on the last micro-batch of a step only."""
+        if last or not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return nullcontext()
+        return self.model.no_sync()
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Validation loss (all, AR-Hit, Others) over the fixed validation windows, then probes."""
+        """Validation loss (all, AR-Hit, Others) over the fixed validation windows, then probes.
+        Every process evaluates the same windows (FSDP2 needs them in step)."""
         self.model.eval()
         starts = val_starts(len(self.val_tokens), self.t.seq_len, self.t.eval_tokens)
         sums = LossSums()
@@ -244,16 +280,16 @@ class _Run:
                 losses = token_losses(self.model, window)
             sums.add(losses, ar_hit_mask(window))
         with self._autocast():
-            probes = probe(self.model, self._window(self.val_tokens, starts[:1]))
+            probes = probe(self.module, self._window(self.val_tokens, starts[:1]))
         return sums.metrics() | probes
 
-    def state(self) -> dict:
+    def state(self, model_state: dict, optimizer_state: dict) -> dict:
         cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else []
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,  # full and keyed by parameter name, whatever the world size
+            "optimizer": optimizer_state,
             "scheduler": {"schedule": self.t.schedule.value, "step": self.step, "total_steps": self.total},
             "data": {"seed": self.t.seed, "next_step": self.step + 1, "fingerprint": self.fingerprint},
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda},
@@ -264,8 +300,7 @@ class _Run:
         }
 
     def restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.spikes.load_state_dict(state["metrics_state"]["spikes"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -273,15 +308,18 @@ class _Run:
             torch.cuda.set_rng_state(state["rng"]["cuda"][0], self.device)
 
     def save(self) -> None:
-        """Checkpoint (rank 0). Metrics go to the store first: if the job dies in between, the
-        resume replays from the older checkpoint and skips the steps the store already has."""
+        """Checkpoint (written by rank 0; gathering the state takes every process). Metrics go to
+        the store first: if the job dies in between, the resume replays from the older checkpoint
+        and skips the steps the store already has."""
         self.tracker.flush()
+        model_state, optimizer_state = distributed.full_state(self.model, self.optimizer)
         if self.rank != 0:
             return
-        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        bad = [name for name, p in model_state.items() if p.is_floating_point() and not torch.isfinite(p).all()]
         if bad:
             raise Diverged(f"non-finite weights after step {self.step} ({bad[0]}); not checkpointed")
-        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(), keep=self.t.keep_checkpoints)
+        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(model_state, optimizer_state),
+                             keep=self.t.keep_checkpoints)
 
 
 def _line(step: int, total: int, m: dict[str, float]) -> str:

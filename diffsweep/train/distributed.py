@@ -1,0 +1,142 @@
+"""Several training processes on PyTorch's own engine: torch.distributed, DDP and FSDP2.
+
+One process per GPU (per CPU process in tests), started by torchrun or by Slurm (one task per
+GPU, as ``diffsweep launch`` requests). Where the rank, world size and rendezvous come from:
+
+- torchrun (or anything that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``);
+- a submitit Slurm job with several tasks: submitit's ``TorchDistributedEnvironment`` exports
+  the same variables from the job (first host of the node list, a port from the job id).
+
+NCCL on GPUs, gloo on CPU. ``train.parallel`` picks DDP (a replica per process, gradients
+all-reduced) or FSDP2 (``fully_shard`` per block, then the root: parameters, gradients and
+optimizer state sharded). Each process reads its own slice of every global batch, so the global
+token batch is the sweep's whatever the world size.
+
+Checkpoints hold the full (unsharded) model and optimizer state, keyed by parameter name
+(``torch.distributed.checkpoint.state_dict``), written by rank 0: a run resumes with any number
+of processes, one included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from diffsweep.config import Parallel
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def world_from_env() -> World:
+    """The world torchrun or a multi-task submitit Slurm job describes (exporting the latter as
+    torchrun's variables); a single process otherwise."""
+    if "WORLD_SIZE" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") == "slurm" \
+            and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    if "WORLD_SIZE" not in os.environ:
+        return World()
+    return World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+@contextmanager
+def process_group(world: World, device: torch.device) -> Iterator[None]:
+    """The default process group for the duration of training (nothing for a single process)."""
+    if not world.distributed or dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=world.rank,
+                            world_size=world.world_size, device_id=device if device.type == "cuda" else None)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, parallel: Parallel, world: World, device: torch.device,
+         param_dtype: torch.dtype | None) -> nn.Module:
+    """``model`` ready for data-parallel training: as is for one process, else DDP or FSDP2.
+
+    FSDP2 shards each transformer block, then the root (embeddings, final norm, tied head); with
+    bf16 training its parameters are gathered in bf16 and gradients reduced in fp32 (fp32 master
+    weights stay sharded)."""
+    if not world.distributed:
+        return model
+    if parallel is Parallel.DDP:
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
+        MixedPrecisionPolicy()
+    for block in model.layers:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself (DDP holds it as ``module``; FSDP2 shards it in place)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state keyed by parameter name. Collective: every rank calls
+    it; with FSDP2 only rank 0 gets the tensors (the others get empty dicts)."""
+    return get_model_state_dict(model, options=FULL), get_optimizer_state_dict(model, optimizer, options=FULL)
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
+    """Load ``full_state`` output (read by every rank) into a wrapped or plain model."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+
+
+def mean(value: float, world: World) -> float:
+    """The mean of ``value`` over all processes."""
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t)
+    return float(t) / world.world_size
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """True on every process if it is true on any (e.g. a preemption signal reached one of them)."""
+    if not world.distributed:
+        return flag
+    t = torch.tensor([int(flag)], device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

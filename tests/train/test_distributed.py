@@ -1,0 +1,133 @@
+"""Training on several processes as a user runs it: ``torchrun -m diffsweep train`` with two CPU
+processes on gloo, DDP and FSDP2, against single-process training of the same global batch; and
+checkpoints that resume on a different number of processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from diffsweep.config import load_config
+from diffsweep.train.checkpoint import list_checkpoints
+from diffsweep.train.trainer import train
+
+from ..conftest import TINY_RUN
+
+# Loss and gradient norm agree to this (fp32; the two processes' gradients are averaged by gloo in
+# another order than one process sums its micro-batches).
+TOLERANCE = 2e-5
+KEYS = ("train/loss", "train/grad_norm", "val/loss")
+
+
+def _sets(dataset: Path, *extra: str) -> list[str]:
+    return [f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]
+
+
+def _env(store: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")} | {
+        "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": store}
+
+
+def torchrun(dataset: Path, *extra: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "diffsweep", "train", *_sets(dataset, *extra)]
+
+
+def single(dataset: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "diffsweep", "train", *_sets(dataset, *extra)]
+
+
+def _history(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = MlflowClient(store)
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in KEYS}
+
+
+def _reference(dataset: Path, tmp_path: Path, store: str, *extra: str) -> dict[str, list[tuple[int, float]]]:
+    """One process, in this test process: the ground truth."""
+    os.environ["MLFLOW_TRACKING_URI"] = store
+    try:
+        cfg = load_config(None, [*TINY_RUN, f"data.path={dataset}", *extra])
+        result = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+    return _history(store, result.run_id)
+
+
+def _only_run(store: str) -> tuple[str, dict]:
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
+    return run.info.run_id, run
+
+
+def assert_same(got: dict, want: dict) -> None:
+    for key in KEYS:
+        assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
+        for (step, a), (_, b) in zip(got[key], want[key]):
+            assert a == pytest.approx(b, abs=TOLERANCE), f"{key} at step {step}: {a} vs {b}"
+
+
+@pytest.mark.parametrize(("kind", "parallel"), [
+    ("transformer", "ddp"), ("transformer", "fsdp"), ("diff_v1", "ddp"), ("diff_v1", "fsdp"), ("diff_v2", "fsdp"),
+])
+def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, kind, parallel):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3")
+    result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
+                            env=_env(store), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("step 6/6") == 1  # rank 0 alone prints
+    run_id, run = _only_run(store)  # rank 0 alone tracks: one MLflow run
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["train/tokens"] == 6 * 128  # the global batch, not a per-process one
+    assert_same(_history(store, run_id), _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}",
+                                                    *extra))
+
+
+def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path]:
+    """Run ``args``, send ``sig`` once step ``at_step`` is printed; the step of the newest checkpoint."""
+    proc = subprocess.Popen(args, cwd=cwd, env=_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"step {at_step}/"):
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert "preempted by" in out, err[-3000:]
+    run_dir = next((cwd / "runs").iterdir())
+    return int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1]), run_dir
+
+
+LONG = ("model.attention.kind=diff_v1", "train.max_steps=40", "train.eval_every=20", "train.checkpoint_every=40")
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
+def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, first, then):
+    """Preempted (SIGTERM, as Slurm sends) on ``first`` processes, resumed by the same command on
+    ``then``: the MLflow run continues and its whole history equals an uninterrupted run's."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    launch = {1: lambda *e: single(text_dataset, *LONG, *e), 2: lambda *e: torchrun(text_dataset, *LONG, *e)}
+    saved, run_dir = _interrupt(launch[first]("train.parallel=fsdp"), tmp_path, store, 5, signal.SIGTERM)
+    assert 5 <= saved < 40
+    resumed = subprocess.run(launch[then]("train.parallel=fsdp"), cwd=tmp_path, env=_env(store), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert _only_run(store)[0] == run_id and MlflowClient(store).get_run(run_id).info.status == "FINISHED"
+    assert_same(_history(store, run_id), _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *LONG))
+
+
+def test_a_global_batch_that_does_not_split_over_the_processes_is_refused(text_dataset, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = subprocess.run(torchrun(text_dataset, "train.micro_batch_size=4"), cwd=tmp_path, env=_env(store),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert ("error: train.micro_batch_size: 2 processes x 4 sequences per micro-batch do not divide the 4 "
+            "sequences of a global batch") in result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
