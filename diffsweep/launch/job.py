@@ -18,7 +18,7 @@ from typing import Any
 
 import submitit
 
-from diffsweep.launch.jobfile import write_job_state
+from diffsweep.launch.jobfile import write_job_state as _write_job_state
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -39,6 +39,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         run_dir = Path(self.run_dir)
         os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
         job_id = _job_id()
+        # With one task per GPU every task trains (torch.distributed); the first one speaks for the job.
+        write_job_state = _write_job_state if _global_rank() == 0 else _skip_job_state
         write_job_state(run_dir, "running", job_id=job_id, pid=os.getpid())
         try:
             config = config_from_dict(self.config)
@@ -74,6 +76,14 @@ def _under_submitit() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _skip_job_state(*args: Any, **kwargs: Any) -> None:
+    """Tasks other than the first leave ``job.json`` to it."""
+
+
+def _global_rank() -> int:
+    return submitit.JobEnvironment().global_rank if _under_submitit() else 0
 
 
 def _job_id() -> str | None:

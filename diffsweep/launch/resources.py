@@ -2,9 +2,12 @@
 run and a profile in, plain data out (golden-tested; no submitit, no subprocess).
 
 Estimates (stated because plans and budgets depend on them):
-- memory: AdamW training state is 16 bytes/parameter (fp32 weights, gradients, two moments);
-  activations are 34 bytes x d_model per token per layer (Korthikanti et al. 2022, bf16, no
-  attention map stored: FlashAttention/SDPA) for one micro-batch; usable GPU memory is 90%.
+- memory: ``diffsweep.model.memory`` (per-GPU weights, gradients, AdamW state, FSDP gathers or
+  DDP buckets, activations of one micro-batch with or without checkpointing, logits, CUDA
+  overhead; calibrated on CPU, see analysis/benchmarks/RESULTS.md). A run gets the fewest GPUs
+  (one node, then whole nodes) on which its config as written fits in 90% of each GPU and over
+  which its global batch splits evenly; a run that fits nowhere is refused with the change that
+  would make it fit (e.g. ``train.activation_checkpointing``, a smaller ``micro_batch_size``).
 - time: training FLOPs (diffsweep.model.counting) / (GPUs x peak x MFU), plus 30% and 15 minutes
   of slack for evaluation, checkpoints and start-up, within the profile's min/max job time.
 """
@@ -16,12 +19,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from diffsweep.config import ConfigError, Parallel
 from diffsweep.launch.profiles import ExecutorKind, Profile
+from diffsweep.model import memory
 from diffsweep.sweep.expand import PlannedRun
-
-STATE_BYTES_PER_PARAM = 16
-ACTIVATION_BYTES_PER_TOKEN_LAYER_D = 34
-USABLE_MEMORY = 0.9
 
 
 @dataclass(frozen=True)
@@ -53,36 +54,47 @@ class Estimate:
     """A run's resources and cost on a profile."""
 
     resources: Resources
-    memory_gb: float  # estimated peak per device with the state unsharded
+    memory_gb: float  # estimated peak per GPU on its GPUs (per process on CPU)
     hours: float  # estimated wall-clock training hours
     gpu_hours: float  # hours x GPUs (0 on CPU)
 
 
-def memory_bytes(run: PlannedRun) -> tuple[float, float]:
-    """(training state, activations of one micro-batch) in bytes."""
-    m, t = run.config.model, run.config.train
-    state = STATE_BYTES_PER_PARAM * run.num_params
-    activations = ACTIVATION_BYTES_PER_TOKEN_LAYER_D * m.d_model * m.n_layers * t.seq_len * t.micro_batch_size
-    return state, activations
+def gpus_for(run: PlannedRun, profile: Profile) -> memory.MemoryEstimate:
+    """The per-GPU memory estimate on the fewest GPUs that fit ``run`` as configured (pure);
+    ``ConfigError`` naming the run, what it needs and what would make it fit, if none do."""
+    config, t = run.config, run.config.train
+    gpu_bytes = int(profile.gpu.memory_gb * 1e9)
+    sequences = t.batch_tokens // t.seq_len
+    for world in memory.world_sizes(profile.gpus_per_node):
+        if sequences % (world * t.micro_batch_size):
+            continue  # the global batch would not split evenly over the processes
+        e = memory.estimate(config, world_size=world, gpu_memory_bytes=gpu_bytes)
+        if e.fits:
+            return e
+        if t.parallel is Parallel.DDP and world > 1:
+            break  # replicas: more GPUs do not lower the need per GPU
+    plan = memory.plan_memory(config, gpu_bytes, profile.gpus_per_node)
+    if plan.fits:
+        hint = (f"it fits on {plan.world_size} GPU{'s' if plan.world_size > 1 else ''} with "
+                f"train.micro_batch_size={plan.micro_batch_size}"
+                + (" and train.activation_checkpointing=true" if plan.activation_checkpointing else ""))
+    else:
+        hint = plan.reason
+    needed = memory.estimate(config, world_size=1, gpu_memory_bytes=gpu_bytes)
+    raise ConfigError(f"run {run.name}", f"does not fit on {profile.name}'s {profile.gpu.name} GPUs "
+                      f"({profile.gpu.memory_gb:g} GB) as configured (needs {memory.gb(needed.total)} on one); {hint}")
 
 
 def estimate(run: PlannedRun, profile: Profile) -> Estimate:
     """Resources and time of ``run`` on ``profile`` (pure)."""
-    state, activations = memory_bytes(run)
-    need_gb = (state + activations) / 1e9
     if profile.executor is ExecutorKind.LOCAL or profile.gpus_per_node == 0:
         gpus, nodes, per_node = 0, 1, 0
+        need_gb = memory.estimate(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
     else:
-        usable = USABLE_MEMORY * profile.gpu.memory_gb * 1e9
-        if state + activations <= usable:
-            gpus = 1
-        else:  # shard the state (FSDP) so that state / gpus + activations fits
-            room = usable - activations
-            gpus = math.ceil(state / room) if room > 0 else 10**6
-            gpus = 2 ** math.ceil(math.log2(gpus))  # power of two: even shards and node splits
+        e = gpus_for(run, profile)
+        gpus, need_gb = e.world_size, e.total / 1e9
         nodes = math.ceil(gpus / profile.gpus_per_node)
         per_node = min(gpus, profile.gpus_per_node)
-        gpus = nodes * per_node
     rate = profile.gpu.peak_tflops * 1e12 * profile.gpu.mfu * max(gpus, 1)
     hours = run.flops / rate / 3600
     time_min = math.ceil(hours * 60 * 1.3 + 15)

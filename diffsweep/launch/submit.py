@@ -60,12 +60,6 @@ def select(plan: SweepPlan, max_retries: int) -> Selection:
 
 def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
     """Everything that can be checked before submitting; raises ConfigError/EnvironmentUnavailable."""
-    multi = [r for r in sel.submit if r.estimate.resources.gpus > 1]
-    if multi:
-        r = multi[0]
-        raise ConfigError(r.run.name, f"needs {r.estimate.resources.gpus} GPUs (about {r.estimate.memory_gb:.0f} GB "
-                          f"of training state) on profile {plan.profile.name!r}; sharded multi-GPU training is not "
-                          "available yet, so select runs that fit one GPU with --only")
     cost = sum(r.estimate.gpu_hours for r in sel.submit)
     if budget is not None and cost > budget:
         raise ConfigError("--budget", f"launching {len(sel.submit)} runs needs about {cost:,.1f} GPU-hours, over "

@@ -54,10 +54,23 @@ def test_budget_refuses_the_launch(tmp_path):
     assert r.stderr.startswith("error: --budget: launching 7 runs needs about") and "over the budget of 100.0" in r.stderr
 
 
-def test_multi_gpu_runs_are_refused_until_sharding_exists(tmp_path):
-    r = cli("launch", str(REPO / "sweeps/fig3a-size-scan.yaml"), "--profile", "h100-example", "--dry-run",
-            cwd=tmp_path)
-    assert r.returncode == 2 and "needs 2 GPUs" in r.stderr and "--only" in r.stderr
+def test_plan_gives_large_runs_several_gpus_from_the_memory_estimate(tmp_path):
+    r = cli("plan", str(REPO / "sweeps/fig3a-size-scan.yaml"), "--profile", "h100-example", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    gpus = {run["size"]: run["gpus"] for run in json.loads(r.stdout)["runs"]}
+    assert gpus["830M"] == 1 and gpus["13.1B"] == 8  # FSDP over one node's 8 H100s
+
+
+def test_a_run_that_fits_on_no_gpus_of_the_profile_is_refused(tmp_path):
+    small = tmp_path / "small-gpus.yaml"
+    small.write_text("executor: slurm\ngpu: {name: T4, memory_gb: 16, peak_tflops: 65, mfu: 0.3}\n"
+                     "gpus_per_node: 1\nslurm: {partition: gpu}\n")
+    sweep = tmp_path / "ddp.yaml"
+    sweep.write_text("grid: {model.size: [830M, 1.4B]}\nset: {train.parallel: ddp}\n")
+    r = cli("plan", str(sweep), "--profile", str(small), cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: run transformer-830M-s0: does not fit") and "does not fit on small-gpus's T4 GPUs (16 GB)" in r.stderr
+    assert "try train.parallel=fsdp" in r.stderr
 
 
 BAD = [
