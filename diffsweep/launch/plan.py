@@ -125,7 +125,7 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
         run_dir = Path(entry.run_dir) if entry else runs_dir / f"{r.name}-{r.key}"
         known = entry is not None or run_dir.name in existing
         attempts = sum(a.state != "cancelled" for a in entry.attempts) if entry else 0
-        plans.append(RunPlan(run=r, estimate=estimate(r, profile), run_dir=run_dir, attempts=attempts,
+        plans.append(RunPlan(run=r, estimate=estimate(r, profile, spec.launch.gpus_per_run), run_dir=run_dir, attempts=attempts,
                              ledger_entry=entry, state=run_state(r.key, r.name, run_dir if known else None, ledger, scheduler,
                                              r.config)))
     return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings)

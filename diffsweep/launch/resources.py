@@ -59,13 +59,21 @@ class Estimate:
     gpu_hours: float  # hours x GPUs (0 on CPU)
 
 
-def gpus_for(run: PlannedRun, profile: Profile) -> memory.MemoryEstimate:
-    """The per-GPU memory estimate on the fewest GPUs that fit ``run`` as configured (pure);
-    ``ConfigError`` naming the run, what it needs and what would make it fit, if none do."""
+def gpus_for(run: PlannedRun, profile: Profile, gpus: int | None = None) -> memory.MemoryEstimate:
+    """The per-GPU memory estimate on the fewest GPUs that fit ``run`` as configured, or on exactly
+    ``gpus`` (pure); ``ConfigError`` naming the run, what it needs and what would make it fit, if
+    none do."""
     config, t = run.config, run.config.train
     gpu_bytes = int(profile.gpu.memory_gb * 1e9)
     sequences = t.batch_tokens // t.seq_len
-    for world in memory.world_sizes(profile.gpus_per_node):
+    if gpus is not None:
+        if gpus > profile.gpus_per_node and gpus % profile.gpus_per_node:
+            raise ConfigError("launch.gpus_per_run", f"{gpus} GPUs are not whole nodes of {profile.gpus_per_node} "
+                              f"(profile {profile.name})")
+        if sequences % (gpus * t.micro_batch_size):
+            raise ConfigError("launch.gpus_per_run", f"{gpus} GPUs x micro-batch {t.micro_batch_size} do not divide "
+                              f"the {sequences} sequences of run {run.name}'s global batch")
+    for world in [gpus] if gpus is not None else memory.world_sizes(profile.gpus_per_node):
         if sequences % (world * t.micro_batch_size):
             continue  # the global batch would not split evenly over the processes
         e = memory.estimate(config, world_size=world, gpu_memory_bytes=gpu_bytes)
@@ -85,13 +93,14 @@ def gpus_for(run: PlannedRun, profile: Profile) -> memory.MemoryEstimate:
                       f"({profile.gpu.memory_gb:g} GB) as configured (needs {memory.gb(needed.total)} on one); {hint}")
 
 
-def estimate(run: PlannedRun, profile: Profile) -> Estimate:
-    """Resources and time of ``run`` on ``profile`` (pure)."""
+def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Estimate:
+    """Resources and time of ``run`` on ``profile`` (pure); ``gpus`` fixes the GPU count
+    (``launch.gpus_per_run``) instead of the fewest that fit."""
     if profile.executor is ExecutorKind.LOCAL or profile.gpus_per_node == 0:
         gpus, nodes, per_node = 0, 1, 0
         need_gb = memory.estimate(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
     else:
-        e = gpus_for(run, profile)
+        e = gpus_for(run, profile, gpus)
         gpus, need_gb = e.world_size, e.total / 1e9
         nodes = math.ceil(gpus / profile.gpus_per_node)
         per_node = min(gpus, profile.gpus_per_node)

@@ -46,6 +46,7 @@ class LaunchSettings:
     max_retries: int = 2  # a failed run is resubmitted at most this many times
     max_parallel: int | None = None  # runs executing at once (Slurm array %N; local workers)
     output: str | None = None  # sweep output directory; None: runs/<sweep name>
+    gpus_per_run: int | None = None  # None: the fewest GPUs each run fits on (memory estimate)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +209,7 @@ def _launch(raw: Any, where: str) -> LaunchSettings:
             raise ConfigError(f"{where}.{key}", f"expected a string, got {value!r}")
         if key == "max_retries" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{where}.{key}", f"expected an integer >= 0, got {value!r}")
-        if key == "max_parallel" and value is not None and (
+        if key in ("max_parallel", "gpus_per_run") and value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{where}.{key}", f"expected an integer >= 1, got {value!r}")
     return LaunchSettings(**data)

@@ -112,7 +112,7 @@ def train(
                 run.restore(state)
                 echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
                      + (f" on {world.world_size} processes" if world.distributed else ""))
-            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, rank, model, tags or {})
+            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, world, model, tags or {})
             try:
                 return run.loop(flag, callbacks)
             except KeyboardInterrupt:
@@ -378,10 +378,11 @@ def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset)
     return state
 
 
-def _start_tracking(config, run_dir, uri, experiment, state, rank, model, extra_tags):
+def _start_tracking(config, run_dir, uri, experiment, state, world: World, model, extra_tags):
     """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one."""
-    if rank != 0:
+    if world.rank != 0:
         return NullTracker()
+    world_size = world.world_size
     run_file = run_dir / RUN_FILE
     run_id = state["mlflow_run_id"] if state else None
     if run_id is None and run_file.is_file():
@@ -399,12 +400,13 @@ def _start_tracking(config, run_dir, uri, experiment, state, rank, model, extra_
     tags = source_tags() | {
         "diffsweep.arch": config.model.attention.kind.value,
         "diffsweep.size": config.model.size or "custom",
-        "diffsweep.params": str(sum(p.numel() for p in model.parameters())),
+        "diffsweep.params": str(counting.num_params(config.model)),
         "diffsweep.non_embedding_params": str(counting.num_non_embedding_params(config.model)),
         "diffsweep.flops_per_token": str(counting.train_flops_per_token(config.model, config.train.seq_len)),
         "diffsweep.run_key": run_key(config),
         "diffsweep.tokenizer": config.data.tokenizer.value,
         "diffsweep.run_dir": str(run_dir.absolute()),
+        "diffsweep.processes": str(world_size),  # training processes (GPUs) when the run started
     } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config))
     tmp = run_file.with_name(f".{RUN_FILE}.tmp")

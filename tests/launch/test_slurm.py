@@ -188,3 +188,30 @@ def test_slurm_time_limit_requeues_and_finishes(tmp_path, text_dataset, store):
     assert "resuming" in log
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 2501))
+
+
+def test_a_two_gpu_run_trains_as_two_slurm_tasks_end_to_end(tmp_path, text_dataset, store):
+    """``launch.gpus_per_run: 2`` on the localhost cluster (2 fake GPUs): one job, two tasks, which
+    find each other through submitit, train with FSDP2 on gloo, and make one MLflow run."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, kinds=("diff_v1",), extra="launch: {gpus_per_run: 2}\n")
+    out = tmp_path / "runs" / "t"
+    r = cli("plan", str(sweep), "--profile", "localhost", "--json", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stderr
+    (planned,) = json.loads(r.stdout)["runs"]
+    assert planned["gpus"] == 2 and planned["nodes"] == 1
+    r = launch(sweep, tmp_path, store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 300, "the run done")
+    (entry,) = ledger(out)["entries"].values()
+    job_id = entry["attempts"][0]["job_id"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["diffsweep.processes"] == "2"
+    assert run.data.metrics["train/tokens"] == 8 * 128  # the sweep's global batch, not twice it
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, 9))
+    steps = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],
+                           capture_output=True, text=True).stdout
+    assert any(line.endswith("|2") for line in steps.splitlines()), steps  # the job step ran two tasks
