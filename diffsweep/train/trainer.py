@@ -300,7 +300,16 @@ class _Run:
         }
 
     def restore(self, state: dict) -> None:
-        distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        if all(isinstance(k, int) for k in state["optimizer"]["state"]) and state["optimizer"]["state"]:
+            # Written before multi-process training (optimizer state keyed by position): the
+            # same single-process model and optimizer read it as they wrote it.
+            if self.world.distributed:
+                raise ConfigError("checkpoint", f"step {state['step']} was written by an older diffsweep "
+                                  "(optimizer state by position); resume it on one process")
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.spikes.load_state_dict(state["metrics_state"]["spikes"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -244,3 +244,28 @@ def test_resume_from_another_directory_uses_the_runs_own_store(text_dataset, tmp
     assert second.run_id == first.run_id and not list(other_cwd.iterdir())
     client = MlflowClient(f"sqlite:///{first_cwd / 'mlflow.db'}")
     assert [s for s, _ in history(client, first.run_id, "train/loss")] == list(range(1, 13))
+
+
+def test_a_checkpoint_from_before_multi_process_training_still_resumes(text_dataset, store, tmp_path):
+    """Checkpoints written before distributed training keyed the optimizer state by position;
+    such a run resumes on one process and continues exactly."""
+    cfg = tiny(text_dataset, "model.attention.kind=diff_v1")
+    full: dict = {}
+    train(cfg, tmp_path / "full", experiment="old-format", callbacks=(recorder(full),), echo=quiet)
+    new = load_checkpoint(list_checkpoints(tmp_path / "full" / "checkpoints")[2])  # step 6
+    from diffsweep.model.transformer import build_model
+    from diffsweep.train.optim import build_optimizer
+
+    model = build_model(cfg.model)
+    model.load_state_dict(new["model"])
+    optimizer = build_optimizer(model, cfg.train)
+    from diffsweep.train.distributed import load_full_state
+
+    load_full_state(model, optimizer, new["model"], new["optimizer"])
+    old = dict(new, optimizer=optimizer.state_dict())  # the old layout: state keyed 0, 1, 2, ...
+    assert all(isinstance(k, int) for k in old["optimizer"]["state"])
+    path = tmp_path / "old.pt"
+    torch.save(old, path)
+    resumed: dict = {}
+    train(cfg, tmp_path / "resumed", resume_from=path, callbacks=(recorder(resumed),), echo=quiet)
+    assert resumed == {s: m for s, m in full.items() if s > 6}
