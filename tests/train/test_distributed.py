@@ -20,9 +20,10 @@ from diffsweep.train.trainer import train
 
 from ..conftest import TINY_RUN
 
-# Loss and gradient norm agree to this (fp32; the two processes' gradients are averaged by gloo in
-# another order than one process sums its micro-batches).
-TOLERANCE = 2e-5
+# Loss and gradient norm agree to this, relative and absolute (fp32; gloo averages the two
+# processes' gradients in another order than one process sums its micro-batches, and FSDP2 sums
+# the gradient norm shard by shard). Measured on CPU: losses within 1e-6, grad norms within 5e-5.
+REL, ABS = 1e-4, 2e-5
 KEYS = ("train/loss", "train/grad_norm", "val/loss")
 
 
@@ -70,7 +71,7 @@ def assert_same(got: dict, want: dict) -> None:
     for key in KEYS:
         assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
         for (step, a), (_, b) in zip(got[key], want[key]):
-            assert a == pytest.approx(b, abs=TOLERANCE), f"{key} at step {step}: {a} vs {b}"
+            assert a == pytest.approx(b, rel=REL, abs=ABS), f"{key} at step {step}: {a} vs {b}"
 
 
 @pytest.mark.parametrize(("kind", "parallel"), [
