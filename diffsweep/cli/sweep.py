@@ -73,14 +73,16 @@ def _render(plan, all_rows: bool) -> None:
     table = Table(title=f"sweep {plan.spec.name}: {len(plan.runs)} runs on profile {plan.profile.name} "
                         f"({plan.profile.executor.value})")
     for col in ("key", "name", "arch", "size", "params", "tokens", "FLOPs", "GPU-h" if gpu else "hours",
-                "resources", "state"):
-        table.add_column(col, justify="right" if col in ("params", "tokens", "FLOPs", "GPU-h", "hours") else "left")
+                "mem/GPU" if gpu else "memory", "resources", "state"):
+        table.add_column(col, justify="right" if col in ("params", "tokens", "FLOPs", "GPU-h", "hours", "mem/GPU",
+                                                         "memory") else "left")
     shown = plan.runs if all_rows else plan.runs[:ROWS]
     for r in shown:
         e = r.estimate
         state = r.state.state + (f" ({r.state.detail})" if r.state.detail else "")
         table.add_row(r.run.key, r.run.name, r.run.kind, r.run.size, human(r.run.num_params), human(r.run.tokens),
-                      f"{r.run.flops:.2e}", f"{e.gpu_hours if gpu else e.hours:,.2f}", e.resources.describe(), state)
+                      f"{r.run.flops:.2e}", f"{e.gpu_hours if gpu else e.hours:,.2f}", f"{e.memory_gb:,.1f} GB",
+                      e.resources.describe(), state)
     console.print(table)
     if len(shown) < len(plan.runs):
         console.print(f"... {len(plan.runs) - len(shown)} more runs (--all, or --json)")
