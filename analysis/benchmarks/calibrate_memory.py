@@ -4,7 +4,7 @@ Each case runs in a fresh subprocess: a warm-up step on a throw-away tiny-3xs mo
 and thread pools), then the case's model is built with ``build_model`` and its AdamW optimizer
 with ``build_optimizer``; the baseline is the process's resident set then. Two training steps
 follow, each as the trainer takes them (fp32, two micro-batches: forward, ``cross_entropy`` on
-``logits.float()``, backward; grad clipping, AdamW step). Measured = peak RSS (``ru_maxrss``) minus
+``logits.float()``, backward; grad clipping, AdamW step). Measured = peak RSS (``VmHWM``, reset at the baseline) minus
 the baseline, which excludes the parameters; it is compared with the estimate minus its
 parameters (CPU: no GPU overhead, no foreach temporary).
 
@@ -34,10 +34,17 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_rss_bytes() -> int:
-    import resource
+def _reset_peak_rss() -> None:
+    """Start the peak over from the current resident set (Linux: writing 5 to clear_refs resets
+    VmHWM), so a transient peak during imports or model build cannot count as training memory."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+def _peak_rss_bytes() -> int:
+    """The resident set's high-water mark since the last reset (VmHWM, kilobytes on Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def _train(config, model, steps: int, micro_batches: int) -> None:
@@ -91,6 +98,7 @@ def run_case(size: str, kind: str, micro: int, checkpointing: bool) -> dict:
         model.activation_checkpointing = True
     gc.collect()
     baseline = _rss_bytes()
+    _reset_peak_rss()
     _train(config, model, steps=2, micro_batches=2)
     measured = _peak_rss_bytes() - baseline
     e = estimate(config, world_size=1, gpu_memory_bytes=0, device="cpu")
