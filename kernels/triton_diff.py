@@ -81,15 +81,41 @@ DQ_CONFIGS = _configs(DQ_BLOCKS, interpret=(32, 16))
 
 
 @triton.jit
+def _kv_tile(k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt, offs_n, offs_d, offs_dv, d_cols, dv_cols, T):
+    """K1, K2 and V rows ``offs_n`` of one K/V head (zeros past the sequence and the head dims)."""
+    keys = offs_n[:, None] < T
+    k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=keys & d_cols, other=0.0)
+    k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=keys & d_cols, other=0.0)
+    v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=keys & dv_cols, other=0.0)
+    return k1, k2, v
+
+
+@triton.jit
+def _q_tile(Q1, Q2, q_base, stride_qt, offs_m, offs_d, rows, d_cols):
+    """Q1 and Q2 rows ``offs_m`` of one query head."""
+    q_off = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
+    return tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0), tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
+
+
+@triton.jit
+def _row_stats(LSE1, LSE2, DELTA1, R, row_base, offs_m, T):
+    """The forward's log-sum-exps and the backward's Δ1 and r for query rows ``offs_m`` (rows past
+    the sequence get lse = +inf, so their probabilities are 0)."""
+    in_seq = offs_m < T
+    lse1 = tl.load(LSE1 + row_base + offs_m, mask=in_seq, other=float("inf"))
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=in_seq, other=float("inf"))
+    delta1 = tl.load(DELTA1 + row_base + offs_m, mask=in_seq, other=0.0)
+    r = tl.load(R + row_base + offs_m, mask=in_seq, other=0.0)
+    return lse1, lse2, delta1, r
+
+
+@triton.jit
 def _fwd_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt,
                offs_m, offs_d, offs_dv, d_cols, dv_cols, lo, hi, T, qk_scale,
                BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_seq = offs_n[:, None] < T
-        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
-        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq & dv_cols, other=0.0)
+        k1, k2, v = _kv_tile(k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt, offs_n, offs_d, offs_dv, d_cols, dv_cols, T)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
         if CAUSAL_MASK:
@@ -133,9 +159,7 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
     d_cols = offs_d[None, :] < D
     dv_cols = offs_dv[None, :] < DV
     rows = offs_m[:, None] < T
-    q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
-    q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
+    q1, q2 = _q_tile(Q1, Q2, b * stride_qb + h * stride_qh, stride_qt, offs_m, offs_d, rows, d_cols)
     k1_ptr = K1 + b * stride_kb + kv * stride_kh
     k2_ptr = K2 + b * stride_kb + kv * stride_kh
     v_ptr = V + b * stride_vb + kv * stride_vh
@@ -173,7 +197,7 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
                  stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
                  H, T, sm_scale,
                  GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bkv = tl.program_id(1)
@@ -186,11 +210,9 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
     d_cols = offs_d[None, :] < D
     dv_cols = offs_dv[None, :] < DV
     keys = offs_n[:, None] < T
-    k_off = b * stride_kb + kv * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
-    k1 = tl.load(K1 + k_off, mask=keys & d_cols, other=0.0)
-    k2 = tl.load(K2 + k_off, mask=keys & d_cols, other=0.0)
-    v = tl.load(V + b * stride_vb + kv * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                mask=keys & dv_cols, other=0.0)
+    k_base = b * stride_kb + kv * stride_kh
+    k1, k2, v = _kv_tile(K1 + k_base, K2 + k_base, V + b * stride_vb + kv * stride_vh, stride_kt, stride_vt,
+                         offs_n, offs_d, offs_dv, d_cols, dv_cols, T)
     lam = tl.load(LAM).to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -205,16 +227,10 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
         for start_m in range(start_n, T, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             rows = offs_m[:, None] < T
-            in_seq = offs_m < T
-            q_off = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
-            q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
-            q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
+            q1, q2 = _q_tile(Q1, Q2, q_base, stride_qt, offs_m, offs_d, rows, d_cols)
             do = tl.load(DO + do_base + offs_m[:, None] * stride_dot + offs_dv[None, :], mask=rows & dv_cols,
                          other=0.0)
-            lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
-            lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
-            delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
-            r = tl.load(R + bh * T + offs_m, mask=in_seq, other=0.0)
+            lse1, lse2, delta1, r = _row_stats(LSE1, LSE2, DELTA1, R, bh * T, offs_m, T)
             # Transposed tiles (keys × queries), as FlashAttention-2's dK/dV loop.
             p1t = tl.math.exp2(tl.dot(k1, tl.trans(q1), input_precision=PRECISION) * qk_scale - lse1[None, :])
             p2t = tl.math.exp2(tl.dot(k2, tl.trans(q2), input_precision=PRECISION) * qk_scale - lse2[None, :])
@@ -242,10 +258,7 @@ def _dq_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, r, lam, k1_ptr, k2_ptr, 
               BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_seq = offs_n[:, None] < T
-        k1 = tl.load(k1_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
-        k2 = tl.load(k2_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=in_seq & d_cols, other=0.0)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :], mask=in_seq & dv_cols, other=0.0)
+        k1, k2, v = _kv_tile(k1_ptr, k2_ptr, v_ptr, stride_kt, stride_vt, offs_n, offs_d, offs_dv, d_cols, dv_cols, T)
         p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale - lse1[:, None])
         p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale - lse2[:, None])
         if CAUSAL_MASK:
@@ -267,7 +280,7 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
                stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
                H, T, sm_scale,
                GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -280,16 +293,10 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
     d_cols = offs_d[None, :] < D
     dv_cols = offs_dv[None, :] < DV
     rows = offs_m[:, None] < T
-    in_seq = offs_m < T
-    q_off = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q1 = tl.load(Q1 + q_off, mask=rows & d_cols, other=0.0)
-    q2 = tl.load(Q2 + q_off, mask=rows & d_cols, other=0.0)
+    q1, q2 = _q_tile(Q1, Q2, b * stride_qb + h * stride_qh, stride_qt, offs_m, offs_d, rows, d_cols)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :],
                  mask=rows & dv_cols, other=0.0)
-    lse1 = tl.load(LSE1 + bh * T + offs_m, mask=in_seq, other=float("inf"))
-    lse2 = tl.load(LSE2 + bh * T + offs_m, mask=in_seq, other=float("inf"))
-    delta1 = tl.load(DELTA1 + bh * T + offs_m, mask=in_seq, other=0.0)
-    r = tl.load(R + bh * T + offs_m, mask=in_seq, other=0.0)
+    lse1, lse2, delta1, r = _row_stats(LSE1, LSE2, DELTA1, R, bh * T, offs_m, T)
     lam = tl.load(LAM).to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     k1_ptr = K1 + b * stride_kb + kv * stride_kh

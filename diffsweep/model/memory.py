@@ -152,27 +152,44 @@ def compute_bytes(config: Config, device: str) -> int:
     return FP32
 
 
+def _standard_saved(a, c: int) -> int:
+    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+    saved = c * (h * d + 2 * hkv * d + h * d) + FP32 * h  # q, k, v, output; lse
+    if a.head_norm is HeadNorm.RMSNORM:
+        saved += (FP32 if c == FP32 else 2 * FP32) * h * d + FP32 * h  # + its rstd per head
+    return saved
+
+
+def _diff_v1_saved(a, c: int) -> int:
+    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+    saved = c * (2 * h * d + 4 * hkv * d) + c * 2 * (h * 2 * d) + FP32 * 4 * h  # q, k, v; two maps' outputs, lse
+    saved += FP32 * h * 2 * d  # the second map's output, kept for dλ
+    if a.head_norm is HeadNorm.RMSNORM:
+        saved += 2 * FP32 * h * 2 * d + FP32 * h  # + its rstd per head
+    return saved
+
+
+def _diff_v2_saved(a, c: int) -> int:
+    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+    saved = c * (2 * h * d + 2 * hkv * d + 2 * h * d) + FP32 * 2 * h
+    if a.v2_lambda is not V2Lambda.NONE:
+        saved += (FP32 + c) * h
+    return saved
+
+
+# Bytes per token one attention module saves for the backward, before ``wo``'s input (one entry
+# per kind; tests/model/test_memory.py checks every kind has one).
+ATTENTION_SAVED = {
+    AttentionKind.TRANSFORMER: _standard_saved,
+    AttentionKind.DIFF_V1: _diff_v1_saved,
+    AttentionKind.DIFF_V2: _diff_v2_saved,
+}
+
+
 def _attention_bytes_per_token(config: Config, c: int) -> int:
     """Saved bytes per token of one attention module (after its input norm's output)."""
     a = config.model.attention
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    if a.kind is AttentionKind.TRANSFORMER:
-        saved = c * (h * d + 2 * hkv * d + h * d) + FP32 * h
-        if a.head_norm is HeadNorm.RMSNORM:
-            saved += (FP32 if c == FP32 else 2 * FP32) * h * d + FP32 * h  # + its rstd per head
-    elif a.kind is AttentionKind.DIFF_V1:
-        saved = c * (2 * h * d + 4 * hkv * d) + c * 2 * (h * 2 * d) + FP32 * 4 * h  # q, k, v; two maps' outputs, lse
-        saved += FP32 * h * 2 * d  # the second map's output, kept for dλ
-        if a.head_norm is HeadNorm.RMSNORM:
-            saved += 2 * FP32 * h * 2 * d + FP32 * h  # + its rstd per head
-    elif a.kind is AttentionKind.DIFF_V2:
-        saved = c * (2 * h * d + 2 * hkv * d + 2 * h * d) + FP32 * 2 * h
-        if a.v2_lambda is not V2Lambda.NONE:
-            saved += (FP32 + c) * h
-    else:  # pragma: no cover - a new kind needs its formula here
-        raise NotImplementedError(f"no activation formula for attention kind {a.kind}")
-    v_width = KIND_SPECS[a.kind].v_width
-    return saved + c * h * v_width * d  # wo's contiguous input
+    return ATTENTION_SAVED[a.kind](a, c) + c * a.num_heads * KIND_SPECS[a.kind].v_width * a.head_dim  # + wo's input
 
 
 def _norm_bytes_per_token(d_model: int, readers: int, c: int) -> int:

@@ -122,3 +122,10 @@ def test_calibration_one_tiny_case_on_cpu():
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert 0.5 <= row["ratio"] <= 2.0, row
+
+
+def test_every_attention_kind_has_an_activation_formula():
+    from diffsweep.config import AttentionKind
+    from diffsweep.model.memory import ATTENTION_SAVED
+
+    assert set(ATTENTION_SAVED) == set(AttentionKind)
