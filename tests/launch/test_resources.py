@@ -109,3 +109,14 @@ def test_bad_profiles(text, match):
 def test_unknown_profile_name_lists_the_known_ones():
     with pytest.raises(ConfigError, match=r"unknown profile 'nope'; expected one of \[.*h100-example.*localhost"):
         load_profile("nope")
+
+
+def test_gpus_per_run_must_be_whole_nodes_and_split_the_batch(tmp_path):
+    h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))  # 8 GPUs per node
+    (run,) = planned(tmp_path, ["1.4B"])
+    assert estimate(run, h100, gpus=2).resources.gpus == 2
+    assert estimate(run, h100, gpus=16).resources.nodes == 2
+    with pytest.raises(ConfigError, match="launch.gpus_per_run: 12 GPUs are not whole nodes of 8"):
+        estimate(run, h100, gpus=12)
+    with pytest.raises(ConfigError, match="launch.gpus_per_run: 3 GPUs x micro-batch 1 do not divide the 128"):
+        estimate(run, h100, gpus=3)

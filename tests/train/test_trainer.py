@@ -269,3 +269,13 @@ def test_a_checkpoint_from_before_multi_process_training_still_resumes(text_data
     resumed: dict = {}
     train(cfg, tmp_path / "resumed", resume_from=path, callbacks=(recorder(resumed),), echo=quiet)
     assert resumed == {s: m for s, m in full.items() if s > 6}
+
+
+def test_activation_checkpointing_changes_memory_not_the_math(text_dataset, store, tmp_path):
+    plain: dict = {}
+    train(tiny(text_dataset, "model.attention.kind=diff_v1", "train.max_steps=4"), tmp_path / "a",
+          experiment="ckpt", callbacks=(recorder(plain),), echo=quiet)
+    recomputed: dict = {}
+    train(tiny(text_dataset, "model.attention.kind=diff_v1", "train.max_steps=4", "train.activation_checkpointing=true"),
+          tmp_path / "b", experiment="ckpt", callbacks=(recorder(recomputed),), echo=quiet)
+    assert recomputed == plain
