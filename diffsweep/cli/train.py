@@ -14,8 +14,8 @@ EXIT_DIVERGED = 4  # the run failed: non-finite loss or gradient norm (see the M
 
 OutOpt = Annotated[Path, typer.Option("--out", help="Runs directory; the run's is OUT/<run name>.")]
 ExperimentOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
-ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from this checkpoint file "
-                                                "(default: the run's newest, if any).", show_default=False)]
+ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from this checkpoint (a step_XXXXXXXX "
+                                                "directory; default: the run's newest, if any).", show_default=False)]
 
 
 @handle_errors

@@ -1,78 +1,203 @@
-"""Atomic checkpoints holding everything a resumed run needs to continue bit for bit.
+"""Sharded, atomic checkpoints holding everything a resumed run needs to continue bit for bit.
 
-A checkpoint is one ``torch.save`` file ``step_XXXXXXXX.pt`` in the run's ``checkpoints/``
-directory. It is written to a temporary file, fsynced, renamed into place and the directory
-fsynced, so a crash leaves either the old set of checkpoints or the new one, never a torn file.
-Only the newest ``keep`` are kept. Loading uses ``weights_only=True``: a checkpoint holds only
-tensors, numbers, strings, lists and dicts.
+A checkpoint is a directory ``step_XXXXXXXX/`` in the run's ``checkpoints/``:
+
+- the model weights and optimizer state, written by every process with
+  ``torch.distributed.checkpoint`` (DCP): each writes its own shards (``__<rank>_0.distcp``) and
+  rank 0 the global ``.metadata``, so no process ever holds the whole model, and DCP reshards on
+  load: a run saved on N processes resumes on M (one included);
+- ``train_state.pt``: step, tokens, schedule, data position, RNG, metric state, MLflow run id,
+  the optimizer's hyperparameter groups, the config. Small; written by rank 0.
+
+It is written into ``.step_XXXXXXXX.tmp/`` (every file fsynced) and renamed into place by rank 0
+once every process has written its shards, so a crash leaves the older checkpoints and at most a
+temporary directory, never a torn checkpoint. Only the newest ``keep`` are kept. Processes on
+several nodes need the run directory on a shared file system (as a Slurm cluster's is).
+
+Loading never runs code from a checkpoint: ``train_state.pt`` is read ``weights_only``, the DCP
+metadata is unpickled only if it names nothing but DCP's own metadata classes, and the shards hold
+only tensors (DCP reads those ``weights_only``). Checkpoints from before sharding (one
+``step_XXXXXXXX.pt`` file with the full state, format ``diffsweep-checkpoint/1``) still load.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from diffsweep.config import ConfigError
 
-FORMAT = "diffsweep-checkpoint/1"
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+FORMAT = "diffsweep-checkpoint/2"
+SINGLE_FILE_FORMAT = "diffsweep-checkpoint/1"  # one .pt file with the full state (before sharding)
+STATE_FILE = "train_state.pt"
+METADATA_FILE = ".metadata"  # DCP's global metadata
+_NAME = re.compile(r"^step_(\d{8})(\.pt)?$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes, which torch puts in some errors
-REQUIRED = ("format", "step", "tokens_seen", "model", "optimizer", "scheduler", "data", "rng", "run_key",
+REQUIRED = ("format", "step", "tokens_seen", "optimizer_groups", "scheduler", "data", "rng", "run_key",
             "mlflow_run_id", "metrics_state")
+SINGLE_FILE_REQUIRED = ("format", "step", "tokens_seen", "model", "optimizer", "scheduler", "data", "rng",
+                        "run_key", "mlflow_run_id", "metrics_state")
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"step_{step:08d}.pt"
+    return directory / f"step_{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint's name says (``step_00000040`` or ``step_00000040.pt``)."""
+    return int(_NAME.match(path.name).group(1))
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first (by step)."""
+    """Checkpoints in ``directory``, oldest first (by step; a sharded one after a single file of
+    the same step)."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=lambda p: p.name)
+    found = [p for p in directory.iterdir() if _NAME.match(p.name) and (p.is_dir() == (p.suffix != ".pt"))]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.is_dir()))
 
 
-def save_checkpoint(directory: Path, state: dict[str, Any], *, keep: int) -> Path:
-    """Write ``state`` atomically as the checkpoint of ``state["step"]``; keep the newest ``keep``."""
-    directory.mkdir(parents=True, exist_ok=True)
+def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, Any], *, keep: int) -> Path:
+    """Write the checkpoint of ``state["step"]``: ``tensors`` (state dicts of tensors, sharded
+    ones as DTensors) with DCP, ``state`` as ``train_state.pt``; keep the newest ``keep``.
+
+    Collective: every process calls it with its own shards; rank 0 writes ``state`` (the others'
+    is ignored) and renames the finished directory into place before anyone returns."""
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
     path = checkpoint_path(directory, state["step"])
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = directory / f".{path.name}.tmp"
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that crashed
+        tmp.mkdir()
+    if distributed:
+        dist.barrier()
     try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=not distributed)
+        if rank == 0:
+            with open(tmp / STATE_FILE, "wb") as f:
+                torch.save({"format": FORMAT, **state}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            _replace_dir(tmp, path)
+            _fsync_dir(directory)
     except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed save (disk full, unpicklable state) leaves no torn file
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves no torn checkpoint
         raise
-    _fsync_dir(directory)
-    # Keep the newest ``keep`` by step, and always the one just written (a run resumed from an
-    # older checkpoint may share the directory with newer ones).
-    for old in list_checkpoints(directory)[:-keep]:
-        if old != path:
-            old.unlink()
+    if rank == 0:
+        # Keep the newest ``keep`` by step, and always the one just written (a run resumed from an
+        # older checkpoint may share the directory with newer ones).
+        for old in list_checkpoints(directory)[:-keep]:
+            if old != path:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+    if distributed:
+        dist.barrier()
     return path
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint; a missing, truncated or foreign file is a ``ConfigError`` naming it."""
+    """Read a checkpoint's training state (a single-file one's whole state) and check its shards'
+    metadata; a missing, truncated or foreign checkpoint is a ``ConfigError`` naming it."""
+    if path.is_dir():
+        state = _load_torch(path / STATE_FILE, FORMAT, REQUIRED)
+        _check_metadata(path)
+        return state
+    if path.is_file():
+        return _load_torch(path, SINGLE_FILE_FORMAT, SINGLE_FILE_REQUIRED)
+    raise ConfigError(str(path), "checkpoint not found")
+
+
+def load_tensors(path: Path, tensors: dict[str, Any]) -> None:
+    """Fill ``tensors`` (state dicts shaped like those saved; DTensors get this process's shards)
+    in place from the checkpoint at ``path``. Collective, like ``save_checkpoint``."""
+    distributed = dist.is_initialized()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(path), no_dist=not distributed)
+    except (Exception, CheckpointException) as exc:  # DCP's gathers every rank's failure (a BaseException)
+        raise ConfigError(str(path), f"corrupt or truncated checkpoint shards ({_dcp_error(exc)})") from exc
+
+
+def _load_torch(path: Path, expected: str, required: tuple[str, ...]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(str(path), "checkpoint not found")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types (RuntimeError, EOFError, UnpicklingError)
         raise ConfigError(str(path), f"corrupt or truncated checkpoint ({_load_error(exc)})") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ConfigError(str(path), f"not a diffsweep checkpoint (expected format {FORMAT!r})")
-    missing = [k for k in REQUIRED if k not in state]
+    if not isinstance(state, dict) or state.get("format") != expected:
+        raise ConfigError(str(path), f"not a diffsweep checkpoint (expected format {expected!r})")
+    missing = [k for k in required if k not in state]
     if missing:
         raise ConfigError(str(path), f"checkpoint lacks {', '.join(missing)}")
     return state
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata only: its dataclasses, torch sizes, dtypes and layouts, paths."""
+
+    _ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("collections", "OrderedDict")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem") \
+                or (module, name) in self._ALLOWED \
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"unsupported global {module}.{name}")
+
+
+def _check_metadata(path: Path) -> None:
+    """The shards' metadata is there and holds nothing but DCP metadata."""
+    metadata = path / METADATA_FILE
+    if not metadata.is_file():
+        raise ConfigError(str(path), f"checkpoint lacks {METADATA_FILE} (the shards' index)")
+    try:
+        with open(metadata, "rb") as f:
+            found = _MetadataUnpickler(f).load()
+    except Exception as exc:  # noqa: BLE001 (any unpickling failure means a bad file)
+        raise ConfigError(str(path), f"corrupt checkpoint {METADATA_FILE} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+    if type(found).__name__ != "Metadata":
+        raise ConfigError(str(path), f"{METADATA_FILE} is not torch.distributed.checkpoint metadata")
+    untensors = [k for k, v in found.state_dict_metadata.items() if type(v).__name__ != "TensorStorageMetadata"]
+    if untensors:  # DCP would unpickle these unsafely
+        raise ConfigError(str(path), f"checkpoint shards hold a non-tensor entry ({untensors[0]})")
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path``, replacing a checkpoint of the same step (a resumed run saving
+    a step again): the old one is moved aside first, then removed."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def _dcp_error(exc: Exception) -> str:
+    """The root cause inside DCP's multi-rank report (its last line), cleaned to one line."""
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:200]
 
 
 def _load_error(exc: Exception) -> str:

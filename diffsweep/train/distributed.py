@@ -12,9 +12,9 @@ all-reduced) or FSDP2 (``fully_shard`` per block, then the root: parameters, gra
 optimizer state sharded). Each process reads its own slice of every global batch, so the global
 token batch is the sweep's whatever the world size.
 
-Checkpoints hold the full (unsharded) model and optimizer state, keyed by parameter name
-(``torch.distributed.checkpoint.state_dict``), written by rank 0: a run resumes with any number
-of processes, one included.
+Checkpoints hold the model and optimizer state keyed by parameter name
+(``torch.distributed.checkpoint.state_dict``), each process writing its own shards
+(``diffsweep.train.checkpoint``): a run resumes with any number of processes, one included.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 
 from diffsweep.config import Parallel
@@ -104,17 +105,28 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Model and optimizer state keyed by parameter name, as this process holds it: DTensor
+    shards under FSDP2, whole tensors otherwise. An optimizer that has not stepped yet gets its
+    state allocated (so a checkpoint can be loaded into it)."""
+    return get_state_dict(model, optimizer)
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Unsharded model and optimizer state keyed by parameter name. Collective: every rank calls
-    it; with FSDP2 only rank 0 gets the tensors (the others get empty dicts)."""
-    return get_model_state_dict(model, options=FULL), get_optimizer_state_dict(model, optimizer, options=FULL)
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                       optim_state: dict) -> None:
+    """Put ``sharded_state``-shaped dicts (filled from a checkpoint) back into the model and optimizer."""
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+
+
+def non_finite(state: dict) -> list[str]:
+    """Names of the floating-point tensors in ``state`` whose part on this process is not finite."""
+    local = {name: t.to_local() if isinstance(t, DTensor) else t for name, t in state.items()}
+    return [name for name, t in local.items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
-    """Load ``full_state`` output (read by every rank) into a wrapped or plain model."""
+    """Load a whole (unsharded) model and optimizer state keyed by parameter name, as single-file
+    checkpoints hold it, into a wrapped or plain model (every rank reads it)."""
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optim_state, options=options)

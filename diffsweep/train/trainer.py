@@ -88,7 +88,8 @@ def train(
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
-    state = _load_resume_state(resume_from or _newest(run_dir), config, dataset)
+    resume_path = resume_from or _newest(run_dir)
+    state = _load_resume_state(resume_path, config, dataset)
     uri = _run_tracking_uri(run_dir)
     check_tracking(uri)
     if state is not None and state["step"] >= total_steps(t):
@@ -109,7 +110,7 @@ def train(
             optimizer = build_optimizer(model, t)
             run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
             if state is not None:
-                run.restore(state)
+                run.restore(state, resume_path)
                 echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
                      + (f" on {world.world_size} processes" if world.distributed else ""))
             run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, world, model, tags or {})
@@ -283,13 +284,13 @@ class _Run:
             probes = probe(self.module, self._window(self.val_tokens, starts[:1]))
         return sums.metrics() | probes
 
-    def state(self, model_state: dict, optimizer_state: dict) -> dict:
+    def state(self, optimizer_groups: list) -> dict:
+        """The training state beside the (sharded) weights and optimizer state of a checkpoint."""
         cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else []
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "model": model_state,  # full and keyed by parameter name, whatever the world size
-            "optimizer": optimizer_state,
+            "optimizer_groups": optimizer_groups,  # hyperparameters by parameter name
             "scheduler": {"schedule": self.t.schedule.value, "step": self.step, "total_steps": self.total},
             "data": {"seed": self.t.seed, "next_step": self.step + 1, "fingerprint": self.fingerprint},
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda},
@@ -299,16 +300,21 @@ class _Run:
             "config": to_dict(self.config),
         }
 
-    def restore(self, state: dict) -> None:
-        if all(isinstance(k, int) for k in state["optimizer"]["state"]) and state["optimizer"]["state"]:
-            # Written before multi-process training (optimizer state keyed by position): the
-            # same single-process model and optimizer read it as they wrote it.
+    def restore(self, state: dict, path: Path) -> None:
+        if "model" not in state:  # sharded: every process reads its shards, resharded to this world
+            model_state, optimizer_state = distributed.sharded_state(self.model, self.optimizer)
+            ckpt.load_tensors(path, {"model": model_state, "optimizer": optimizer_state["state"]})
+            distributed.load_sharded_state(self.model, self.optimizer, model_state,
+                                           {"state": optimizer_state["state"], "param_groups": state["optimizer_groups"]})
+        elif all(isinstance(k, int) for k in state["optimizer"]["state"]) and state["optimizer"]["state"]:
+            # A single file from before multi-process training (optimizer state keyed by
+            # position): the same single-process model and optimizer read it as they wrote it.
             if self.world.distributed:
-                raise ConfigError("checkpoint", f"step {state['step']} was written by an older diffsweep "
+                raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep "
                                   "(optimizer state by position); resume it on one process")
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        else:
+        else:  # a single file with the whole state keyed by parameter name
             distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.spikes.load_state_dict(state["metrics_state"]["spikes"])
@@ -317,17 +323,17 @@ class _Run:
             torch.cuda.set_rng_state(state["rng"]["cuda"][0], self.device)
 
     def save(self) -> None:
-        """Checkpoint (written by rank 0; gathering the state takes every process). Metrics go to
-        the store first: if the job dies in between, the resume replays from the older checkpoint
-        and skips the steps the store already has."""
+        """Checkpoint: every process writes its own shards. Metrics go to the store first: if the
+        job dies in between, the resume replays from the older checkpoint and skips the steps the
+        store already has."""
         self.tracker.flush()
-        model_state, optimizer_state = distributed.full_state(self.model, self.optimizer)
-        if self.rank != 0:
-            return
-        bad = [name for name, p in model_state.items() if p.is_floating_point() and not torch.isfinite(p).all()]
-        if bad:
-            raise Diverged(f"non-finite weights after step {self.step} ({bad[0]}); not checkpointed")
-        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(model_state, optimizer_state),
+        model_state, optimizer_state = distributed.sharded_state(self.model, self.optimizer)
+        bad = distributed.non_finite(model_state)
+        if distributed.any_rank(bool(bad), self.world):
+            raise Diverged(f"non-finite weights after step {self.step} ({bad[0] if bad else 'on another rank'}); "
+                           "not checkpointed")
+        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(optimizer_state["param_groups"]),
+                             {"model": model_state, "optimizer": optimizer_state["state"]},
                              keep=self.t.keep_checkpoints)
 
 

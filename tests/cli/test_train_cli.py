@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from diffsweep.config import load_config
-from diffsweep.train.checkpoint import list_checkpoints
+from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
 
 from ..conftest import TINY_RUN
@@ -62,7 +62,7 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
     assert proc.returncode == 75, f"signalled at step {target}: {err}"
     assert "preempted by SIGUSR2" in out
     run_dir = next((tmp_path / "runs").iterdir())
-    saved = int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1])
+    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])
     assert target <= saved < 300
 
     resumed = run(command(text_dataset, "model.attention.kind=diff_v1", *LONG), tmp_path,
@@ -100,7 +100,7 @@ def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes
     run_dir = next((tmp_path / "runs").iterdir())
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(mlflow_store).get_run(run_id).info.status == "KILLED"
-    saved = int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1])  # 100, unless it ran on
+    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])  # 100, unless it ran on
     resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
     assert resumed.returncode == 0 and f"step {saved + 1}/300" in resumed.stdout, resumed.stderr
     assert MlflowClient(mlflow_store).get_run(run_id).info.status == "FINISHED"
@@ -138,16 +138,28 @@ def test_unreachable_tracking_server_is_one_line_exit_2(text_dataset, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_truncated_newest_checkpoint_is_reported_not_skipped(text_dataset, tmp_path, mlflow_store):
-    first = run(command(text_dataset, "train.max_steps=4", "train.eval_every=2"), tmp_path,
-                MLFLOW_TRACKING_URI=mlflow_store)
+def test_a_damaged_checkpoint_is_reported_not_skipped(text_dataset, tmp_path, mlflow_store):
+    """Resuming from a checkpoint with a truncated shard (found only once the processes read
+    their tensors) or a truncated training state: one line naming it, exit 2, the run untouched."""
+    args = command(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2")
+    first = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
     assert first.returncode == 0, first.stderr
-    newest = list_checkpoints(next((tmp_path / "runs").iterdir()) / "checkpoints")[-1]
-    newest.write_bytes(newest.read_bytes()[:1000])
-    # a longer budget is another run; resume this one explicitly from its truncated checkpoint
-    again = run([*command(text_dataset, "train.max_steps=4", "train.eval_every=2"), "--resume", str(newest)],
-                tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, newest.name, "corrupt or truncated")
+    run_dir = next((tmp_path / "runs").iterdir())
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    client = MlflowClient(mlflow_store)
+    experiment = client.get_run(run_id).info.experiment_id
+    before = len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")
+    earlier = list_checkpoints(run_dir / "checkpoints")[0]  # step 2
+    shard = earlier / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    again = run([*args, "--resume", str(earlier)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(again, earlier.name, "corrupt or truncated checkpoint shards")
+    state = earlier / "train_state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    again = run([*args, "--resume", str(earlier)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(again, f"{earlier.name}/train_state.pt", "corrupt or truncated")
+    assert (len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")) == before
+    assert client.get_run(run_id).info.status == "FINISHED"
 
 
 def test_data_prepare_and_info(tmp_path):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from diffsweep.train.checkpoint import list_checkpoints
 from tests.launch.conftest import attempts, cli, ledger, metric_steps, wait_for, write_sweep
 
 
@@ -51,7 +52,7 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
     r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     run_dir = next((out / "runs").iterdir())
-    wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 2, 120, "a checkpoint")
+    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint")
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
                               cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
@@ -75,7 +76,7 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
     out = tmp_path / "runs" / "t"
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
     run_dir = next((out / "runs").iterdir())
-    wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 2, 120, "a checkpoint")
+    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint")
     r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
     def counts():

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from diffsweep.train.checkpoint import list_checkpoints
 from tests.launch.conftest import attempts, cli, ledger, metric_steps, wait_for, write_sweep
 
 pytestmark = pytest.mark.slurm
@@ -83,7 +84,7 @@ def test_slurm_preemption_requeues_from_the_current_checkpoint(tmp_path, text_da
     (entry,) = ledger(out)["entries"].values()
     job_id = entry["attempts"][0]["job_id"]
     run_dir = tmp_path / "runs" / "t" / "runs" / f"{entry['name']}-{entry['key']}"
-    wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt"))) >= 3, 180, "checkpoints")
+    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 3, 180, "checkpoints")
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # what Slurm does on preemption
 
@@ -104,7 +105,7 @@ def test_slurm_cancel_reconcile_and_relaunch(tmp_path, text_dataset, store):
     entries = {e["name"]: e for e in ledger(out)["entries"].values()}
     dirs = {n: out / "runs" / f"{n}-{e['key']}" for n, e in entries.items()}
     for d in dirs.values():
-        wait_for(lambda d=d: len(list((d / "checkpoints").glob("step_*.pt"))) >= 2, 180, f"checkpoints in {d}")
+        wait_for(lambda d=d: len(list_checkpoints(d / "checkpoints")) >= 2, 180, f"checkpoints in {d}")
 
     r = cli("cancel", str(sweep), "--profile", "localhost", "--only", "^transformer", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0" in r.stdout, r.stdout + r.stderr

@@ -1,49 +1,82 @@
-"""Checkpoints: a real training state round trips through ``weights_only`` loading; files are
-named by step, written atomically and pruned to the newest k; every unreadable file is a one-line
-ConfigError naming it."""
+"""Checkpoints: a real model and optimizer state round trips through DCP shards and a
+``weights_only`` training state; directories are named by step, written atomically and pruned to
+the newest k; loading never runs code from the files; every unreadable checkpoint is a one-line
+ConfigError naming it. (Resharding across process counts: tests/train/test_distributed.py.)"""
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from diffsweep.config import ConfigError, load_config, to_dict
 from diffsweep.model.transformer import build_model
 from diffsweep.train.checkpoint import (
     FORMAT,
     REQUIRED,
+    SINGLE_FILE_FORMAT,
+    STATE_FILE,
     checkpoint_path,
+    checkpoint_step,
     list_checkpoints,
     load_checkpoint,
+    load_tensors,
     save_checkpoint,
 )
+from diffsweep.train.distributed import sharded_state
 from diffsweep.train.optim import build_optimizer
 
+OVERRIDES = ["model.size=tiny-xs", "model.vocab_size=512", "model.attention.kind=diff_v1"]
 
-def _state(step: int = 3) -> dict:
-    """A state shaped like the trainer's: tiny DIFF V1 model and AdamW after one real step."""
-    config = load_config(None, ["model.size=tiny-xs", "model.vocab_size=512", "model.attention.kind=diff_v1"])
+
+def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Tiny DIFF V1 model and AdamW after one real step."""
+    config = load_config(None, OVERRIDES)
     torch.manual_seed(0)
     model = build_model(config.model)
     optimizer = build_optimizer(model, config.train)
     model(torch.randint(0, 512, (2, 16))).float().logsumexp(-1).mean().backward()
     optimizer.step()
+    return model, optimizer
+
+
+def _fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    config = load_config(None, OVERRIDES)
+    torch.manual_seed(1)
+    model = build_model(config.model)
+    return model, build_optimizer(model, config.train)
+
+
+def _state(step: int, groups: list) -> dict:
+    """A training state shaped like the trainer's."""
     return {
         "step": step,
         "tokens_seen": step * 128,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer_groups": groups,
         "scheduler": {"schedule": "linear", "step": step, "total_steps": 12},
         "data": {"seed": 0, "next_step": step + 1, "fingerprint": "ab" * 32},
         "rng": {"torch": torch.get_rng_state(), "cuda": []},
         "run_key": "0123456789ab",
         "mlflow_run_id": None,
         "metrics_state": {"spikes": {"history": [2.5, 2.4], "count": 0}},
-        "config": to_dict(config),
+        "config": to_dict(load_config(None, OVERRIDES)),
     }
+
+
+@pytest.fixture(scope="module")
+def trained():
+    model, optimizer = _trained()
+    model_state, optim_state = sharded_state(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state["state"]}, _state(3, optim_state["param_groups"])
+
+
+def _save(directory: Path, trained, keep: int = 3, **changes) -> Path:
+    tensors, state = trained
+    return save_checkpoint(directory, state | changes, tensors, keep=keep)
 
 
 def _assert_same(a, b, where: str = "state") -> None:
@@ -62,126 +95,188 @@ def _assert_same(a, b, where: str = "state") -> None:
         assert a == b, where
 
 
-@pytest.fixture(scope="module")
-def state() -> dict:
-    return _state()
-
-
-def test_round_trip(tmp_path, state):
-    """Everything saved comes back equal (tensors bitwise, same dtypes) with the format tag, and
-    the model and optimizer states load into fresh objects."""
-    path = save_checkpoint(tmp_path, state, keep=3)
-    assert path == tmp_path / "step_00000003.pt" == checkpoint_path(tmp_path, 3)
+def test_round_trip(tmp_path, trained):
+    """The training state comes back equal; the shards fill a fresh model and optimizer with
+    bitwise the saved tensors (same dtypes)."""
+    path = _save(tmp_path, trained)
+    assert path == tmp_path / "step_00000003" == checkpoint_path(tmp_path, 3) and checkpoint_step(path) == 3
+    assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", STATE_FILE]
     loaded = load_checkpoint(path)
     assert loaded["format"] == FORMAT
-    _assert_same({k: v for k, v in loaded.items() if k != "format"}, state)
-    config = load_config(None, ["model.size=tiny-xs", "model.vocab_size=512", "model.attention.kind=diff_v1"])
-    model = build_model(config.model)
-    model.load_state_dict(loaded["model"])
-    build_optimizer(model, config.train).load_state_dict(loaded["optimizer"])
+    _assert_same({k: v for k, v in loaded.items() if k != "format"}, trained[1])
+    model, optimizer = _fresh()
+    model_state, optim_state = sharded_state(model, optimizer)
+    assert not all(torch.equal(model_state[k], v) for k, v in trained[0]["model"].items())
+    load_tensors(path, {"model": model_state, "optimizer": optim_state["state"]})
+    _assert_same({"model": model_state, "optimizer": optim_state["state"]}, trained[0])
 
 
-def test_loading_is_weights_only(tmp_path, state):
-    """A file holding an arbitrary Python object (loadable only by unpickling code) is refused."""
-    path = save_checkpoint(tmp_path, state | {"config": Path("/etc/passwd")}, keep=3)
-    with pytest.raises(ConfigError) as err:
-        load_checkpoint(path)
-    _one_line_naming(err, path, "corrupt or truncated checkpoint (weights-only load: Unsupported global")
-    assert "pathlib.PosixPath" in str(err.value)
-
-
-def test_names_atomicity_and_listing(tmp_path, state):
-    """Files are step_XXXXXXXX.pt; no temporary file remains; listing is by step and ignores
-    anything else in the directory."""
+def test_names_atomicity_and_listing(tmp_path, trained):
+    """Checkpoints are step_XXXXXXXX directories (and single files from before sharding); no
+    temporary directory remains; listing is by step and ignores anything else."""
     directory = tmp_path / "run" / "checkpoints"  # created on first save
     for step in (10, 2, 100_000):
-        save_checkpoint(directory, state | {"step": step}, keep=10)
+        _save(directory, trained, keep=10, step=step)
+    torch.save({}, directory / "step_00000007.pt")
     (directory / "notes.txt").write_text("x")
-    (directory / "step_5.pt").write_text("x")
-    (directory / ".step_00000007.pt.tmp").write_text("torn")
-    assert [p.name for p in list_checkpoints(directory)] == ["step_00000002.pt", "step_00000010.pt",
-                                                               "step_00100000.pt"]
-    assert sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp")) == [".step_00000007.pt.tmp"]
+    (directory / "step_5").mkdir()
+    (directory / "step_00000004.pt").mkdir()  # neither a file nor a checkpoint directory
+    (directory / ".step_00000008.tmp").mkdir()  # a save that crashed
+    assert [p.name for p in list_checkpoints(directory)] == ["step_00000002", "step_00000007.pt", "step_00000010",
+                                                               "step_00100000"]
+    assert sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp")) == [".step_00000008.tmp"]
     assert list_checkpoints(tmp_path / "nowhere") == []
 
 
-def test_keep_prunes_oldest(tmp_path, state):
-    """Only the newest ``keep`` checkpoints survive a save."""
-    for step in range(1, 6):
-        save_checkpoint(tmp_path, state | {"step": step}, keep=2)
-        assert len(list_checkpoints(tmp_path)) == min(step, 2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004.pt", "step_00000005.pt"]
-    save_checkpoint(tmp_path, state | {"step": 6}, keep=1)
-    assert [p.name for p in tmp_path.iterdir()] == ["step_00000006.pt"]
-    assert load_checkpoint(tmp_path / "step_00000006.pt")["step"] == 6
+def test_a_save_replaces_its_own_crashed_temporary(tmp_path, trained):
+    (tmp_path / ".step_00000003.tmp").mkdir()
+    (tmp_path / ".step_00000003.tmp" / "__0_0.distcp").write_text("torn")
+    path = _save(tmp_path, trained)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    load_tensors(path, {"model": sharded_state(*_fresh())[0]})
 
 
-def test_keep_never_deletes_the_checkpoint_just_written(tmp_path, state):
+def test_keep_prunes_oldest(tmp_path, trained):
+    """Only the newest ``keep`` checkpoints survive a save, single files from before sharding too."""
+    torch.save({}, tmp_path / "step_00000001.pt")
+    for step in range(2, 6):
+        _save(tmp_path, trained, keep=2, step=step)
+        assert len(list_checkpoints(tmp_path)) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000005"]
+    _save(tmp_path, trained, keep=1, step=6)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000006"]
+    assert load_checkpoint(tmp_path / "step_00000006")["step"] == 6
+
+
+def test_keep_never_deletes_the_checkpoint_just_written(tmp_path, trained):
     """Resumed from an older checkpoint and preempted at an odd step: that save survives pruning."""
     for step in (10, 20):
-        save_checkpoint(tmp_path, state | {"step": step}, keep=2)
-    save_checkpoint(tmp_path, state | {"step": 13}, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000013.pt", "step_00000020.pt"]
+        _save(tmp_path, trained, keep=2, step=step)
+    _save(tmp_path, trained, keep=2, step=13)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000013", "step_00000020"]
 
 
-def test_same_step_overwrites(tmp_path, state):
-    save_checkpoint(tmp_path, state | {"tokens_seen": 1}, keep=3)
-    save_checkpoint(tmp_path, state | {"tokens_seen": 2}, keep=3)
-    assert [p.name for p in tmp_path.iterdir()] == ["step_00000003.pt"]
-    assert load_checkpoint(tmp_path / "step_00000003.pt")["tokens_seen"] == 2
+def test_same_step_overwrites(tmp_path, trained):
+    _save(tmp_path, trained, tokens_seen=1)
+    _save(tmp_path, trained, tokens_seen=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000003"]
+    assert load_checkpoint(tmp_path / "step_00000003")["tokens_seen"] == 2
 
 
-def test_failed_save_leaves_no_file(tmp_path, state):
-    """A save that fails while writing (an unpicklable value) leaves neither a temporary file nor
-    a checkpoint, and the existing checkpoints untouched."""
-    good = save_checkpoint(tmp_path, state, keep=3)
-    before = good.read_bytes()
+def test_failed_save_leaves_no_torn_checkpoint(tmp_path, trained):
+    """A save that fails while writing (an unpicklable value) leaves neither a temporary directory
+    nor a checkpoint, and the existing checkpoints untouched."""
+    good = _save(tmp_path, trained)
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
     with pytest.raises(Exception):
-        save_checkpoint(tmp_path, state | {"step": 4, "metrics_state": {"f": lambda: 0}}, keep=3)
+        _save(tmp_path, trained, step=4, metrics_state={"f": lambda: 0})
     assert [p.name for p in tmp_path.iterdir()] == [good.name]
-    assert good.read_bytes() == before
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
 
 
-# --- unreadable files -----------------------------------------------------------------------------
+# --- unreadable checkpoints -----------------------------------------------------------------------
 
 
 def _one_line_naming(err: pytest.ExceptionInfo, path: Path, words: str) -> None:
     message = str(err.value)
     assert err.value.key == str(path)
-    assert message.startswith(f"{path}: ") and words in message
+    assert message.startswith(f"{path}: ") and words in message, message
     assert "\n" not in message and len(message) < len(str(path)) + 300
     # torch's weights-only errors carry ANSI escapes and advice to load unsafely: kept out.
     reason = message.removeprefix(f"{path}: ")
     assert "\x1b" not in reason and "weights_only" not in reason
 
 
-def test_missing_file(tmp_path):
+def test_missing(tmp_path):
+    for path in (tmp_path / "step_00000001", tmp_path / "step_00000001.pt"):
+        with pytest.raises(ConfigError) as err:
+            load_checkpoint(path)
+        _one_line_naming(err, path, "not found")
+
+
+def test_the_training_state_is_loaded_weights_only(tmp_path, trained):
+    """A training state holding an arbitrary Python object (loadable only by unpickling code)
+    is refused."""
+    path = _save(tmp_path, trained, config=Path("/etc/passwd"))
     with pytest.raises(ConfigError) as err:
-        load_checkpoint(tmp_path / "step_00000001.pt")
-    _one_line_naming(err, tmp_path / "step_00000001.pt", "not found")
+        load_checkpoint(path)
+    _one_line_naming(err, path / STATE_FILE, "corrupt or truncated checkpoint (weights-only load: Unsupported global")
+    assert "pathlib.PosixPath" in str(err.value)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_shard_metadata_that_would_run_code_is_refused(tmp_path, trained, monkeypatch):
+    """DCP unpickles its ``.metadata`` with plain pickle: ours refuses any global outside DCP's
+    metadata classes before DCP sees the file, so nothing runs."""
+    monkeypatch.chdir(tmp_path)
+    path = _save(tmp_path, trained)
+    (path / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(ConfigError) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, path, "corrupt checkpoint .metadata (UnpicklingError: unsupported global posix.system")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_shards_holding_non_tensors_are_refused(tmp_path):
+    """DCP reads non-tensor entries with unsafe pickle; a checkpoint with one is refused."""
+    path = tmp_path / "step_00000001"
+    dcp.save({"model": {"w": torch.ones(2)}, "extra": {"note": "x"}}, checkpoint_id=path, no_dist=True)
+    torch.save(_state(1, []) | {"format": FORMAT}, path / STATE_FILE)
+    with pytest.raises(ConfigError) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, path, "checkpoint shards hold a non-tensor entry (extra.note)")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
+def test_damaged_shard_metadata(tmp_path, trained, damage):
+    path = _save(tmp_path, trained)
+    metadata = path / ".metadata"
+    if damage == "truncate":
+        metadata.write_bytes(metadata.read_bytes()[:100])
+    elif damage == "garbage":
+        metadata.write_bytes(os.urandom(512))
+    else:
+        metadata.unlink()
+    with pytest.raises(ConfigError) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, path, "checkpoint lacks .metadata" if damage == "delete" else "corrupt checkpoint .metadata")
+
+
+@pytest.mark.parametrize("keep_fraction", [0.5, 0.0])
+def test_truncated_shard(tmp_path, trained, keep_fraction):
+    """A shard cut short (a full disk, a copy gone wrong) is found when the tensors are read."""
+    path = _save(tmp_path, trained)
+    shard = path / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: int(shard.stat().st_size * keep_fraction)])
+    load_checkpoint(path)  # the index is intact
+    model_state, optim_state = sharded_state(*_fresh())
+    with pytest.raises(ConfigError) as err:
+        load_tensors(path, {"model": model_state, "optimizer": optim_state["state"]})
+    _one_line_naming(err, path, "corrupt or truncated checkpoint shards (")
 
 
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.99, 0.0])
-def test_truncated_file(tmp_path, state, keep_fraction):
-    """A checkpoint cut short (as by a crash of a non-atomic writer, or a full disk) is refused."""
-    path = save_checkpoint(tmp_path, state, keep=3)
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep_fraction)])
+def test_truncated_training_state(tmp_path, trained, keep_fraction):
+    """A training state cut short (as by a crash of a non-atomic writer, or a full disk) is refused."""
+    path = _save(tmp_path, trained) / STATE_FILE
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep_fraction)])
     with pytest.raises(ConfigError) as err:
-        load_checkpoint(path)
+        load_checkpoint(path.parent)
     _one_line_naming(err, path, "corrupt or truncated")
 
 
-def test_garbage_file(tmp_path):
-    path = tmp_path / "step_00000001.pt"
-    path.write_bytes(os.urandom(4096))
-    with pytest.raises(ConfigError) as err:
-        load_checkpoint(path)
-    _one_line_naming(err, path, "corrupt or truncated")
-    path.write_text("step: 1\nmodel: {}\n")
-    with pytest.raises(ConfigError) as err:
-        load_checkpoint(path)
-    _one_line_naming(err, path, "corrupt or truncated")
+def test_garbage_files(tmp_path, trained):
+    for path in (_save(tmp_path, trained) / STATE_FILE, tmp_path / "step_00000001.pt"):
+        checkpoint = path.parent if path.name == STATE_FILE else path
+        for content in (os.urandom(4096), b"step: 1\nmodel: {}\n"):
+            path.write_bytes(content)
+            with pytest.raises(ConfigError) as err:
+                load_checkpoint(checkpoint)
+            _one_line_naming(err, path, "corrupt or truncated")
 
 
 @pytest.mark.parametrize(
@@ -189,19 +284,31 @@ def test_garbage_file(tmp_path):
     [{"format": "other/1", "step": 1}, {"step": 1}, [1, 2], torch.zeros(3)],
     ids=["format", "no-format", "list", "tensor"],
 )
-def test_foreign_file(tmp_path, content):
+def test_foreign_files(tmp_path, trained, content):
     """A readable torch file that is not one of ours names the expected format."""
-    path = tmp_path / "step_00000001.pt"
+    path = _save(tmp_path, trained) / STATE_FILE
     torch.save(content, path)
     with pytest.raises(ConfigError) as err:
-        load_checkpoint(path)
+        load_checkpoint(path.parent)
     _one_line_naming(err, path, f"not a diffsweep checkpoint (expected format {FORMAT!r})")
+    single = tmp_path / "step_00000001.pt"
+    torch.save(content, single)
+    with pytest.raises(ConfigError) as err:
+        load_checkpoint(single)
+    _one_line_naming(err, single, f"not a diffsweep checkpoint (expected format {SINGLE_FILE_FORMAT!r})")
 
 
-def test_missing_keys(tmp_path, state):
-    """A checkpoint of our format that lacks required entries lists them, in order."""
-    path = save_checkpoint(tmp_path, {k: v for k, v in state.items() if k not in ("optimizer", "rng")}, keep=3)
+def test_missing_keys(tmp_path, trained):
+    """A training state of our format that lacks required entries lists them, in order."""
+    tensors, state = trained
+    path = save_checkpoint(tmp_path, {k: v for k, v in state.items() if k not in ("optimizer_groups", "rng")},
+                           tensors, keep=3)
     with pytest.raises(ConfigError) as err:
         load_checkpoint(path)
-    _one_line_naming(err, path, "checkpoint lacks optimizer, rng")
+    _one_line_naming(err, path / STATE_FILE, "checkpoint lacks optimizer_groups, rng")
     assert set(REQUIRED) - {"format"} <= set(state)
+    single = tmp_path / "step_00000001.pt"
+    torch.save({"format": SINGLE_FILE_FORMAT, "step": 1, "tokens_seen": 0}, single)
+    with pytest.raises(ConfigError) as err:
+        load_checkpoint(single)
+    _one_line_naming(err, single, "checkpoint lacks model, optimizer, scheduler")

@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from diffsweep.config import load_config
-from diffsweep.train.checkpoint import list_checkpoints
+from diffsweep.train.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
 
 from ..conftest import TINY_RUN
@@ -101,22 +101,26 @@ def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal
     out, err = proc.communicate(timeout=300)
     assert "preempted by" in out, err[-3000:]
     run_dir = next((cwd / "runs").iterdir())
-    return int(list_checkpoints(run_dir / "checkpoints")[-1].stem.split("_")[1]), run_dir
+    return checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]), run_dir
 
 
 LONG = ("model.attention.kind=diff_v1", "train.max_steps=40", "train.eval_every=20", "train.checkpoint_every=40")
 
 
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
-def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, first, then):
+@pytest.mark.parametrize("first,then,parallel", [(2, 1, "fsdp"), (1, 2, "fsdp"), (2, 1, "ddp")],
+                         ids=["fsdp-2-then-1", "fsdp-1-then-2", "ddp-2-then-1"])
+def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, first, then, parallel):
     """Preempted (SIGTERM, as Slurm sends) on ``first`` processes, resumed by the same command on
     ``then``: the MLflow run continues and its whole history equals an uninterrupted run's."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     launch = {1: lambda *e: single(text_dataset, *LONG, *e), 2: lambda *e: torchrun(text_dataset, *LONG, *e)}
-    saved, run_dir = _interrupt(launch[first]("train.parallel=fsdp"), tmp_path, store, 5, signal.SIGTERM)
+    saved, run_dir = _interrupt(launch[first](f"train.parallel={parallel}"), tmp_path, store, 5, signal.SIGTERM)
     assert 5 <= saved < 40
-    resumed = subprocess.run(launch[then]("train.parallel=fsdp"), cwd=tmp_path, env=_env(store), capture_output=True,
-                             text=True, timeout=600)
+    if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
+        shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
+        assert shards == [f"__{rank}_0.distcp" for rank in range(first)]
+    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=_env(store),
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]

@@ -15,7 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from diffsweep.config import ConfigError, load_config
 from diffsweep.config.identity import run_key
-from diffsweep.train.checkpoint import list_checkpoints, load_checkpoint
+from diffsweep.model.transformer import build_model
+from diffsweep.train.checkpoint import SINGLE_FILE_FORMAT, list_checkpoints, load_checkpoint, load_tensors
+from diffsweep.train.optim import build_optimizer
 from diffsweep.train.trainer import RUN_FILE, Diverged, train
 
 from ..conftest import TINY_RUN
@@ -159,7 +161,9 @@ def test_divergence_stops_at_once_marks_failed_and_keeps_the_last_good_checkpoin
     assert checkpoints, "the steps before divergence were checkpointed"
     last = load_checkpoint(checkpoints[-1])
     assert f"at step {last['step'] + 1}" in str(caught.value)  # nothing saved at or after the bad step
-    assert all(torch.isfinite(t).all() for t in last["model"].values())
+    weights = build_model(cfg.model).state_dict()
+    load_tensors(checkpoints[-1], {"model": weights})
+    assert all(torch.isfinite(t).all() for t in weights.values())
     run_id = yaml.safe_load((run_dir / RUN_FILE).read_text())["run_id"]
     run = store.get_run(run_id)
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["diffsweep.end_reason"]
@@ -246,26 +250,32 @@ def test_resume_from_another_directory_uses_the_runs_own_store(text_dataset, tmp
     assert [s for s, _ in history(client, first.run_id, "train/loss")] == list(range(1, 13))
 
 
-def test_a_checkpoint_from_before_multi_process_training_still_resumes(text_dataset, store, tmp_path):
-    """Checkpoints written before distributed training keyed the optimizer state by position;
-    such a run resumes on one process and continues exactly."""
+@pytest.mark.parametrize("layout", ["by-name", "by-position"])
+def test_a_single_file_checkpoint_from_before_sharding_still_resumes(layout, text_dataset, store, tmp_path):
+    """Checkpoints written before sharded checkpoints were one ``step_XXXXXXXX.pt`` file with the
+    whole state: keyed by parameter name, or (before multi-process training) the optimizer state
+    by position. Either resumes on one process and continues exactly."""
     cfg = tiny(text_dataset, "model.attention.kind=diff_v1")
     full: dict = {}
     train(cfg, tmp_path / "full", experiment="old-format", callbacks=(recorder(full),), echo=quiet)
-    new = load_checkpoint(list_checkpoints(tmp_path / "full" / "checkpoints")[2])  # step 6
-    from diffsweep.model.transformer import build_model
-    from diffsweep.train.optim import build_optimizer
-
+    sharded = list_checkpoints(tmp_path / "full" / "checkpoints")[2]
+    state = load_checkpoint(sharded)  # step 6
     model = build_model(cfg.model)
-    model.load_state_dict(new["model"])
     optimizer = build_optimizer(model, cfg.train)
-    from diffsweep.train.distributed import load_full_state
+    from diffsweep.train.distributed import load_sharded_state, sharded_state
 
-    load_full_state(model, optimizer, new["model"], new["optimizer"])
-    old = dict(new, optimizer=optimizer.state_dict())  # the old layout: state keyed 0, 1, 2, ...
-    assert all(isinstance(k, int) for k in old["optimizer"]["state"])
-    path = tmp_path / "old.pt"
+    model_state, optim_state = sharded_state(model, optimizer)
+    load_tensors(sharded, {"model": model_state, "optimizer": optim_state["state"]})
+    optim_state["param_groups"] = state.pop("optimizer_groups")
+    if layout == "by-position":
+        load_sharded_state(model, optimizer, model_state, optim_state)
+        optim_state = optimizer.state_dict()  # the old layout: state keyed 0, 1, 2, ...
+        assert all(isinstance(k, int) for k in optim_state["state"])
+    old = state | {"format": SINGLE_FILE_FORMAT, "model": model_state, "optimizer": optim_state}
+    path = tmp_path / "checkpoints" / "step_00000006.pt"
+    path.parent.mkdir()
     torch.save(old, path)
+    assert list_checkpoints(path.parent) == [path]
     resumed: dict = {}
     train(cfg, tmp_path / "resumed", resume_from=path, callbacks=(recorder(resumed),), echo=quiet)
     assert resumed == {s: m for s, m in full.items() if s > 6}
