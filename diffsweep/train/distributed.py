@@ -132,13 +132,18 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_st
     set_optimizer_state_dict(model, optimizer, optim_state, options=options)
 
 
+def sum_all(values: list[float], world: World) -> list[float]:
+    """``values`` added up elementwise over all processes (in float64)."""
+    if not world.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
 def mean(value: float, world: World) -> float:
     """The mean of ``value`` over all processes."""
-    if not world.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(t)
-    return float(t) / world.world_size
+    return sum_all([value], world)[0] / world.world_size
 
 
 def any_rank(flag: bool, world: World) -> bool:

@@ -8,7 +8,7 @@ forward pass (the module and its parameters are untouched) and use forward hooks
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.nn import functional as F
@@ -46,6 +46,14 @@ class LossSums:
         for name, mask in (("all", torch.ones_like(hit)), ("ar_hit", hit), ("others", ~hit)):
             self.total[name] += float(token_loss[mask].sum())
             self.count[name] += int(mask.sum())
+
+    def reduce(self, sum_all: Callable[[list[float]], list[float]]) -> None:
+        """Replace the sums with every process's added up (``sum_all`` sums a list elementwise
+        over the processes)."""
+        names = list(self.total)
+        summed = sum_all([self.total[n] for n in names] + [float(self.count[n]) for n in names])
+        self.total = dict(zip(names, summed[: len(names)], strict=True))
+        self.count = {n: round(v) for n, v in zip(names, summed[len(names) :], strict=True)}
 
     def metrics(self) -> dict[str, float]:
         out = {"val/loss": self.total["all"] / self.count["all"]}

@@ -271,15 +271,24 @@ class _Run:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation loss (all, AR-Hit, Others) over the fixed validation windows, then probes.
-        Every process evaluates the same windows (FSDP2 needs them in step)."""
+
+        The windows' micro-batches are dealt to the processes in turn and their loss sums added
+        up. A process left without one in the last round runs the first again without counting
+        it: FSDP2 needs every process in each forward."""
         self.model.eval()
         starts = val_starts(len(self.val_tokens), self.t.seq_len, self.t.eval_tokens)
+        micro, size, rank = self.t.micro_batch_size, self.world.world_size, self.world.rank
+        batches = [starts[i : i + micro] for i in range(0, len(starts), micro)]
         sums = LossSums()
-        for i in range(0, len(starts), self.t.micro_batch_size):
-            window = self._window(self.val_tokens, starts[i : i + self.t.micro_batch_size])
+        for first in range(0, len(batches), size):
+            mine = first + rank
+            window = self._window(self.val_tokens, batches[mine if mine < len(batches) else 0])
             with self._autocast():
                 losses = token_losses(self.model, window)
-            sums.add(losses, ar_hit_mask(window))
+            if mine < len(batches):
+                sums.add(losses, ar_hit_mask(window))
+        if self.world.distributed:
+            sums.reduce(lambda values: distributed.sum_all(values, self.world))
         with self._autocast():
             probes = probe(self.module, self._window(self.val_tokens, starts[:1]))
         return sums.metrics() | probes

@@ -24,7 +24,7 @@ from ..conftest import TINY_RUN
 # processes' gradients in another order than one process sums its micro-batches, and FSDP2 sums
 # the gradient norm shard by shard). Measured on CPU: losses within 1e-6, grad norms within 5e-5.
 REL, ABS = 1e-4, 2e-5
-KEYS = ("train/loss", "train/grad_norm", "val/loss")
+KEYS = ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "val/ar_hit_fraction")
 
 
 def _sets(dataset: Path, *extra: str) -> list[str]:
@@ -79,7 +79,8 @@ def assert_same(got: dict, want: dict) -> None:
 ])
 def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, kind, parallel):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3")
+    # 5 validation windows in micro-batches of 2: rank 0 gets two, rank 1 one (and a spare forward)
+    extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160")
     result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
                             env=_env(store), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
