@@ -55,6 +55,10 @@ class TrainJob(submitit.helpers.Checkpointable):
             write_job_state(run_dir, "finished", job_id=job_id, step=result.step, run_id=result.run_id)
             return {"status": "finished", "step": result.step, "run_id": result.run_id}
         write_job_state(run_dir, "preempted", job_id=job_id, step=result.step, reason=result.reason)
+        if _global_rank() != 0:
+            # The first task saves nothing more and requeues the job; the others end cleanly, so
+            # srun's --kill-on-bad-exit cannot cut the first one short while it requeues.
+            return {"status": "preempted", "step": result.step, "run_id": result.run_id}
         if result.signal == signal.SIGUSR2.name and _under_submitit():
             # The checkpoint is saved; let submitit's handler (restored by the trainer) requeue.
             os.kill(os.getpid(), signal.SIGUSR2)

@@ -66,8 +66,11 @@ def test_slurm_parameters_golden():
         "setup": ["source $HOME/venvs/diffsweep/bin/activate",
                   "export PYTHONPATH='/scratch/my sweeps/code/abc'${PYTHONPATH:+:$PYTHONPATH}"],
         "gpus_per_node": 8,
+        "srun_args": ["--kill-on-bad-exit=1"],  # 16 tasks: one dying ends the others
         "array_parallelism": 4,
     }
+    one = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=16, mem_gb=200, time_min=60)
+    assert "srun_args" not in slurm_parameters(one, profile, job_name="x", code_dir="/c", max_parallel=None)
 
 
 def test_slurm_parameters_make_a_valid_sbatch_script(tmp_path):

@@ -191,10 +191,14 @@ def test_slurm_time_limit_requeues_and_finishes(tmp_path, text_dataset, store):
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 2501))
 
 
-def test_a_two_gpu_run_trains_as_two_slurm_tasks_end_to_end(tmp_path, text_dataset, store):
+def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path, text_dataset, store):
     """``launch.gpus_per_run: 2`` on the localhost cluster (2 fake GPUs): one job, two tasks, which
-    find each other through submitit, train with FSDP2 on gloo, and make one MLflow run."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, kinds=("diff_v1",), extra="launch: {gpus_per_run: 2}\n")
+    find each other through submitit, train with FSDP2 on gloo, and make one MLflow run. Preempted
+    (USR2 to both tasks, as Slurm sends it), both stop at the same step after a sharded
+    checkpoint; the first requeues the job, which resumes and finishes the same run."""
+    steps = 120
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
+                        extra="launch: {gpus_per_run: 2}\n")
     out = tmp_path / "runs" / "t"
     r = cli("plan", str(sweep), "--profile", "localhost", "--json", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
@@ -202,17 +206,27 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_end_to_end(tmp_path, text_datas
     assert planned["gpus"] == 2 and planned["nodes"] == 1
     r = launch(sweep, tmp_path, store)
     assert r.returncode == 0, r.stdout + r.stderr
-    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 300, "the run done")
     (entry,) = ledger(out)["entries"].values()
     job_id = entry["attempts"][0]["job_id"]
+    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
+    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 300, "checkpoints")
+    (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}  # submitit's sbatch script
+    assert "--kill-on-bad-exit=1" in script  # one task dying ends the other
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # what Slurm does on preemption
+
+    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 600, "the requeued run to finish")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.tags["diffsweep.processes"] == "2"
-    assert run.data.metrics["train/tokens"] == 8 * 128  # the sweep's global batch, not twice it
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, 9))
-    steps = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],
+    assert run.data.metrics["train/tokens"] == steps * 128  # the sweep's global batch, not twice it
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, steps + 1))
+    log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
+    assert "preempted by SIGUSR2" in log and "Requeued job" in log
+    assert any(line.startswith("resuming") and "on 2 processes" in line for line in log.splitlines()), log
+    assert len(ledger(out)["entries"][entry["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
+    sacct = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],
                            capture_output=True, text=True).stdout
-    assert any(line.endswith("|2") for line in steps.splitlines()), steps  # the job step ran two tasks
+    assert any(line.endswith("|2") for line in sacct.splitlines()), sacct  # the job step ran two tasks
