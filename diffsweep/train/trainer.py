@@ -77,7 +77,8 @@ def train(
     every step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
-    trains on its slice of every global batch; only rank 0 prints, tracks and writes checkpoints.
+    trains on its slice of every global batch; only rank 0 prints and tracks;
+    every process writes its own checkpoint shards.
     """
     world = distributed.world_from_env()
     rank = world.rank
