@@ -221,6 +221,7 @@ def test_shard_metadata_that_would_run_code_is_refused(tmp_path, trained, monkey
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_shards_holding_non_tensors_are_refused(tmp_path):
     """DCP reads non-tensor entries with unsafe pickle; a checkpoint with one is refused."""
     path = tmp_path / "step_00000001"
