@@ -16,12 +16,15 @@ ones bitwise.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -62,10 +65,32 @@ def _model(args, world):
     return config, model, build_optimizer(model, config.train)
 
 
+@contextmanager
+def _measured(into: dict) -> Iterator[None]:
+    """Seconds and peak RSS above the resident set at entry, into ``into``."""
+    gc.collect()
+    base = _rss_bytes()
+    _reset_peak_rss()
+    started = time.perf_counter()
+    yield
+    into["seconds"] = time.perf_counter() - started
+    into["peak"] = _peak_rss_bytes() - base
+
+
+def _load_back(out: Path, model, optimizer) -> tuple[dict, dict]:
+    """Fill a fresh model and optimizer from ``out/sharded``: its weights and the measurement."""
+    from diffsweep.train import checkpoint as ckpt
+    from diffsweep.train import distributed
+
+    tensors, _ = distributed.sharded_state(model, optimizer)
+    measured: dict = {}
+    with _measured(measured):
+        ckpt.load_tensors(out / "sharded", tensors)
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in tensors["model"].items()}, measured
+
+
 def child(args) -> None:
     """One torchrun rank (or the single loading process)."""
-    import gc
-
     import torch
     import torch.distributed as dist
 
@@ -77,16 +102,10 @@ def child(args) -> None:
     with distributed.process_group(world, torch.device("cpu")):
         config, model, optimizer = _model(args, world)
         if args.case == "load-1":
-            model_state, optim_state = distributed.sharded_state(model, optimizer)
-            gc.collect()
-            base = _rss_bytes()
-            _reset_peak_rss()
-            started = time.perf_counter()
-            ckpt.load_tensors(out / "sharded", {"model": model_state, "optimizer": optim_state["state"]})
-            seconds = time.perf_counter() - started
+            weights, measured = _load_back(out, model, optimizer)
             reference = torch.load(out / "reference.pt", weights_only=True)
-            same = all(torch.equal(model_state[k], v) for k, v in reference.items())
-            _report(out, args.case, 0, seconds, _peak_rss_bytes() - base, 0, same=same)
+            _report(out, args.case, 0, written=0, same=all(torch.equal(weights[k], v) for k, v in reference.items()),
+                    **measured)
             return
         tokens = torch.randint(0, config.model.vocab_size, (1, 65), generator=torch.Generator().manual_seed(0))
         logits = model(tokens[:, :-1])
@@ -94,58 +113,48 @@ def child(args) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del logits
-        gc.collect()
         dist.barrier()
-        base = _rss_bytes()
-        _reset_peak_rss()
-        started = time.perf_counter()
-        if args.case == "sharded":
-            model_state, optim_state = distributed.sharded_state(model, optimizer)
-            path = ckpt.save_checkpoint(out / "sharded-dir", {"step": 1}, {"model": model_state,
-                                                                          "optimizer": optim_state["state"]}, keep=1)
-            written = _dir_bytes(path, world.rank) + (path.joinpath(".metadata").stat().st_size if world.rank == 0 else 0)
-        else:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-                get_optimizer_state_dict,
-            )
+        measured: dict = {}
+        with _measured(measured):
+            if args.case == "sharded":
+                tensors, groups = distributed.sharded_state(model, optimizer)
+                path = ckpt.save_checkpoint(out / "sharded-dir", {"step": 1, "groups": groups}, tensors, keep=1)
+                written = _dir_bytes(path, world.rank) + ((path / ".metadata").stat().st_size if world.rank == 0 else 0)
+            else:
+                from torch.distributed.checkpoint.state_dict import (
+                    StateDictOptions,
+                    get_model_state_dict,
+                    get_optimizer_state_dict,
+                )
 
-            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model_state = get_model_state_dict(model, options=full)
-            optim_state = get_optimizer_state_dict(model, optimizer, options=full)
-            written = 0
-            if world.rank == 0:
-                torch.save({"model": model_state, "optimizer": optim_state}, out / "full.pt")
-                written = (out / "full.pt").stat().st_size
-            dist.barrier()
-        seconds = time.perf_counter() - started
-        _report(out, args.case, world.rank, seconds, _peak_rss_bytes() - base, written)
+                full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                model_state = get_model_state_dict(model, options=full)
+                optim_state = get_optimizer_state_dict(model, optimizer, options=full)
+                written = 0
+                if world.rank == 0:
+                    torch.save({"model": model_state, "optimizer": optim_state}, out / "full.pt")
+                    written = (out / "full.pt").stat().st_size
+                dist.barrier()
+        _report(out, args.case, world.rank, written=written, **measured)
         if args.case != "sharded":
             return
         # The reference weights, then load back on N processes into a fresh model.
-        full_model = {k: v.full_tensor() for k, v in model_state.items()}
+        reference = {k: v.full_tensor() for k, v in tensors["model"].items()}
         if world.rank == 0:
             os.replace(path, out / "sharded")
-            torch.save(full_model, out / "reference.pt")
+            torch.save(reference, out / "reference.pt")
         dist.barrier()
-        del model, optimizer, model_state, optim_state
+        del model, optimizer, tensors
         torch.manual_seed(1)
         _, fresh, fresh_optimizer = _model(args, world)
-        model_state, optim_state = distributed.sharded_state(fresh, fresh_optimizer)
-        gc.collect()
-        base = _rss_bytes()
-        _reset_peak_rss()
-        started = time.perf_counter()
-        ckpt.load_tensors(out / "sharded", {"model": model_state, "optimizer": optim_state["state"]})
-        seconds = time.perf_counter() - started
-        same = all(torch.equal(model_state[k].full_tensor(), v) for k, v in full_model.items())
-        _report(out, f"load-{world.world_size}", world.rank, seconds, _peak_rss_bytes() - base, 0, same=same)
+        weights, measured = _load_back(out, fresh, fresh_optimizer)
+        _report(out, f"load-{world.world_size}", world.rank, written=0,
+                same=all(torch.equal(weights[k], v) for k, v in reference.items()), **measured)
 
 
-def _report(out: Path, case: str, rank: int, seconds: float, peak: int, written: int, **extra) -> None:
+def _report(out: Path, case: str, rank: int, **values) -> None:
     with open(out / f"{case}.{rank}.json", "w") as f:
-        json.dump({"case": case, "rank": rank, "seconds": seconds, "peak": peak, "written": written, **extra}, f)
+        json.dump({"case": case, "rank": rank, **values}, f)
 
 
 def main() -> None:

@@ -105,17 +105,20 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Model and optimizer state keyed by parameter name, as this process holds it: DTensor
-    shards under FSDP2, whole tensors otherwise. An optimizer that has not stepped yet gets its
-    state allocated (so a checkpoint can be loaded into it)."""
-    return get_state_dict(model, optimizer)
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
+    """What a checkpoint holds, as this process holds it: the tensors ``{"model": ..., "optimizer":
+    ...}`` (weights and AdamW state by parameter name; DTensor shards under FSDP2, whole tensors
+    otherwise) and the optimizer's hyperparameter groups (plain values, saved beside them). An
+    optimizer that has not stepped yet gets its state allocated, so a checkpoint can fill it."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state["state"]}, optim_state["param_groups"]
 
 
-def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                       optim_state: dict) -> None:
-    """Put ``sharded_state``-shaped dicts (filled from a checkpoint) back into the model and optimizer."""
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict, groups: list) -> None:
+    """Put ``sharded_state``'s tensors (filled from a checkpoint) and groups back into the model
+    and optimizer."""
+    set_state_dict(model, optimizer, model_state_dict=tensors["model"],
+                   optim_state_dict={"state": tensors["optimizer"], "param_groups": groups})
 
 
 def non_finite(state: dict) -> list[str]:

@@ -90,7 +90,7 @@ def train(
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
     resume_path = resume_from or _newest(run_dir)
-    state = _load_resume_state(resume_path, config, dataset)
+    state = _load_resume_state(resume_path, config, dataset, world)
     uri = _run_tracking_uri(run_dir)
     check_tracking(uri)
     if state is not None and state["step"] >= total_steps(t):
@@ -312,16 +312,12 @@ class _Run:
 
     def restore(self, state: dict, path: Path) -> None:
         if "model" not in state:  # sharded: every process reads its shards, resharded to this world
-            model_state, optimizer_state = distributed.sharded_state(self.model, self.optimizer)
-            ckpt.load_tensors(path, {"model": model_state, "optimizer": optimizer_state["state"]})
-            distributed.load_sharded_state(self.model, self.optimizer, model_state,
-                                           {"state": optimizer_state["state"], "param_groups": state["optimizer_groups"]})
-        elif all(isinstance(k, int) for k in state["optimizer"]["state"]) and state["optimizer"]["state"]:
-            # A single file from before multi-process training (optimizer state keyed by
-            # position): the same single-process model and optimizer read it as they wrote it.
-            if self.world.distributed:
-                raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep "
-                                  "(optimizer state by position); resume it on one process")
+            tensors, _ = distributed.sharded_state(self.model, self.optimizer)
+            ckpt.load_tensors(path, tensors)
+            distributed.load_sharded_state(self.model, self.optimizer, tensors, state["optimizer_groups"])
+        elif _by_position(state):
+            # A single file from before multi-process training: the same single-process model
+            # and optimizer read it as they wrote it.
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         else:  # a single file with the whole state keyed by parameter name
@@ -337,14 +333,12 @@ class _Run:
         job dies in between, the resume replays from the older checkpoint and skips the steps the
         store already has."""
         self.tracker.flush()
-        model_state, optimizer_state = distributed.sharded_state(self.model, self.optimizer)
-        bad = distributed.non_finite(model_state)
+        tensors, groups = distributed.sharded_state(self.model, self.optimizer)
+        bad = distributed.non_finite(tensors["model"])
         if distributed.any_rank(bool(bad), self.world):
             raise Diverged(f"non-finite weights after step {self.step} ({bad[0] if bad else 'on another rank'}); "
                            "not checkpointed")
-        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(optimizer_state["param_groups"]),
-                             {"model": model_state, "optimizer": optimizer_state["state"]},
-                             keep=self.t.keep_checkpoints)
+        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(groups), tensors, keep=self.t.keep_checkpoints)
 
 
 def _line(step: int, total: int, m: dict[str, float]) -> str:
@@ -391,7 +385,7 @@ def _newest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset) -> dict | None:
+def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset, world: World) -> dict | None:
     if path is None:
         return None
     state = ckpt.load_checkpoint(path)
@@ -400,7 +394,16 @@ def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset)
                           f"this config's is {run_key(config)})")
     if state["data"]["fingerprint"] != dataset.meta.fingerprint:
         raise ConfigError(str(path), f"written for a different dataset than {dataset.path}")
+    if world.distributed and _by_position(state):
+        raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep (optimizer state "
+                          "by position); resume it on one process")
     return state
+
+
+def _by_position(state: dict) -> bool:
+    """A single-file checkpoint from before multi-process training: optimizer state keyed 0, 1, 2, ..."""
+    return "model" in state and bool(state["optimizer"]["state"]) and \
+        all(isinstance(k, int) for k in state["optimizer"]["state"])
 
 
 def _start_tracking(config, run_dir, uri, experiment, state, world: World, model, extra_tags):

@@ -70,8 +70,8 @@ def _state(step: int, groups: list) -> dict:
 @pytest.fixture(scope="module")
 def trained():
     model, optimizer = _trained()
-    model_state, optim_state = sharded_state(model, optimizer)
-    return {"model": model_state, "optimizer": optim_state["state"]}, _state(3, optim_state["param_groups"])
+    tensors, groups = sharded_state(model, optimizer)
+    return tensors, _state(3, groups)
 
 
 def _save(directory: Path, trained, keep: int = 3, **changes) -> Path:
@@ -105,10 +105,10 @@ def test_round_trip(tmp_path, trained):
     assert loaded["format"] == FORMAT
     _assert_same({k: v for k, v in loaded.items() if k != "format"}, trained[1])
     model, optimizer = _fresh()
-    model_state, optim_state = sharded_state(model, optimizer)
-    assert not all(torch.equal(model_state[k], v) for k, v in trained[0]["model"].items())
-    load_tensors(path, {"model": model_state, "optimizer": optim_state["state"]})
-    _assert_same({"model": model_state, "optimizer": optim_state["state"]}, trained[0])
+    tensors, _ = sharded_state(model, optimizer)
+    assert not all(torch.equal(tensors["model"][k], v) for k, v in trained[0]["model"].items())
+    load_tensors(path, tensors)
+    _assert_same(tensors, trained[0])
 
 
 def test_names_atomicity_and_listing(tmp_path, trained):
@@ -133,7 +133,7 @@ def test_a_save_replaces_its_own_crashed_temporary(tmp_path, trained):
     (tmp_path / ".step_00000003.tmp" / "__0_0.distcp").write_text("torn")
     path = _save(tmp_path, trained)
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
-    load_tensors(path, {"model": sharded_state(*_fresh())[0]})
+    load_tensors(path, sharded_state(*_fresh())[0])
 
 
 def test_keep_prunes_oldest(tmp_path, trained):
@@ -254,9 +254,8 @@ def test_truncated_shard(tmp_path, trained, keep_fraction):
     shard = path / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[: int(shard.stat().st_size * keep_fraction)])
     load_checkpoint(path)  # the index is intact
-    model_state, optim_state = sharded_state(*_fresh())
     with pytest.raises(ConfigError) as err:
-        load_tensors(path, {"model": model_state, "optimizer": optim_state["state"]})
+        load_tensors(path, sharded_state(*_fresh())[0])
     _one_line_naming(err, path, "corrupt or truncated checkpoint shards (")
 
 

@@ -137,3 +137,36 @@ def test_a_global_batch_that_does_not_split_over_the_processes_is_refused(text_d
     assert ("error: train.micro_batch_size: 2 processes x 4 sequences per micro-batch do not divide the 4 "
             "sequences of a global batch") in result.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_processes(text_dataset, tmp_path):
+    """Single-file checkpoints from before multi-process training keyed the optimizer state by
+    position, which only the same single-process model reads: on two processes each says so in
+    one line before building anything, and no run starts."""
+    import torch
+
+    from diffsweep.config.identity import run_key
+    from diffsweep.data.dataset import open_dataset
+    from diffsweep.model.transformer import build_model
+    from diffsweep.train.checkpoint import SINGLE_FILE_FORMAT
+    from diffsweep.train.optim import build_optimizer
+
+    cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}"])
+    model = build_model(cfg.model)
+    optimizer = build_optimizer(model, cfg.train)
+    model(torch.randint(0, cfg.model.vocab_size, (2, 16))).float().logsumexp(-1).mean().backward()
+    optimizer.step()
+    path = tmp_path / "old" / "step_00000001.pt"
+    path.parent.mkdir()
+    torch.save({"format": SINGLE_FILE_FORMAT, "step": 1, "tokens_seen": 128, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": {}, "rng": {"torch": torch.get_rng_state(), "cuda": []},
+                "data": {"seed": 0, "next_step": 2, "fingerprint": open_dataset(text_dataset).meta.fingerprint},
+                "run_key": run_key(cfg), "mlflow_run_id": None, "metrics_state": {"spikes": {"history": [], "count": 0}}},
+               path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = subprocess.run([*torchrun(text_dataset), "--resume", str(path)], cwd=tmp_path, env=_env(store),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert (f"error: {path}: step 1 was written by an older diffsweep (optimizer state by position); resume it "
+            "on one process") in result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()

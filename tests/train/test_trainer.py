@@ -264,14 +264,14 @@ def test_a_single_file_checkpoint_from_before_sharding_still_resumes(layout, tex
     optimizer = build_optimizer(model, cfg.train)
     from diffsweep.train.distributed import load_sharded_state, sharded_state
 
-    model_state, optim_state = sharded_state(model, optimizer)
-    load_tensors(sharded, {"model": model_state, "optimizer": optim_state["state"]})
-    optim_state["param_groups"] = state.pop("optimizer_groups")
+    tensors, _ = sharded_state(model, optimizer)
+    load_tensors(sharded, tensors)
+    optim_state = {"state": tensors["optimizer"], "param_groups": state.pop("optimizer_groups")}
     if layout == "by-position":
-        load_sharded_state(model, optimizer, model_state, optim_state)
+        load_sharded_state(model, optimizer, tensors, optim_state["param_groups"])
         optim_state = optimizer.state_dict()  # the old layout: state keyed 0, 1, 2, ...
         assert all(isinstance(k, int) for k in optim_state["state"])
-    old = state | {"format": SINGLE_FILE_FORMAT, "model": model_state, "optimizer": optim_state}
+    old = state | {"format": SINGLE_FILE_FORMAT, "model": tensors["model"], "optimizer": optim_state}
     path = tmp_path / "checkpoints" / "step_00000006.pt"
     path.parent.mkdir()
     torch.save(old, path)
