@@ -50,25 +50,29 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConfigWarning)
-            try:
+        caught: list[warnings.WarningMessage] = []
+        try:
+            # Warnings are recorded while the command runs and shown once it is done, outside the
+            # recording: ``warnings.showwarning`` inside it would append them back to the list.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConfigWarning)
                 return fn(*args, **kwargs)
-            except ConfigError as exc:
-                _show(caught)
-                fail(str(exc), EXIT_USAGE)
-            except EnvironmentUnavailable as exc:
-                _show(caught)
-                fail(str(exc), EXIT_ENVIRONMENT)
-            finally:
-                _show(caught)
+        except ConfigError as exc:
+            _show(caught)
+            fail(str(exc), EXIT_USAGE)
+        except EnvironmentUnavailable as exc:
+            _show(caught)
+            fail(str(exc), EXIT_ENVIRONMENT)
+        finally:
+            _show(caught)
 
     return wrapper  # type: ignore[return-value]
 
 
 def _show(caught: list[warnings.WarningMessage]) -> None:
-    while caught:
-        w = caught.pop(0)
+    """Print and forget the recorded warnings (call outside ``catch_warnings(record=True)``)."""
+    pending, caught[:] = list(caught), []
+    for w in pending:
         if issubclass(w.category, ConfigWarning):
             typer.echo(f"warning: {w.message}", err=True)
         else:

@@ -208,3 +208,36 @@ def test_no_option_help_has_bracketed_text_that_rich_would_swallow():
     bad = [(cmd.name, param.name) for cmd in commands(typer.main.get_command(app)) for param in cmd.params
            if re.search(r"\[[a-z ]+:", getattr(param, "help", None) or "")]
     assert not bad, bad
+
+
+WARNING_COMMAND = """
+import warnings
+import numpy as np
+import typer
+from diffsweep.cli.common import handle_errors
+from diffsweep.config import ConfigError, ConfigWarning
+
+def command(ending):
+    warnings.warn("foreign warning", UserWarning)
+    warnings.warn("config warning", ConfigWarning)
+    with np.errstate(over="warn"):
+        np.exp(np.float64(1000.0))  # numpy's own RuntimeWarning, raised inside the library
+    if ending == "error":
+        raise ConfigError("train.lr", "bad value")
+    print("done")
+
+typer.run(handle_errors(command))  # as the CLI's commands run: inside a Typer app
+"""
+
+
+@pytest.mark.parametrize("ending", ["ok", "error"])
+def test_every_kind_of_warning_is_shown_once_and_the_command_exits(ending):
+    # Foreign warnings used to be re-recorded by the very loop that showed them: the command did
+    # its work and then spun forever at 100% CPU.
+    r = subprocess.run([sys.executable, "-c", WARNING_COMMAND, ending], capture_output=True, text=True, timeout=60)
+    assert r.returncode == (0 if ending == "ok" else 2), r.stderr
+    assert r.stderr.count("foreign warning") == 1
+    assert r.stderr.count("warning: config warning") == 1
+    assert r.stderr.count("overflow encountered in exp") == 1
+    assert ("done" in r.stdout) == (ending == "ok")
+    assert r.stderr.count("error: train.lr: bad value") == (ending == "error")
