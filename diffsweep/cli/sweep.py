@@ -25,14 +25,18 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directo
                                              show_default=False)]
 BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Refuse to launch runs needing more GPU-hours.",
                                                  show_default=False)]
+SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
+                                                       "--set model.size=tiny-m (repeatable; not a key the sweep's "
+                                                       "grid, zip, runs, seeds or derive set).", show_default=False)]
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 
 
-def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None):
+def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
+          sets: list[str] | None = None):
     from diffsweep.launch.plan import choose_profile, make_plan, output_dir
     from diffsweep.sweep import load_sweep
 
-    spec = load_sweep(sweep)
+    spec = load_sweep(sweep, sets or ())
     chosen = choose_profile(spec, profile, executor)
     return make_plan(spec, chosen, output_dir(spec, out), only=only)
 
@@ -116,18 +120,22 @@ def plan(
     budget: BudgetOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
 
     Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources and state (new, done,
     failed, running, cancelled, changed, unknown), plus the sweep's total GPU-hours.
     """
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, sets)
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
-                    "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "runs": [_row(r) for r in p.runs]})
+                    "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
+                    "runs": [_row(r) for r in p.runs]})
     else:
+        if p.spec.overrides:
+            typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
         _render(p, all_)
     if budget is not None and p.gpu_hours > budget:
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
@@ -149,6 +157,7 @@ def launch(
                                                 "(default: the sweep's launch.max_retries).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Submit the runs that need it (Slurm arrays or local) and return.
 
@@ -159,13 +168,13 @@ def launch(
     from diffsweep.launch.submit import launch_lock
     from diffsweep.sweep import load_sweep
 
-    with launch_lock(output_dir(load_sweep(sweep), out)):
-        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries)
+    with launch_lock(output_dir(load_sweep(sweep, sets or ()), out)):
+        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, sets)
     if wait:
-        _wait(sweep, profile, executor, only, out)
+        _wait(sweep, profile, executor, only, out, sets)
 
 
-def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries) -> None:
+def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, sets) -> None:
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
@@ -175,7 +184,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
     if not dry_run:
         _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, sets)
     _warn(p)
     sel = select(p, p.spec.launch.max_retries if retries is None else retries)
     check_launch(p, sel, budget)
@@ -196,10 +205,11 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
         typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}")
 
 
-def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None) -> None:
+def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
+          sets: list[str] | None) -> None:
     last = None
     while True:
-        p = _plan(sweep, profile, executor, only, out)
+        p = _plan(sweep, profile, executor, only, out, sets)
         counts = p.counts()
         line = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         if line != last:
@@ -221,6 +231,7 @@ def status(
     out: OutOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Show each run's state and the summary counts.
 
@@ -228,7 +239,7 @@ def status(
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, sets)
     if json_:
         _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
                     "runs": [_row(r) for r in p.runs]})
@@ -273,6 +284,7 @@ def cancel(
     out: OutOpt = None,
     profile: ProfileOpt = None,
     executor: ExecutorOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Cancel running and queued runs (all, or those matching --only).
 
@@ -281,7 +293,7 @@ def cancel(
     from diffsweep.launch.control import cancel as stop
     from diffsweep.launch.submit import launch_lock
 
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, sets)
     with launch_lock(p.out):
         cancelled = stop(p)
     for r in cancelled:
