@@ -202,7 +202,8 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
         parallel = max_parallel or p.spec.launch.max_parallel
         submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
         where = "Slurm" if p.profile.executor.value == "slurm" else "the local queue"
-        typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}")
+        again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
+        typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}{again}")
 
 
 def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,

@@ -39,6 +39,7 @@ def test_set_and_status_from_another_directory(tmp_path, text_dataset, store):
     r = cli("launch", "sweeps/t.yaml", "--executor", "local", "--wait", "--set", "train.max_steps=3",
             cwd=project, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "follow with: diffsweep status sweeps/t.yaml --set train.max_steps=3\n" in r.stdout
     assert (project / "sweeps" / "runs" / "t" / "ledger.json").is_file()  # the default output: beside the sweep
     entries = json.loads((project / "sweeps" / "runs" / "t" / "ledger.json").read_text())["entries"]
     assert [e["identity"]["train.max_steps"] for e in entries.values()] == [3, 3]  # trained with the --set value
