@@ -1,7 +1,8 @@
 """``train``: run one config to its step budget, resumably, logging to MLflow.
 
 Everything that can be wrong with the input (data, output directory, checkpoint, tracking
-store) is checked before anything is created. Then the loop: one optimizer step per batch,
+store) is checked before anything is created; a newest checkpoint whose checksums do not match
+is skipped, with a warning, for the one before it. Then the loop: one optimizer step per batch,
 validation and probes every ``eval_every`` steps, an atomic checkpoint every
 ``checkpoint_every`` steps. A non-finite loss or gradient norm stops the run at once (FAILED,
 no checkpoint written); SIGUSR2/SIGTERM stop it at the next step boundary after a checkpoint
@@ -72,8 +73,8 @@ def train(
 ) -> TrainResult:
     """Train ``config`` in ``run_dir`` (checkpoints in ``run_dir/checkpoints``).
 
-    Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
-    already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
+    Resumes from ``resume_from``, else from the newest intact checkpoint in ``run_dir``; a run
+    that already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
     every step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
@@ -89,20 +90,19 @@ def train(
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
-    resume_path = resume_from or _newest(run_dir)
-    state = _load_resume_state(resume_path, config, dataset, world)
     uri = _run_tracking_uri(run_dir)
     check_tracking(uri)
-    if state is not None and state["step"] >= total_steps(t):
-        if rank == 0 and state["mlflow_run_id"]:
-            MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
-        echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
-        return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
 
     # Signals only set a flag from here on; one arriving during set-up stops before the first step.
     with PreemptionFlag() as flag:
         device = _device()
         with distributed.process_group(world, device):
+            resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
+            if state is not None and state["step"] >= total_steps(t):
+                if rank == 0 and state["mlflow_run_id"]:
+                    MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
+                echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
+                return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
             torch.manual_seed(t.seed)
             autocast_dtype = _autocast_dtype(t.precision, device)
             model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
@@ -380,14 +380,32 @@ def _run_tracking_uri(run_dir: Path) -> str:
     return recorded
 
 
-def _newest(run_dir: Path) -> Path | None:
-    found = ckpt.list_checkpoints(run_dir / "checkpoints")
-    return found[-1] if found else None
+def _resume_point(resume_from: Path | None, run_dir: Path, config: Config, dataset: TokenDataset, world: World,
+                  echo: Callable[[str], None]) -> tuple[Path | None, dict | None]:
+    """The checkpoint to resume from and its training state (None, None to start afresh):
+    ``resume_from``, else the run's newest intact one. A damaged newest one (see
+    ``ckpt.CorruptCheckpoint``) is skipped with a warning for the one before it; a damaged
+    ``resume_from``, or the run's oldest, is a ``ConfigError``.
+
+    Every process decides the same: each reads the same small files, and the shards' checksums
+    are checked together (``ckpt.verify_shards``). Nothing is created yet."""
+    candidates = [resume_from] if resume_from is not None else ckpt.list_checkpoints(run_dir / "checkpoints")[::-1]
+    for i, path in enumerate(candidates):
+        try:
+            state = _load_resume_state(path, config, dataset, world)
+            ckpt.verify_shards(path)
+            return path, state
+        except ckpt.CorruptCheckpoint as exc:
+            if resume_from is not None:
+                raise
+            if i + 1 == len(candidates):
+                raise ConfigError(exc.key, f"{exc.message}; no earlier checkpoint to fall back to (move {path} "
+                                  "aside to train the run from its start)") from exc
+            echo(f"warning: {exc}; resuming from the checkpoint before it, {candidates[i + 1].name}")
+    return None, None
 
 
-def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset, world: World) -> dict | None:
-    if path is None:
-        return None
+def _load_resume_state(path: Path, config: Config, dataset: TokenDataset, world: World) -> dict:
     state = ckpt.load_checkpoint(path)
     if state["run_key"] != run_key(config):
         raise ConfigError(str(path), f"written by a different config (run key {state['run_key']}, "
