@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,8 @@ def train(
                 run.restore(state, resume_path)
                 echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
                      + (f" on {world.world_size} processes" if world.distributed else ""))
-            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, world, model, tags or {})
+            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
+                                                    tags or {})
             try:
                 return run.loop(flag, callbacks)
             except KeyboardInterrupt:
@@ -366,13 +368,30 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
 
 
+def _read_run_file(run_dir: Path) -> dict[str, str] | None:
+    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
+    an unreadable one is a ``ConfigError`` saying what to do."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        found = json.loads(run_file.read_text())
+        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
+            raise ValueError("not an object with run_id and tracking_uri")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
+                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
+                          "./mlflow.db)") from exc
+    return found
+
+
 def _run_tracking_uri(run_dir: Path) -> str:
     """Where this run is tracked: the store its ``run.json`` names (so a resume from another
     working directory finds it), unless ``MLFLOW_TRACKING_URI`` names another one (an error)."""
-    run_file = run_dir / RUN_FILE
-    if not run_file.is_file():
+    run_file = _read_run_file(run_dir)
+    if run_file is None:
         return tracking_uri()
-    recorded = json.loads(run_file.read_text())["tracking_uri"]
+    recorded = run_file["tracking_uri"]
     asked = os.environ.get("MLFLOW_TRACKING_URI")
     if asked and asked != recorded:
         raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
@@ -424,18 +443,24 @@ def _by_position(state: dict) -> bool:
         all(isinstance(k, int) for k in state["optimizer"]["state"])
 
 
-def _start_tracking(config, run_dir, uri, experiment, state, world: World, model, extra_tags):
-    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one."""
+def _start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags):
+    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one; either
+    way with this attempt recorded."""
     if world.rank != 0:
         return NullTracker()
-    world_size = world.world_size
-    run_file = run_dir / RUN_FILE
+    source = source_tags()
+    attempt = {key.removeprefix("diffsweep."): value for key, value in source.items() if key.startswith("diffsweep.")}
+    attempt |= {"first_step": str(state["step"] + 1 if state else 1), "processes": str(world.world_size),
+                "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if resume_path is not None:
+        attempt["checkpoint"] = str(resume_path.absolute())
+    run_file = _read_run_file(run_dir)
     run_id = state["mlflow_run_id"] if state else None
-    if run_id is None and run_file.is_file():
-        run_id = json.loads(run_file.read_text())["run_id"]
+    if run_id is None and run_file is not None:
+        run_id = run_file["run_id"]
     if run_id is not None:
         tracker = MlflowTracker(uri, run_id=run_id)
-        tracker.resume()
+        tracker.resume(source, attempt)
         return tracker
     tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
     try:
@@ -443,7 +468,7 @@ def _start_tracking(config, run_dir, uri, experiment, state, world: World, model
     except OSError as exc:
         raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
-    tags = source_tags() | {
+    tags = source | {
         "diffsweep.arch": config.model.attention.kind.value,
         "diffsweep.size": config.model.size or "custom",
         "diffsweep.params": str(counting.num_params(config.model)),
@@ -452,10 +477,13 @@ def _start_tracking(config, run_dir, uri, experiment, state, world: World, model
         "diffsweep.run_key": run_key(config),
         "diffsweep.tokenizer": config.data.tokenizer.value,
         "diffsweep.run_dir": str(run_dir.absolute()),
-        "diffsweep.processes": str(world_size),  # training processes (GPUs) when the run started
+        "diffsweep.processes": str(world.world_size),  # training processes (GPUs) when the run started
     } | extra_tags
-    tracker.start(run_name(config), params, tags, dump_yaml(config))
-    tmp = run_file.with_name(f".{RUN_FILE}.tmp")
-    tmp.write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
-    os.replace(tmp, run_file)
+    tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
+    tmp = run_dir / f".{RUN_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # a crash right after must not leave an empty run.json behind the rename
+    os.replace(tmp, run_dir / RUN_FILE)
     return tracker
