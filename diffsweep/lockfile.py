@@ -81,7 +81,7 @@ def this_process(what: str) -> Holder:
 
 
 @contextlib.contextmanager
-def hold(path: Path, what: str, key: str, busy: str = "is in use", *,
+def hold(path: Path, what: str, key: str, busy: str, *,
          warn: Callable[[str], None] | None = None) -> Iterator[Holder]:
     """Hold the lock file ``path`` for the block. A live holder: ``LockBusy`` (a ConfigError with
     ``key``, saying ``busy`` and naming the holder). A gone holder: taken over, after ``warn``
@@ -148,8 +148,10 @@ def _create(path: Path, raw: bytes, key: str) -> bool:
             return True
         except FileExistsError:
             return False
-        except OSError:  # NFS can report a failure although the link was made (a lost reply)
-            return os.stat(tmp).st_nlink == 2
+        except OSError:
+            if os.stat(tmp).st_nlink == 2:  # NFS can report a failure although the link was made (a lost reply)
+                return True
+            raise  # e.g. a file system without hard links
     except OSError as exc:
         raise ConfigError(key, f"cannot create the lock file {path} ({exc.strerror or exc})") from None
     finally:

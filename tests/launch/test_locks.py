@@ -39,7 +39,7 @@ def sleeper():
 
 def test_hold_writes_the_holder_and_leaves_nothing_behind(tmp_path):
     path = tmp_path / "new" / "dir" / ".x.lock"
-    with hold(path, "launch", "--out") as mine:
+    with hold(path, "launch", "--out", "busy") as mine:
         data = json.loads(path.read_text())
         assert data["host"] == socket.gethostname() and data["pid"] == mine.pid
         assert data["start"] == proc_start(mine.pid) and data["what"] == "launch"
@@ -64,7 +64,7 @@ def test_a_dead_or_reused_pid_on_this_host_is_taken_over_with_a_warning(tmp_path
     for pid, start in ((dead.pid, 1), (os.getpid(), 1)):  # the second: our pid, another start time
         write_lock(path, pid=pid, start=start)
         warnings = []
-        with hold(path, "launch", "--out", warn=warnings.append) as mine:
+        with hold(path, "launch", "--out", "busy", warn=warnings.append) as mine:
             assert json.loads(path.read_text())["pid"] == mine.pid
         assert len(warnings) == 1 and f"pid {pid} is no longer running" in warnings[0], warnings
         assert not path.exists()
@@ -75,11 +75,11 @@ def test_a_holder_on_another_host_is_refused_with_how_to_clear_it(tmp_path, monk
     path = tmp_path / ".x.lock"
     write_lock(path, host="login2", pid=4242)
     with pytest.raises(LockBusy, match=rf"on host login2, pid 4242.*if that process is gone, delete {path}$"):
-        with hold(path, "launch", "--out"):
+        with hold(path, "launch", "--out", "busy"):
             pass
     write_lock(path, host="node7", pid=4242, job="77_3")  # a Slurm job Slurm still runs
     with pytest.raises(LockBusy, match=r"Slurm job 77_3"):
-        with hold(path, "train", "run"):
+        with hold(path, "train", "run", "busy"):
             pass
 
 
@@ -88,7 +88,7 @@ def test_slurm_holders_gone_by_slurms_word_or_requeued_are_taken_over(tmp_path, 
     monkeypatch.setattr(lockfile, "_slurm_job_ended", lambda job: job == "77_3")
     write_lock(path, host="node7", pid=4242, job="77_3")
     warnings = []
-    with hold(path, "train", "run", warn=warnings.append):
+    with hold(path, "train", "run", "busy", warn=warnings.append):
         pass
     assert "Slurm job 77_3 is no longer running" in warnings[0]
 
@@ -99,12 +99,12 @@ def test_slurm_holders_gone_by_slurms_word_or_requeued_are_taken_over(tmp_path, 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     write_lock(path, host="node7", pid=4242, job="80_1", restarts=0)
     warnings = []
-    with hold(path, "train", "run", warn=warnings.append) as mine:
+    with hold(path, "train", "run", "busy", warn=warnings.append) as mine:
         assert (mine.job, mine.restarts) == ("80_1", 1)
     assert "earlier run of this Slurm job 80_1" in warnings[0]
     write_lock(path, host="node7", pid=4242, job="80_1", restarts=1)  # the same run on another node: live
     with pytest.raises(LockBusy):
-        with hold(path, "train", "run"):
+        with hold(path, "train", "run", "busy"):
             pass
 
 
@@ -114,7 +114,7 @@ def test_an_unreadable_lock_file_is_refused(tmp_path):
                  ' "what": "w"}'):
         path.write_text(text)
         with pytest.raises(LockBusy, match="unreadable"):
-            with hold(path, "launch", "--out"):
+            with hold(path, "launch", "--out", "busy"):
                 pass
 
 
@@ -125,7 +125,7 @@ def _contend(path: str, barrier, results) -> None:
     lockfile._gone = lambda holder: time.sleep(0.2) or gone(holder)
     barrier.wait()
     try:
-        with hold(Path(path), "launch", "--out", warn=lambda line: None):
+        with hold(Path(path), "launch", "--out", "busy", warn=lambda line: None):
             results.put(("won", time.monotonic()))
             time.sleep(1.0)
     except LockBusy:
