@@ -22,7 +22,7 @@
   history has each step exactly once however often the job was interrupted.
 - Every start and resume is an attempt, recorded as tags ``diffsweep.attempt.<n>.<field>`` (host,
   git commit, code snapshot, Slurm job, first step trained, checkpoint resumed from, processes,
-  start time) and in the artifact ``attempts.json``; the top-level source tags (git commit, host,
+  threads, start time) and in the artifact ``attempts.json``; the top-level source tags (git commit, host,
   Slurm job) are the latest attempt's.
 - Only rank 0 tracks; other ranks get a ``NullTracker`` with the same interface.
 """
