@@ -21,10 +21,16 @@ ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | loc
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directory (ledger, run dirs, logs) "
-                                             "(default: the sweep's launch.output, else runs/<sweep name>).",
-                                             show_default=False)]
+                                             "(default: the sweep's launch.output, else runs/<sweep name> beside "
+                                             "the sweep file).", show_default=False)]
 BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Refuse to launch runs needing more GPU-hours.",
                                                  show_default=False)]
+SlurmOpt = Annotated[list[str] | None, typer.Option("--slurm", help="Override the profile's Slurm settings: KEY=VALUE "
+                                                    "with a key of its slurm: mapping (partition, account, qos, ...) "
+                                                    "or time, the longest job (e.g. time=4:00:00) (repeatable).",
+                                                    show_default=False)]
+SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell line each job runs after the profile's "
+                                                    "setup lines (repeatable).", show_default=False)]
 SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
                                                        "--set model.size=tiny-m (repeatable; not a key the sweep's "
                                                        "grid, zip, runs, seeds or derive set).", show_default=False)]
@@ -32,12 +38,13 @@ ROWS = 200  # table rows shown before "... more" (use --all or --json)
 
 
 def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          sets: list[str] | None = None):
+          slurm: list[str] | None = None, setup: list[str] | None = None, sets: list[str] | None = None):
     from diffsweep.launch.plan import choose_profile, make_plan, output_dir
+    from diffsweep.launch.profiles import with_overrides
     from diffsweep.sweep import load_sweep
 
     spec = load_sweep(sweep, sets or ())
-    chosen = choose_profile(spec, profile, executor)
+    chosen = with_overrides(choose_profile(spec, profile, executor), slurm, setup)
     return make_plan(spec, chosen, output_dir(spec, out), only=only)
 
 
@@ -120,6 +127,8 @@ def plan(
     budget: BudgetOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
@@ -127,7 +136,10 @@ def plan(
     Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources and state (new, done,
     failed, running, cancelled, changed, unknown), plus the sweep's total GPU-hours.
     """
-    p = _plan(sweep, profile, executor, only, out, sets)
+    from diffsweep.launch.cluster import check_planned
+
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
+    check_planned(p)
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
@@ -157,6 +169,8 @@ def launch(
                                                 "(default: the sweep's launch.max_retries).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
     """Submit the runs that need it (Slurm arrays or local) and return.
@@ -169,12 +183,12 @@ def launch(
     from diffsweep.sweep import load_sweep
 
     with launch_lock(output_dir(load_sweep(sweep, sets or ()), out)):
-        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, sets)
+        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets)
     if wait:
-        _wait(sweep, profile, executor, only, out, sets)
+        _wait(sweep, profile, executor, only, out, slurm, setup, sets)
 
 
-def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, sets) -> None:
+def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets) -> None:
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
@@ -184,7 +198,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
     if not dry_run:
         _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
-    p = _plan(sweep, profile, executor, only, out, sets)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     _warn(p)
     sel = select(p, p.spec.launch.max_retries if retries is None else retries)
     check_launch(p, sel, budget)
@@ -207,10 +221,10 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
 
 def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          sets: list[str] | None) -> None:
+          slurm: list[str] | None, setup: list[str] | None, sets: list[str] | None) -> None:
     last = None
     while True:
-        p = _plan(sweep, profile, executor, only, out, sets)
+        p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
         counts = p.counts()
         line = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         if line != last:
@@ -232,6 +246,8 @@ def status(
     out: OutOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
     """Show each run's state and the summary counts.
@@ -240,7 +256,7 @@ def status(
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
-    p = _plan(sweep, profile, executor, only, out, sets)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     if json_:
         _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
                     "runs": [_row(r) for r in p.runs]})
@@ -285,6 +301,8 @@ def cancel(
     out: OutOpt = None,
     profile: ProfileOpt = None,
     executor: ExecutorOpt = None,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
     """Cancel running and queued runs (all, or those matching --only).
@@ -294,8 +312,8 @@ def cancel(
     from diffsweep.launch.control import cancel as stop
     from diffsweep.launch.submit import launch_lock
 
-    p = _plan(sweep, profile, executor, only, out, sets)
-    with launch_lock(p.out):
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
+    with launch_lock(p.out, "cancel"):
         cancelled = stop(p)
     for r in cancelled:
         typer.echo(f"cancelled {r.run.name}")
