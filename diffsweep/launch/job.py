@@ -56,7 +56,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         starts = before.get("starts", 0) + 1 if job_id is not None and before.get("job_id") == job_id else 1
         if _global_rank() == 0:
             _mark_start(job_id, starts)
-        running = {"job_id": job_id, "pid": os.getpid(), "starts": starts, "started": now()}
+        ident = {"job_id": job_id, "starts": starts}  # in every record: the next start counts on from it
+        running = {**ident, "pid": os.getpid(), "started": now()}
         write_job_state(run_dir, "running", **running)
         try:
             config = config_from_dict(self.config)
@@ -77,18 +78,18 @@ class TrainJob(submitit.helpers.Checkpointable):
 
             result = train(config, run_dir, experiment=self.experiment, tags=self.tags, callbacks=(report_step,))
         except Diverged as exc:  # the same config diverges again: not retried (see launch.state)
-            write_job_state(run_dir, "failed", job_id=job_id, reason=f"diverged: {exc}", retryable=False)
+            write_job_state(run_dir, "failed", **ident, reason=f"diverged: {exc}", retryable=False)
             raise
         except BaseException as exc:
-            write_job_state(run_dir, "failed", job_id=job_id, reason=f"{type(exc).__name__}: {exc}"[:2000])
+            write_job_state(run_dir, "failed", **ident, reason=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         if result.status == "finished":
-            write_job_state(run_dir, "finished", job_id=job_id, step=result.step, run_id=result.run_id)
+            write_job_state(run_dir, "finished", **ident, step=result.step, run_id=result.run_id)
             return {"status": "finished", "step": result.step, "run_id": result.run_id}
         # status shows this reason if the job is not requeued (e.g. a stray SIGTERM)
         reason = (f"stopped by {result.signal or 'a signal'} at step {result.step} after saving a checkpoint; "
                   "launch the sweep again to resume")
-        write_job_state(run_dir, "preempted", job_id=job_id, step=result.step, total=result.total_steps,
+        write_job_state(run_dir, "preempted", **ident, step=result.step, total=result.total_steps,
                         reason=reason)
         if _global_rank() != 0:
             # The first task saves nothing more and requeues the job; the others end cleanly, so

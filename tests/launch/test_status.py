@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.launch.jobfile import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.launch.conftest import TINY_SET, cli, ledger, wait_for, write_sweep
 
@@ -31,6 +32,18 @@ def slurm_up() -> None:
         if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+@pytest.fixture
+def scancel_after():
+    """Register a sweep directory; its Slurm jobs are cancelled when the test ends, passed or not
+    (a failed test must not leave jobs holding the shared cluster)."""
+    outs: list[Path] = []
+    yield outs.append
+    for out in outs:
+        if (out / "ledger.json").is_file():
+            ids = [a["job_id"] for e in ledger(out)["entries"].values() for a in e["attempts"] if a["job_id"]]
+            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
 
 
 def zip_sweep(path: Path, dataset: Path, kinds: list[str], steps: list[int], extra: str = "") -> Path:
@@ -54,7 +67,7 @@ def rows(data: dict) -> dict:
 
 
 @pytest.mark.slurm
-def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, text_dataset, store):
+def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, text_dataset, store, scancel_after):
     """Three runs, two at a time; the third waits in Slurm (held, so it waits as long as the test
     needs). status shows it pending with Slurm's reason and its array task, logs says it has no
     logs yet, status under another profile still shows what was submitted, and launch --wait
@@ -65,6 +78,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
                       extra="launch: {profile: localhost, max_parallel: 2}\n")
     short, long, third = "transformer-tiny-xs-steps_100-s0", "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
     out = tmp_path / "runs" / "t"
+    scancel_after(out)
     waiting = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--wait"], cwd=tmp_path,
                                env={**os.environ, **store}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -79,7 +93,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
         wait_for(lambda: (out / "ledger.json").is_file() and len(ledger(out)["entries"]) == 3, 120, "the ledger")
         jobs = {e["name"]: e["attempts"][0]["job_id"] for e in ledger(out)["entries"].values()}
         assert jobs[third].endswith("_2")  # the array's third task waits for a free slot (array_parallelism 2)
-        subprocess.run(["scontrol", "hold", jobs[third]], check=True, capture_output=True)
+        subprocess.run(["scontrol", "uhold", jobs[third]], check=True, capture_output=True)
 
         def two_running():
             s = status(sweep, tmp_path, store)
@@ -126,7 +140,8 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
 
 
 @pytest.mark.slurm
-def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeue(tmp_path, text_dataset, store):
+def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeue(tmp_path, text_dataset, store,
+                                                                                  scancel_after):
     """Preempted with USR2 (Slurm requeues the same job: a second start in the same log files),
     then killed by a stray SIGTERM (saved and stopped, Slurm says FAILED): status shows the
     job's reason, launch resubmits it (attempt 2). logs shows the latest attempt, --attempt 1 the
@@ -136,6 +151,7 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
                         extra="launch: {profile: localhost}\n")
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 20"))
     out = tmp_path / "runs" / "t"
+    scancel_after(out)
     assert cli("launch", str(sweep), cwd=tmp_path, env=store).returncode == 0
     (entry,) = ledger(out)["entries"].values()
     name, job_id = entry["name"], entry["attempts"][0]["job_id"]
@@ -144,8 +160,8 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # preemption: Slurm requeues the job
 
     def training_again():
-        job = json.loads((run_dir / "job.json").read_text())
-        return job if job["state"] == "running" and job.get("starts") == 2 and "step" in job else None
+        job = read_job_state(run_dir) or {}
+        return job if job.get("state") == "running" and job.get("starts") == 2 and "step" in job else None
 
     job = wait_for(training_again, 300, "the requeued job to train")
     os.kill(job["pid"], signal.SIGTERM)  # not diffsweep's cancel: e.g. an administrator's kill
@@ -211,6 +227,8 @@ def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_p
     r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path, env=store)
     assert f"orphaned transformer-tiny-xs-s0 ({old['key']}, " in r.stdout and "left as it is" in r.stdout
 
+    run_dir = Path(old["run_dir"])  # a SIGTERM before the trainer's handler is up would be lost: let it train
+    wait_for(lambda: "step" in (read_job_state(run_dir) or {}), 300, "the orphan to train")
     r = cli("cancel", str(sweep), "--executor", "local", "--only", old["key"], cwd=tmp_path, env=store)
     assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0\ncancelled 1 runs" in r.stdout, r.stdout + r.stderr
     wait_for(lambda: status(sweep, tmp_path, store, "--executor", "local")["orphaned"][0]["state"] == "cancelled",
