@@ -297,7 +297,7 @@ def _wait_bars(poll, console):
         while True:
             now = poll()
             for line in changes(before, now):
-                bars.console.log(line)
+                bars.console.print(f"[{time.strftime('%H:%M:%S')}] {line}", markup=False, highlight=False)
             ended = sum(r.state not in ACTIVE_STATES for r in now.runs)
             bars.update(sweep_bar, completed=ended, total=len(now.runs), note=now.summary())
             running = {r.name: r for r in now.runs if r.state == RUNNING}
