@@ -324,9 +324,10 @@ def status(
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
 ) -> None:
-    """Show each run's state and the summary counts.
+    """Show each run's state, job and resources as submitted, the counts, and orphaned runs.
 
-    States come from the ledger, the scheduler and each job's report. Runs whose job died without
+    States come from the ledger, the scheduler and each job's report: pending with Slurm's
+    reason, running with its step, failed with the reason the job recorded. Runs whose job died without
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
