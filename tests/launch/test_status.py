@@ -274,3 +274,24 @@ def test_logs_of_a_run_waiting_in_the_local_queue(tmp_path, text_dataset, store)
     assert cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
     wait_for(lambda: not {"pending", "running"} & set(status(sweep, tmp_path, store, "--executor", "local")["counts"]),
              120, "the runs to stop")
+
+
+def test_a_ledger_from_before_resources_were_recorded_still_reads(tmp_path):
+    """Attempts written before ``profile``/``resources`` existed: read, shown with the estimate."""
+    from diffsweep.launch.ledger import read_ledger
+    from diffsweep.launch.plan import submitted_resources
+
+    old = {"executor": "slurm", "submitted": "2025-01-01T00:00:00+00:00", "code_dir": "c", "folder": "f",
+           "job_id": "12_0", "state": "submitted", "stdout": "o", "stderr": "e", "reconciled": None,
+           "queue_pid": None, "queue_start": None, "job_start": None}
+    (tmp_path / "ledger.json").write_text(json.dumps({
+        "format": "diffsweep-ledger/1", "sweep": "t", "experiment": "t", "tracking_uri": "sqlite:///x.db",
+        "entries": {"abc": {"key": "abc", "name": "n", "run_dir": "d", "identity": {}, "attempts": [old],
+                            "mlflow_run_id": None}}}))
+    entry = read_ledger(tmp_path).entries["abc"]
+    assert (entry.latest.profile, entry.latest.resources) == (None, None)
+    assert submitted_resources(entry) is None
+    entry.latest.profile, entry.latest.resources = "localhost", {"nodes": 1, "gpus_per_node": 1, "tasks_per_node": 1,
+                                                                 "cpus_per_task": 1, "mem_gb": 2, "time_min": 60}
+    resources, profile = submitted_resources(entry)
+    assert (resources.describe(), profile) == ("1 GPU, 1:00 h, 2 GB", "localhost")
