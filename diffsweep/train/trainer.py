@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from diffsweep import lockfile
 from diffsweep.config import Config, ConfigError, Precision, dump_yaml, to_dict
 from diffsweep.config.identity import flatten, run_key, run_name
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
@@ -38,6 +39,7 @@ from diffsweep.train.metrics import SpikeCounter, peak_flops
 from diffsweep.train.tracking import MlflowTracker, NullTracker, check_tracking, ensure_experiment, source_tags, tracking_uri
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
+TRAINER_LOCK = ".trainer.lock"  # held by the training process (rank 0) for the whole training
 
 
 class Diverged(RuntimeError):
@@ -79,6 +81,10 @@ def train(
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
     trains on its slice of every global batch; only rank 0 prints and tracks;
     every process writes its own checkpoint shards.
+
+    One trainer per run directory: rank 0 holds ``run_dir/.trainer.lock`` (``diffsweep.lockfile``)
+    throughout, and a second trainer is refused (ConfigError naming the first's host and pid)
+    while the first lives; the lock of one that died is taken over with a warning.
     """
     world = distributed.world_from_env()
     rank = world.rank
@@ -89,6 +95,18 @@ def train(
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
+    # Two trainers in one run directory would both write its checkpoints and its MLflow run.
+    lock = lockfile.hold(run_dir / TRAINER_LOCK, "train", str(run_dir), "another trainer is using this run "
+                         "directory") if rank == 0 else nullcontext()
+    with lock:
+        return _train(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags)
+
+
+def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
+           resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
+           tags: dict[str, str] | None) -> TrainResult:
+    """``train`` once the input is checked and the run directory is this trainer's."""
+    rank, t = world.rank, config.train
     resume_path = resume_from or _newest(run_dir)
     state = _load_resume_state(resume_path, config, dataset, world)
     uri = _run_tracking_uri(run_dir)
@@ -435,6 +453,7 @@ def _start_tracking(config, run_dir, uri, experiment, state, world: World, model
         "diffsweep.tokenizer": config.data.tokenizer.value,
         "diffsweep.run_dir": str(run_dir.absolute()),
         "diffsweep.processes": str(world_size),  # training processes (GPUs) when the run started
+        "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
     } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config))
     tmp = run_file.with_name(f".{RUN_FILE}.tmp")
