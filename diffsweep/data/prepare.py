@@ -3,7 +3,8 @@
 Each document is tokenized; its last ``val_fraction`` of tokens go to the validation split and
 the rest to training (so both splits sample every document), each part followed by the
 tokenizer's end-of-document token when it has one. The directory is built beside its destination and renamed into
-place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing.
+place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing, not
+even the parent folders it created for the destination.
 """
 
 from __future__ import annotations
@@ -89,21 +90,22 @@ def prepare(
     """
     if not documents:
         raise ConfigError("INPUTS", "no documents to tokenize")
+    for doc in documents:  # an empty file would still make a dataset: of end-of-document tokens only
+        if not doc.text.strip():
+            raise ConfigError(doc.name, "no text (empty or only whitespace)")
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError("--val-fraction", f"expected a value in (0, 1), got {val_fraction}")
     if out.exists() and not force:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(str(out), f"cannot create its parent directory ({exc.strerror})") from exc
-    if not os.access(out.parent, os.W_OK):
-        raise ConfigError(str(out), f"cannot write in {out.parent}")
 
     tok = new_tokenizer(tokenizer, lambda: (d.text for d in documents), vocab_size)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    created = _make_parents(out)
+    staging = None
     try:
+        if not os.access(out.parent, os.W_OK):
+            raise ConfigError(str(out), f"cannot write in {out.parent}")
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         counts = {name: 0 for name in SPLITS}
         files = {name: open(staging / f"{name}.bin", "wb") for name in SPLITS}
         try:
@@ -128,9 +130,33 @@ def prepare(
         (staging / META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
         _replace_dir(staging, out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        _remove_folders(created)
         raise
     return meta
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Create the missing parent folders of ``out``; returns those it created, outermost first."""
+    missing = [p for p in reversed(out.absolute().parents) if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_folders(missing)
+        raise ConfigError(str(out), f"cannot create its parent directory ({exc.strerror})") from exc
+    return missing
+
+
+def _remove_folders(created: list[Path]) -> None:
+    """Remove the folders ``_make_parents`` created, deepest first, each only if it is empty."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # something else was put there meanwhile: keep it, and so its parents
+            break
 
 
 def _meta(tok, dtype, counts, sources, num_documents, val_fraction) -> DatasetMeta:
