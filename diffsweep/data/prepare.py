@@ -23,6 +23,7 @@ import numpy as np
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta
 from diffsweep.data.tokenizers import new_tokenizer
+from diffsweep.fsutil import parents_made_for
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")  # what a directory given to ``prepare`` contributes
 
@@ -100,12 +101,19 @@ def prepare(
 
     tok = new_tokenizer(tokenizer, lambda: (d.text for d in documents), vocab_size)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
-    created = _make_parents(out)
-    staging = None
     try:
-        if not os.access(out.parent, os.W_OK):
-            raise ConfigError(str(out), f"cannot write in {out.parent}")
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        with parents_made_for(out):
+            return _write(documents, out, tok, dtype, val_fraction, progress)
+    except OSError as exc:
+        raise ConfigError(str(out), f"cannot write it ({exc.strerror or exc})") from None
+
+
+def _write(documents, out, tok, dtype, val_fraction, progress) -> DatasetMeta:
+    """Tokenize into a staging folder beside ``out`` and rename it into place."""
+    if not os.access(out.parent, os.W_OK):
+        raise ConfigError(str(out), f"cannot write in {out.parent}")
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
         counts = {name: 0 for name in SPLITS}
         files = {name: open(staging / f"{name}.bin", "wb") for name in SPLITS}
         try:
@@ -130,33 +138,9 @@ def prepare(
         (staging / META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
         _replace_dir(staging, out)
     except BaseException:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        _remove_folders(created)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return meta
-
-
-def _make_parents(out: Path) -> list[Path]:
-    """Create the missing parent folders of ``out``; returns those it created, outermost first."""
-    missing = [p for p in reversed(out.absolute().parents) if not p.exists()]
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        _remove_folders(missing)
-        raise ConfigError(str(out), f"cannot create its parent directory ({exc.strerror})") from exc
-    return missing
-
-
-def _remove_folders(created: list[Path]) -> None:
-    """Remove the folders ``_make_parents`` created, deepest first, each only if it is empty."""
-    for folder in reversed(created):
-        try:
-            folder.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # something else was put there meanwhile: keep it, and so its parents
-            break
 
 
 def _meta(tok, dtype, counts, sources, num_documents, val_fraction) -> DatasetMeta:
