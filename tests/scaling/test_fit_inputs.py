@@ -57,7 +57,8 @@ def test_a_csv_that_is_a_directory_is_refused(tmp_path, store):
 def test_a_count_no_run_can_have_is_refused_naming_column_and_line(tmp_path, store, points, column, value):
     points.loc[3, column] = value
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = refused(tmp_path, "--csv", "p.csv", env=store, needles=(f"p.csv: {column}", "line 5", points.loc[3, "run_name"]))
+    r = refused(tmp_path, "--csv", "p.csv", env=store,
+                needles=(f"p.csv: {column}", "line 5", points.loc[3, "run_name"]))
     assert "from 1 to 1e+18" in r.stderr
 
 
