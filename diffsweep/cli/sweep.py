@@ -25,15 +25,23 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directo
                                              show_default=False)]
 BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Refuse to launch runs needing more GPU-hours.",
                                                  show_default=False)]
+SlurmOpt = Annotated[list[str] | None, typer.Option("--slurm", help="Override the profile's Slurm settings: KEY=VALUE "
+                                                    "with a key of its slurm: mapping (partition, account, qos, ...) "
+                                                    "or time, the longest job (e.g. time=4:00:00) (repeatable).",
+                                                    show_default=False)]
+SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell line each job runs after the profile's "
+                                                    "setup lines (repeatable).", show_default=False)]
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 
 
-def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None):
+def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
+          slurm: list[str] | None = None, setup: list[str] | None = None):
     from diffsweep.launch.plan import choose_profile, make_plan, output_dir
+    from diffsweep.launch.profiles import with_overrides
     from diffsweep.sweep import load_sweep
 
     spec = load_sweep(sweep)
-    chosen = choose_profile(spec, profile, executor)
+    chosen = with_overrides(choose_profile(spec, profile, executor), slurm, setup)
     return make_plan(spec, chosen, output_dir(spec, out), only=only)
 
 
@@ -116,13 +124,18 @@ def plan(
     budget: BudgetOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
 
     Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources and state (new, done,
     failed, running, cancelled, changed, unknown), plus the sweep's total GPU-hours.
     """
-    p = _plan(sweep, profile, executor, only, out)
+    from diffsweep.launch.cluster import check_planned
+
+    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    check_planned(p)
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
@@ -149,6 +162,8 @@ def launch(
                                                 "(default: the sweep's launch.max_retries).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
 ) -> None:
     """Submit the runs that need it (Slurm arrays or local) and return.
 
@@ -160,12 +175,12 @@ def launch(
     from diffsweep.sweep import load_sweep
 
     with launch_lock(output_dir(load_sweep(sweep), out)):
-        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries)
+        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup)
     if wait:
-        _wait(sweep, profile, executor, only, out)
+        _wait(sweep, profile, executor, only, out, slurm, setup)
 
 
-def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries) -> None:
+def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup) -> None:
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
@@ -175,7 +190,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
     if not dry_run:
         _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup)
     _warn(p)
     sel = select(p, p.spec.launch.max_retries if retries is None else retries)
     check_launch(p, sel, budget)
@@ -196,10 +211,11 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
         typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}")
 
 
-def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None) -> None:
+def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
+          slurm: list[str] | None, setup: list[str] | None) -> None:
     last = None
     while True:
-        p = _plan(sweep, profile, executor, only, out)
+        p = _plan(sweep, profile, executor, only, out, slurm, setup)
         counts = p.counts()
         line = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         if line != last:
@@ -221,6 +237,8 @@ def status(
     out: OutOpt = None,
     json_: JsonOpt = False,
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
 ) -> None:
     """Show each run's state and the summary counts.
 
@@ -228,7 +246,7 @@ def status(
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
-    p = _plan(sweep, profile, executor, only, out)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup)
     if json_:
         _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
                     "runs": [_row(r) for r in p.runs]})
@@ -273,6 +291,8 @@ def cancel(
     out: OutOpt = None,
     profile: ProfileOpt = None,
     executor: ExecutorOpt = None,
+    slurm: SlurmOpt = None,
+    setup: SetupOpt = None,
 ) -> None:
     """Cancel running and queued runs (all, or those matching --only).
 
@@ -281,8 +301,8 @@ def cancel(
     from diffsweep.launch.control import cancel as stop
     from diffsweep.launch.submit import launch_lock
 
-    p = _plan(sweep, profile, executor, only, out)
-    with launch_lock(p.out):
+    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    with launch_lock(p.out, "cancel"):
         cancelled = stop(p)
     for r in cancelled:
         typer.echo(f"cancelled {r.run.name}")

@@ -16,12 +16,20 @@ A profile file::
     max_num_timeout: 100            # requeues after time limits before a run counts as failed
     setup: ["module load cuda/12.4"]   # shell lines before the job starts (yours, run as written)
     slurm: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # passed to submitit
+
+On the command line, ``--slurm KEY=VALUE`` sets a ``slurm:`` key, or ``time`` (the longest job,
+in Slurm's time format, instead of ``max_time_hours``), and ``--setup LINE`` adds a setup line
+(``with_overrides``).
+
+Every job asks for ``--requeue`` and sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` to its CPUs
+per task (``diffsweep.launch.resources.slurm_parameters``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -67,6 +75,16 @@ class Profile:
     max_num_timeout: int = 100
     setup: tuple[str, ...] = ()
     slurm: dict[str, Any] = field(default_factory=dict)
+    overridden: frozenset[str] = frozenset()  # keys set with --slurm (errors name them so)
+
+    @property
+    def max_time_minutes(self) -> int:
+        """The longest job in whole minutes (Slurm's ``--time``), as ``max_time_hours`` allows."""
+        return math.floor(self.max_time_hours * 60 + 1e-6)  # 1e-6: 2/60 h is 2 minutes, not 1.99...
+
+    def slurm_key(self, name: str) -> str:
+        """How an error names the ``slurm:`` key ``name``: as ``--slurm NAME`` if the command line set it."""
+        return f"--slurm {name}" if name in self.overridden else f"profile {self.name}: slurm.{name}"
 
 
 LOCAL = Profile()  # the embedded default: this machine, no cluster
@@ -113,7 +131,7 @@ def load_profile(name_or_path: str | None) -> Profile:
 
 def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     """Strictly decode a profile mapping; errors name ``where`` and the key."""
-    allowed = [f.name for f in dataclasses.fields(Profile) if f.name != "name"]
+    allowed = [f.name for f in dataclasses.fields(Profile) if f.name not in ("name", "overridden")]
     values: dict[str, Any] = {"name": name}
     for key, value in raw.items():
         if key not in allowed:
@@ -143,29 +161,107 @@ def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
         raise ConfigError(f"{where}: setup", f"expected a list of shell lines, got {setup!r}")
     values["setup"] = tuple(setup)
     values["slurm"] = check_slurm_params(values.get("slurm") or {}, f"{where}: slurm")
-    return Profile(**values)
+    profile = Profile(**values)
+    check_times(profile, where)
+    return profile
 
 
-def check_slurm_params(params: Any, where: str) -> dict[str, Any]:
+def check_slurm_params(params: Any, where: str, sep: str = ".") -> dict[str, Any]:
     """Profile ``slurm:`` keys must be parameters submitit's SlurmExecutor accepts, not ones
-    diffsweep derives, and their values must be plain (they become ``#SBATCH`` lines)."""
+    diffsweep derives, and their values must be plain (they become ``#SBATCH`` lines). Errors
+    name ``where``, ``sep`` and the key."""
     if not isinstance(params, dict):
         raise ConfigError(where, f"expected a mapping of submitit Slurm parameters, got {params!r}")
     valid = slurm_parameter_names()
     for key, value in params.items():
         if key in DERIVED_SLURM_KEYS:
-            raise ConfigError(f"{where}.{key}", "is derived per run by diffsweep (from the size and the profile's "
-                              "gpus_per_node, cpus_per_gpu, mem_per_gpu_gb, max_time_hours); remove it")
+            raise ConfigError(f"{where}{sep}{key}", "is derived per run by diffsweep (from the size and the "
+                              "profile's gpus_per_node, cpus_per_gpu, mem_per_gpu_gb, max_time_hours); remove it")
         if key not in valid:
             close = difflib.get_close_matches(str(key), sorted(valid), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}.{key}", f"submitit's Slurm executor does not accept this parameter{hint}")
+            raise ConfigError(f"{where}{sep}{key}", f"submitit's Slurm executor does not accept this parameter{hint}")
         for item in (value.items() if isinstance(value, dict) else [(None, value)]):
             for text in item:
                 if text is not None and not _SAFE_SLURM_VALUE.match(str(text)):
-                    raise ConfigError(f"{where}.{key}", f"value {text!r} has characters that are not allowed in an "
-                                      "#SBATCH line (quotes, shell metacharacters, newlines)")
+                    raise ConfigError(f"{where}{sep}{key}", f"value {text!r} has characters that are not allowed in "
+                                      "an #SBATCH line (quotes, shell metacharacters, newlines)")
     return dict(params)
+
+
+# Slurm sends the time-limit signal up to this much earlier than asked (sbatch(1), --signal:
+# "due to the resolution of event handling by Slurm, the signal may be sent up to 60 seconds
+# earlier than specified"; 32-49 s early measured on the test cluster).
+SIGNAL_SLACK_S = 60
+
+
+def check_times(profile: Profile, where: str) -> None:
+    """A job must outlive its time-limit signal. USR2 comes ``signal_delay_s`` before the limit
+    and up to a minute earlier, so every job (at least ``min_time_minutes``, at most
+    ``max_time_hours``) must last the delay plus max(60 s, the delay): the slack keeps the signal
+    from being due as the job starts, and a job then trains at least as long as it keeps for
+    saving, instead of requeueing every few seconds. Slurm reads ``--time=0`` as no limit, so a
+    job is never shorter than a minute."""
+    key = "--slurm time" if "time" in profile.overridden else f"{where}: max_time_hours"
+    if profile.max_time_minutes < 1:
+        raise ConfigError(key, f"expected at least one minute, got {profile.max_time_hours * 60:g} minutes (Slurm "
+                          "reads a time limit of 0 as no limit)")
+    if profile.executor is not ExecutorKind.SLURM:
+        return
+    shortest = min(profile.min_time_minutes, profile.max_time_minutes)
+    needed_s = profile.signal_delay_s + max(SIGNAL_SLACK_S, profile.signal_delay_s)
+    if shortest * 60 < needed_s:
+        if profile.min_time_minutes < profile.max_time_minutes:
+            key = f"{where}: min_time_minutes"
+        raise ConfigError(key, f"{shortest}-minute jobs are too short for signal_delay_s {profile.signal_delay_s}: "
+                          f"USR2 comes {profile.signal_delay_s} s before the limit and up to {SIGNAL_SLACK_S} s "
+                          f"earlier, so a job needs at least {math.ceil(needed_s / 60)} minutes (the delay plus "
+                          "max(60 s, the delay)); make jobs longer or lower signal_delay_s")
+
+
+def with_overrides(profile: Profile, slurm: list[str] | None, setup: list[str] | None) -> Profile:
+    """``profile`` with the command line's ``--slurm KEY=VALUE`` (a ``slurm:`` key, checked as in
+    a profile, or ``time``: the longest job, in Slurm's time format) and ``--setup LINE`` (run
+    after the profile's setup lines)."""
+    if not slurm and not setup:
+        return profile
+    if profile.executor is not ExecutorKind.SLURM:
+        raise ConfigError("--slurm" if slurm else "--setup", f"profile {profile.name} runs jobs on this machine "
+                          "(executor: local), which takes no Slurm settings; pick a Slurm profile with --profile")
+    params, max_hours, cli_keys = {}, profile.max_time_hours, set()
+    for item in slurm or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError("--slurm", f"expected KEY=VALUE (e.g. account=myproj, time=4:00:00), got {item!r}")
+        key, value = key.strip(), value.strip()
+        cli_keys.add(key)
+        if key == "time":
+            max_hours = slurm_minutes(value, "--slurm time") / 60
+        else:
+            params[key] = value
+    params = check_slurm_params(params, "--slurm", sep=" ")
+    changed = dataclasses.replace(profile, slurm={**profile.slurm, **params}, max_time_hours=max_hours,
+                                  setup=(*profile.setup, *(setup or [])), overridden=profile.overridden | cli_keys)
+    check_times(changed, f"profile {profile.name}")
+    return changed
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def slurm_minutes(text: str, where: str) -> float:
+    """Minutes of a Slurm time (sbatch ``--time``): ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``."""
+    m = _SLURM_TIME.match(text)
+    if m is None:
+        raise ConfigError(where, f"expected a Slurm time (minutes, H:MM:SS or D-HH:MM:SS), got {text!r}")
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = a, b or 0, c or 0
+    elif c is not None:  # H:M:S
+        hours, minutes, seconds = a, b, c
+    else:  # M or M:S
+        hours, minutes, seconds = 0, a, b or 0
+    return (days or 0) * 1440 + hours * 60 + minutes + seconds / 60
 
 
 def slurm_parameter_names() -> frozenset[str]:

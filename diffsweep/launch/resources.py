@@ -107,7 +107,7 @@ def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Esti
     rate = profile.gpu.peak_tflops * 1e12 * profile.gpu.mfu * max(gpus, 1)
     hours = run.flops / rate / 3600
     time_min = math.ceil(hours * 60 * 1.3 + 15)
-    time_min = int(min(max(time_min, profile.min_time_minutes), profile.max_time_hours * 60))
+    time_min = min(max(time_min, profile.min_time_minutes), profile.max_time_minutes)
     tasks = max(per_node, 1)
     cpus = profile.cpus_per_gpu  # per task: one task per GPU, or the one CPU task
     mem = 0 if profile.executor is ExecutorKind.LOCAL else profile.mem_per_gpu_gb * max(per_node, 1)
@@ -128,7 +128,10 @@ def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, c
         mem=f"{resources.mem_gb}GB",
         time=resources.time_min,
         signal_delay_s=profile.signal_delay_s,
-        setup=[*profile.setup, code_path_line(code_dir)],
+        setup=[*thread_lines(profile.setup), *profile.setup, code_path_line(code_dir)],
+        # Preempted and timed-out jobs requeue themselves (submitit runs ``scontrol requeue``),
+        # which sites with requeueing off by default (JobRequeue=0) refuse unless a job asks.
+        additional_parameters={"requeue": True, **profile.slurm.get("additional_parameters", {})},
     )
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.gpus_per_node
@@ -140,6 +143,14 @@ def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, c
     if max_parallel is not None:
         params["array_parallelism"] = max_parallel
     return params
+
+
+def thread_lines(setup: tuple[str, ...]) -> list[str]:
+    """Setup lines giving each task's math libraries one thread per CPU it was given (else a job
+    inherits the login shell's ``OMP_NUM_THREADS``, or torch takes every core of the node); a
+    variable the profile's own setup lines set is left to them."""
+    return [f"export {var}=${{SLURM_CPUS_PER_TASK:-1}}" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            if not any(var in line for line in setup)]
 
 
 def code_path_line(code_dir: str) -> str:

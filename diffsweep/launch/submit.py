@@ -10,13 +10,10 @@ Local: a detached queue process starts the runs through submitit's local executo
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,9 +21,11 @@ from pathlib import Path
 
 import yaml
 
+from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
-from diffsweep.launch.ledger import Attempt, Entry, Ledger, locked, now, read_ledger, write_ledger
+from diffsweep.launch.cluster import check_cluster
+from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, now, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan, cpu_count
 from diffsweep.launch.profiles import ExecutorKind
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
@@ -65,8 +64,7 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
         raise ConfigError("--budget", f"launching {len(sel.submit)} runs needs about {cost:,.1f} GPU-hours, over "
                           f"the budget of {budget:,.1f}")
     if plan.profile.executor is ExecutorKind.SLURM:
-        check_slurm()
-        check_partition(plan)
+        check_cluster(plan)
     if not sel.submit:
         return
     from diffsweep.data.dataset import META_FILE, check_compatible, read_meta
@@ -88,33 +86,6 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
             raise ConfigError(exc.key, f"{exc.message} (in {r.run.name})") from None
 
 
-def check_partition(plan: SweepPlan) -> None:
-    """The profile's partition must exist (sbatch would refuse every array otherwise)."""
-    wanted = plan.profile.slurm.get("partition")
-    if wanted is None:
-        return
-    out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
-    partitions = sorted({p.strip() for p in out.stdout.split()})
-    if out.returncode == 0 and partitions and str(wanted) not in partitions:
-        raise ConfigError(f"profile {plan.profile.name}: slurm.partition", f"{wanted!r} is not a partition of this "
-                          f"cluster; expected one of [{', '.join(partitions)}]")
-
-
-def check_slurm() -> None:
-    """A Slurm controller must answer before anything is written or submitted."""
-    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
-        if shutil.which(tool) is None:
-            raise ConfigError("--executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
-                              "local, or run where Slurm is installed")
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigError("--executor", f"slurm: sinfo failed ({exc})") from None
-    if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        raise ConfigError("--executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
-
-
 def max_array_size(plan: SweepPlan) -> int:
     if plan.profile.max_array_size is not None:
         return plan.profile.max_array_size
@@ -128,54 +99,53 @@ def max_array_size(plan: SweepPlan) -> int:
     return DEFAULT_ARRAY_SIZE
 
 
+LAUNCH_LOCK = ".launch.lock"  # in the sweep directory: held by a launch or cancel of it
+
+
 @contextlib.contextmanager
-def launch_lock(out: Path) -> Iterator[None]:
-    """One launch (or cancel) of a sweep directory at a time on this machine: a second one,
-    planned from the same ledger, would submit the same runs again."""
-    # The lock lives outside the project so that a refused (bad) launch writes nothing there.
-    locks = Path(tempfile.gettempdir()) / f"diffsweep-locks-{os.getuid()}"
-    locks.mkdir(exist_ok=True)
-    name = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
-    with open(locks / f"{name}.lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError("--out", f"another launch or cancel of {out} is in progress; wait for it") from None
+def launch_lock(out: Path, what: str = "launch") -> Iterator[None]:
+    """One launch (or cancel) of a sweep directory at a time, from any machine: a second one,
+    planned from the same ledger, would submit the same runs again. The lock file lives in the
+    sweep directory, on the file system every login node shares (``diffsweep.lockfile``).
+
+    A sweep directory this creates is removed again if nothing was launched into it (no
+    ledger), so a refused or failed launch leaves nothing behind."""
+    fresh = not out.exists()
+    with lockfile.hold(out / LAUNCH_LOCK, what, "--out", f"another launch or cancel of {out} is in progress"):
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if fresh and not ledger_path(out).exists():  # still ours alone: the lock keeps others out
+                for child in out.iterdir():
+                    if child.name == LAUNCH_LOCK:
+                        continue
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
 
 
 def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, tracking_uri: str,
            echo=print) -> list[tuple[RunPlan, Attempt]]:
     """Submit ``sel.submit`` (already checked; call under ``launch_lock``). Each submission is in
-    the ledger as soon as the scheduler has it. If the first submission fails, nothing is left."""
+    the ledger as soon as the scheduler has it. If the first submission fails, ``launch_lock``
+    removes a sweep directory it created."""
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
     from diffsweep.train.tracking import check_tracking, ensure_experiment
 
     check_tracking(tracking_uri)
     out = plan.out
-    created = out  # the topmost directory this launch creates (removed again if nothing is submitted)
-    while not created.parent.exists():
-        created = created.parent
-    fresh = not out.exists()
     ensure_experiment(tracking_uri, plan.spec.experiment)
     code_dir = str(snapshot_code(out))
     jobs = {r.run.key: TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
                                 {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name})
             for r in sel.submit}
     submitted: list[tuple[RunPlan, Attempt]] = []
-    try:
-        if plan.profile.executor is ExecutorKind.SLURM:
-            _launch_slurm(plan, sel, jobs, code_dir, max_parallel, echo, submitted, tracking_uri)
-        else:
-            _launch_local(plan, sel, code_dir, max_parallel, submitted, tracking_uri)
-    except BaseException:
-        if not submitted and fresh:  # nothing reached the scheduler: leave nothing behind
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    if plan.profile.executor is ExecutorKind.SLURM:
+        _launch_slurm(plan, sel, jobs, code_dir, max_parallel, echo, submitted, tracking_uri)
+    else:
+        _launch_local(plan, sel, code_dir, max_parallel, submitted, tracking_uri)
     return submitted
 
 

@@ -1,7 +1,8 @@
 """``train``: run one config to its step budget, resumably, logging to MLflow.
 
 Everything that can be wrong with the input (data, output directory, checkpoint, tracking
-store) is checked before anything is created. Then the loop: one optimizer step per batch,
+store) is checked before anything is created; a newest checkpoint whose checksums do not match
+is skipped, with a warning, for the one before it. Then the loop: one optimizer step per batch,
 validation and probes every ``eval_every`` steps, an atomic checkpoint every
 ``checkpoint_every`` steps. A non-finite loss or gradient norm stops the run at once (FAILED,
 no checkpoint written); SIGUSR2/SIGTERM stop it at the next step boundary after a checkpoint
@@ -17,12 +18,14 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from diffsweep import lockfile
 from diffsweep.config import Config, ConfigError, Precision, dump_yaml, to_dict
 from diffsweep.config.identity import flatten, run_key, run_name
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
@@ -38,6 +41,7 @@ from diffsweep.train.metrics import SpikeCounter, peak_flops
 from diffsweep.train.tracking import MlflowTracker, NullTracker, check_tracking, ensure_experiment, source_tags, tracking_uri
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
+TRAINER_LOCK = ".trainer.lock"  # held by the training process (rank 0) for the whole training
 
 
 class Diverged(RuntimeError):
@@ -72,13 +76,17 @@ def train(
 ) -> TrainResult:
     """Train ``config`` in ``run_dir`` (checkpoints in ``run_dir/checkpoints``).
 
-    Resumes from ``resume_from``, else from the newest checkpoint in ``run_dir``; a run that
-    already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
+    Resumes from ``resume_from``, else from the newest intact checkpoint in ``run_dir``; a run
+    that already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
     every step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
     trains on its slice of every global batch; only rank 0 prints and tracks;
     every process writes its own checkpoint shards.
+
+    One trainer per run directory: rank 0 holds ``run_dir/.trainer.lock`` (``diffsweep.lockfile``)
+    throughout, and a second trainer is refused (ConfigError naming the first's host and pid)
+    while the first lives; the lock of one that died is taken over with a warning.
     """
     world = distributed.world_from_env()
     rank = world.rank
@@ -89,20 +97,31 @@ def train(
     dataset = open_dataset(config.data.path)
     check_compatible(dataset.meta, config.data.tokenizer, config.model.vocab_size, t.seq_len)
     _check_writable(run_dir)
-    resume_path = resume_from or _newest(run_dir)
-    state = _load_resume_state(resume_path, config, dataset, world)
+    # Two trainers in one run directory would both write its checkpoints and its MLflow run.
+    lock = lockfile.hold(run_dir / TRAINER_LOCK, "train", str(run_dir), "another trainer is using this run "
+                         "directory") if rank == 0 else nullcontext()
+    with lock:
+        return _train(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags)
+
+
+def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
+           resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
+           tags: dict[str, str] | None) -> TrainResult:
+    """``train`` once the input is checked and the run directory is this trainer's."""
+    rank, t = world.rank, config.train
     uri = _run_tracking_uri(run_dir)
     check_tracking(uri)
-    if state is not None and state["step"] >= total_steps(t):
-        if rank == 0 and state["mlflow_run_id"]:
-            MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
-        echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
-        return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
 
     # Signals only set a flag from here on; one arriving during set-up stops before the first step.
     with PreemptionFlag() as flag:
         device = _device()
         with distributed.process_group(world, device):
+            resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
+            if state is not None and state["step"] >= total_steps(t):
+                if rank == 0 and state["mlflow_run_id"]:
+                    MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
+                echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
+                return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
             torch.manual_seed(t.seed)
             autocast_dtype = _autocast_dtype(t.precision, device)
             model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
@@ -114,7 +133,8 @@ def train(
                 run.restore(state, resume_path)
                 echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
                      + (f" on {world.world_size} processes" if world.distributed else ""))
-            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, world, model, tags or {})
+            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
+                                                    tags or {})
             try:
                 return run.loop(flag, callbacks)
             except KeyboardInterrupt:
@@ -366,13 +386,30 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
 
 
+def _read_run_file(run_dir: Path) -> dict[str, str] | None:
+    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
+    an unreadable one is a ``ConfigError`` saying what to do."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        found = json.loads(run_file.read_text())
+        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
+            raise ValueError("not an object with run_id and tracking_uri")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
+                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
+                          "./mlflow.db)") from exc
+    return found
+
+
 def _run_tracking_uri(run_dir: Path) -> str:
     """Where this run is tracked: the store its ``run.json`` names (so a resume from another
     working directory finds it), unless ``MLFLOW_TRACKING_URI`` names another one (an error)."""
-    run_file = run_dir / RUN_FILE
-    if not run_file.is_file():
+    run_file = _read_run_file(run_dir)
+    if run_file is None:
         return tracking_uri()
-    recorded = json.loads(run_file.read_text())["tracking_uri"]
+    recorded = run_file["tracking_uri"]
     asked = os.environ.get("MLFLOW_TRACKING_URI")
     if asked and asked != recorded:
         raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
@@ -380,14 +417,32 @@ def _run_tracking_uri(run_dir: Path) -> str:
     return recorded
 
 
-def _newest(run_dir: Path) -> Path | None:
-    found = ckpt.list_checkpoints(run_dir / "checkpoints")
-    return found[-1] if found else None
+def _resume_point(resume_from: Path | None, run_dir: Path, config: Config, dataset: TokenDataset, world: World,
+                  echo: Callable[[str], None]) -> tuple[Path | None, dict | None]:
+    """The checkpoint to resume from and its training state (None, None to start afresh):
+    ``resume_from``, else the run's newest intact one. A damaged newest one (see
+    ``ckpt.CorruptCheckpoint``) is skipped with a warning for the one before it; a damaged
+    ``resume_from``, or the run's oldest, is a ``ConfigError``.
+
+    Every process decides the same: each reads the same small files, and the shards' checksums
+    are checked together (``ckpt.verify_shards``). Nothing is created yet."""
+    candidates = [resume_from] if resume_from is not None else ckpt.list_checkpoints(run_dir / "checkpoints")[::-1]
+    for i, path in enumerate(candidates):
+        try:
+            state = _load_resume_state(path, config, dataset, world)
+            ckpt.verify_shards(path)
+            return path, state
+        except ckpt.CorruptCheckpoint as exc:
+            if resume_from is not None:
+                raise
+            if i + 1 == len(candidates):
+                raise ConfigError(exc.key, f"{exc.message}; no earlier checkpoint to fall back to (move {path} "
+                                  "aside to train the run from its start)") from exc
+            echo(f"warning: {exc}; resuming from the checkpoint before it, {candidates[i + 1].name}")
+    return None, None
 
 
-def _load_resume_state(path: Path | None, config: Config, dataset: TokenDataset, world: World) -> dict | None:
-    if path is None:
-        return None
+def _load_resume_state(path: Path, config: Config, dataset: TokenDataset, world: World) -> dict:
     state = ckpt.load_checkpoint(path)
     if state["run_key"] != run_key(config):
         raise ConfigError(str(path), f"written by a different config (run key {state['run_key']}, "
@@ -406,18 +461,25 @@ def _by_position(state: dict) -> bool:
         all(isinstance(k, int) for k in state["optimizer"]["state"])
 
 
-def _start_tracking(config, run_dir, uri, experiment, state, world: World, model, extra_tags):
-    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one."""
+def _start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags):
+    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one; either
+    way with this attempt recorded."""
     if world.rank != 0:
         return NullTracker()
-    world_size = world.world_size
-    run_file = run_dir / RUN_FILE
+    source = source_tags()
+    attempt = {key.removeprefix("diffsweep."): value for key, value in source.items() if key.startswith("diffsweep.")}
+    attempt |= {"first_step": str(state["step"] + 1 if state else 1), "processes": str(world.world_size),
+                "threads": str(torch.get_num_threads()),
+                "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if resume_path is not None:
+        attempt["checkpoint"] = str(resume_path.absolute())
+    run_file = _read_run_file(run_dir)
     run_id = state["mlflow_run_id"] if state else None
-    if run_id is None and run_file.is_file():
-        run_id = json.loads(run_file.read_text())["run_id"]
+    if run_id is None and run_file is not None:
+        run_id = run_file["run_id"]
     if run_id is not None:
         tracker = MlflowTracker(uri, run_id=run_id)
-        tracker.resume()
+        tracker.resume(source, attempt)
         return tracker
     tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
     try:
@@ -425,7 +487,7 @@ def _start_tracking(config, run_dir, uri, experiment, state, world: World, model
     except OSError as exc:
         raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
-    tags = source_tags() | {
+    tags = source | {
         "diffsweep.arch": config.model.attention.kind.value,
         "diffsweep.size": config.model.size or "custom",
         "diffsweep.params": str(counting.num_params(config.model)),
@@ -434,10 +496,14 @@ def _start_tracking(config, run_dir, uri, experiment, state, world: World, model
         "diffsweep.run_key": run_key(config),
         "diffsweep.tokenizer": config.data.tokenizer.value,
         "diffsweep.run_dir": str(run_dir.absolute()),
-        "diffsweep.processes": str(world_size),  # training processes (GPUs) when the run started
+        "diffsweep.processes": str(world.world_size),  # training processes (GPUs) when the run started
+        "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
     } | extra_tags
-    tracker.start(run_name(config), params, tags, dump_yaml(config))
-    tmp = run_file.with_name(f".{RUN_FILE}.tmp")
-    tmp.write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
-    os.replace(tmp, run_file)
+    tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
+    tmp = run_dir / f".{RUN_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # a crash right after must not leave an empty run.json behind the rename
+    os.replace(tmp, run_dir / RUN_FILE)
     return tracker

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,9 +139,9 @@ def test_unreachable_tracking_server_is_one_line_exit_2(text_dataset, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_damaged_checkpoint_is_reported_not_skipped(text_dataset, tmp_path, mlflow_store):
-    """Resuming from a checkpoint with a truncated shard (found only once the processes read
-    their tensors) or a truncated training state: one line naming it, exit 2, the run untouched."""
+def test_a_damaged_checkpoint_given_with_resume_is_refused_not_replaced(text_dataset, tmp_path, mlflow_store):
+    """``--resume`` of a checkpoint with a truncated shard or training state, or flipped bytes in a
+    shard: one line naming the file, exit 2, the run untouched; an explicit choice gets no fallback."""
     args = command(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2")
     first = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
     assert first.returncode == 0, first.stderr
@@ -149,16 +150,77 @@ def test_a_damaged_checkpoint_is_reported_not_skipped(text_dataset, tmp_path, ml
     client = MlflowClient(mlflow_store)
     experiment = client.get_run(run_id).info.experiment_id
     before = len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")
-    earlier = list_checkpoints(run_dir / "checkpoints")[0]  # step 2
+    earlier, newest = list_checkpoints(run_dir / "checkpoints")  # steps 2 and 4
+    shard = newest / "__0_0.distcp"
+    flip(shard)
+    again = run([*args, "--resume", str(newest)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(again, f"{newest}/__0_0.distcp: corrupt (CRC-32")
     shard = earlier / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])
     again = run([*args, "--resume", str(earlier)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, earlier.name, "corrupt or truncated checkpoint shards")
-    state = earlier / "train_state.pt"
+    assert_one_line_error(again, f"{earlier}/__0_0.distcp: truncated or overwritten (1000 bytes")
+    state = newest / "train_state.pt"
     state.write_bytes(state.read_bytes()[:1000])
-    again = run([*args, "--resume", str(earlier)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, f"{earlier.name}/train_state.pt", "corrupt or truncated")
+    again = run([*args, "--resume", str(newest)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(again, f"{newest}/train_state.pt: truncated or overwritten (1000 bytes")
     assert (len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")) == before
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def flip(file: Path, count: int = 64) -> None:
+    """Invert ``count`` bytes in the middle of ``file``, its size unchanged (a bad disk, a bad copy)."""
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
+    file.write_bytes(bytes(data))
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(text_dataset, tmp_path, mlflow_store):
+    """Preempted, then 64 bytes flipped in a shard of the newest checkpoint: the same command
+    warns naming the file, resumes from the checkpoint before it, and the run's history equals
+    an uninterrupted run's. With no earlier checkpoint left: one line, exit 2, nothing changed."""
+    args = command(text_dataset, "model.attention.kind=diff_v1")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            proc.send_signal(signal.SIGUSR2)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err
+    run_dir = next((tmp_path / "runs").iterdir())
+    *_, previous, newest = list_checkpoints(run_dir / "checkpoints")
+    assert checkpoint_step(newest) >= 5
+    flip(newest / "__0_0.distcp")
+
+    resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert resumed.returncode == 0, resumed.stderr
+    warning = (f"warning: {newest.relative_to(tmp_path)}/__0_0.distcp: corrupt (CRC-32 ")
+    assert resumed.stdout.count(warning) == 1, resumed.stdout
+    assert f"resuming from the checkpoint before it, {previous.name}" in resumed.stdout
+    assert f"resuming {run_dir.name} at step {checkpoint_step(previous)} of 12" in resumed.stdout
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store
+    try:
+        cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}", "model.attention.kind=diff_v1"])
+        reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(mlflow_store)
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+               for key in ("train/loss", "train/grad_norm", "val/loss", "lambda/layer_01")}
+    for key, got in history.items():
+        assert got == sorted((m.step, m.value) for m in client.get_metric_history(reference.run_id, key)), key
+
+    *older, last = list_checkpoints(run_dir / "checkpoints")  # the run finished: step 12 is the last
+    for checkpoint in older:
+        shutil.rmtree(checkpoint)
+    flip(last / "__0_0.distcp")
+    alone = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert_one_line_error(alone, f"{last.relative_to(tmp_path)}/__0_0.distcp: corrupt (CRC-32",
+                          "no earlier checkpoint to fall back to")
+    for key, got in history.items():
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) == got, key
     assert client.get_run(run_id).info.status == "FINISHED"
 
 

@@ -63,14 +63,26 @@ def test_slurm_parameters_golden():
         "mem": "1600GB",
         "time": 2880,
         "signal_delay_s": 180,
-        "setup": ["source $HOME/venvs/diffsweep/bin/activate",
+        "setup": ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",  # threads = the task's CPUs
+                  "export MKL_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+                  "source $HOME/venvs/diffsweep/bin/activate",
                   "export PYTHONPATH='/scratch/my sweeps/code/abc'${PYTHONPATH:+:$PYTHONPATH}"],
+        "additional_parameters": {"requeue": True},  # sites with JobRequeue=0 requeue only on request
         "gpus_per_node": 8,
         "srun_args": ["--kill-on-bad-exit=1"],  # 16 tasks: one dying ends the others
         "array_parallelism": 4,
     }
     one = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=16, mem_gb=200, time_min=60)
     assert "srun_args" not in slurm_parameters(one, profile, job_name="x", code_dir="/c", max_parallel=None)
+
+
+def test_the_profiles_own_thread_settings_and_sbatch_parameters_are_kept():
+    profile = parse_profile({"setup": ["export OMP_NUM_THREADS=4"],
+                             "slurm": {"additional_parameters": {"mail_type": "END"}}}, "p.yaml", "p")
+    one = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=16, mem_gb=200, time_min=60)
+    params = slurm_parameters(one, profile, job_name="x", code_dir="/c", max_parallel=None)
+    assert params["setup"][:2] == ["export MKL_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}", "export OMP_NUM_THREADS=4"]
+    assert params["additional_parameters"] == {"requeue": True, "mail_type": "END"}
 
 
 def test_slurm_parameters_make_a_valid_sbatch_script(tmp_path):
@@ -83,7 +95,8 @@ def test_slurm_parameters_make_a_valid_sbatch_script(tmp_path):
                                             max_parallel=None))
     text = ex._make_submission_file_text("python -m x", "uid")
     for line in ("#SBATCH --partition=debug", "#SBATCH --gpus-per-node=1", "#SBATCH --time=60",
-                 "#SBATCH --signal=USR2@30", "#SBATCH --job-name=t-0", f"export PYTHONPATH={tmp_path / 'code'}"):
+                 "#SBATCH --signal=USR2@30", "#SBATCH --job-name=t-0", "#SBATCH --requeue\n",
+                 "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}\n", f"export PYTHONPATH={tmp_path / 'code'}"):
         assert line in text
 
 

@@ -165,7 +165,7 @@ def test_sbatch_refusal_leaves_nothing(tmp_path, text_dataset, store):
 def test_slurm_time_limit_requeues_and_finishes(tmp_path, text_dataset, store):
     # a 2-minute job limit with USR2 60 s before it; the run needs longer than one job
     (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 2\n"
-                                     "min_time_minutes: 1\nmax_time_hours: 0.0334\nsignal_delay_s: 60\n"
+                                     "min_time_minutes: 2\nmax_time_hours: 0.0334\nsignal_delay_s: 60\n"
                                      "slurm: {partition: debug}\n")
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=2500, kinds=("transformer",))
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 25")

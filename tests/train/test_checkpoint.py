@@ -1,7 +1,8 @@
 """Checkpoints: a real model and optimizer state round trips through DCP shards and a
 ``weights_only`` training state; directories are named by step, written atomically and pruned to
-the newest k; loading never runs code from the files; every unreadable checkpoint is a one-line
-ConfigError naming it. (Resharding across process counts: tests/train/test_distributed.py.)"""
+the newest k; every file's checksum is recorded and a damaged file is found, naming it; loading
+never runs code from the files; every unreadable checkpoint is a one-line ConfigError naming it.
+(Resharding across process counts: tests/train/test_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ import torch.distributed.checkpoint as dcp
 from diffsweep.config import ConfigError, load_config, to_dict
 from diffsweep.model.transformer import build_model
 from diffsweep.train.checkpoint import (
+    CHECKSUMS_FILE,
     FORMAT,
     REQUIRED,
     SINGLE_FILE_FORMAT,
     STATE_FILE,
+    UNVERIFIED_FORMAT,
+    CorruptCheckpoint,
     checkpoint_path,
     checkpoint_step,
     list_checkpoints,
     load_checkpoint,
     load_tensors,
     save_checkpoint,
+    verify_shards,
 )
 from diffsweep.train.distributed import sharded_state
 from diffsweep.train.optim import build_optimizer
@@ -100,7 +105,7 @@ def test_round_trip(tmp_path, trained):
     bitwise the saved tensors (same dtypes)."""
     path = _save(tmp_path, trained)
     assert path == tmp_path / "step_00000003" == checkpoint_path(tmp_path, 3) and checkpoint_step(path) == 3
-    assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", STATE_FILE]
+    assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", CHECKSUMS_FILE, STATE_FILE]
     loaded = load_checkpoint(path)
     assert loaded["format"] == FORMAT
     _assert_same({k: v for k, v in loaded.items() if k != "format"}, trained[1])
@@ -174,6 +179,98 @@ def test_failed_save_leaves_no_torn_checkpoint(tmp_path, trained):
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
 
 
+# --- checksums ----------------------------------------------------------------------------------
+
+
+def _flip(file: Path, count: int = 64) -> None:
+    """Invert ``count`` bytes in the middle of ``file`` (its size unchanged), as a bad disk might."""
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
+    file.write_bytes(bytes(data))
+
+
+def _unverified(path: Path) -> Path:
+    """The checkpoint as written before checksums (format /2, no checksums.json), which still
+    loads: only its own structure guards it."""
+    (path / CHECKSUMS_FILE).unlink()
+    state = torch.load(path / STATE_FILE, weights_only=True)
+    torch.save(state | {"format": UNVERIFIED_FORMAT}, path / STATE_FILE)
+    return path
+
+
+def test_checksums_record_every_file(tmp_path, trained):
+    import json
+    import zlib
+
+    path = _save(tmp_path, trained)
+    recorded = json.loads((path / CHECKSUMS_FILE).read_text())
+    assert recorded["algorithm"] == "crc32"
+    assert recorded["files"] == {p.name: {"size": p.stat().st_size, "crc32": zlib.crc32(p.read_bytes())}
+                                 for p in path.iterdir() if p.name != CHECKSUMS_FILE}
+    load_checkpoint(path)
+    verify_shards(path)
+
+
+@pytest.mark.parametrize("name", ["__0_0.distcp", STATE_FILE, ".metadata"])
+def test_flipped_bytes_are_found_and_named(tmp_path, trained, name):
+    """64 inverted bytes in any file (same size, so only the checksum can tell): the training
+    state and the shards' index are checked before they are read, the shards by
+    ``verify_shards``; each names the file."""
+    path = _save(tmp_path, trained)
+    _flip(path / name)
+    check = load_checkpoint
+    if name.endswith(".distcp"):
+        load_checkpoint(path)  # the sizes match: the shards' checksums are verify_shards' to check
+        check = verify_shards
+    with pytest.raises(CorruptCheckpoint) as err:
+        check(path)
+    _one_line_naming(err, path / name, "corrupt (CRC-32 ")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_truncated_or_missing_file_is_found_before_anything_is_read(tmp_path, trained, damage):
+    path = _save(tmp_path, trained)
+    shard = path / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000]) if damage == "truncate" else shard.unlink()
+    with pytest.raises(CorruptCheckpoint) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, shard, "truncated or overwritten (1000 bytes" if damage == "truncate" else "missing")
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (b"", "unreadable (JSONDecodeError"),
+    (b'{"files": {"__0_0.dis', "unreadable (JSONDecodeError"),
+    (b"[1]", "unreadable (TypeError"),
+    (b'{"files": {"../../x": {"size": 1, "crc32": 1}}}', "names a file outside the checkpoint (../../x)"),
+], ids=["empty", "truncated", "foreign", "outside"])
+def test_damaged_checksums_are_a_corrupt_checkpoint(tmp_path, trained, content, words):
+    path = _save(tmp_path, trained)
+    (path / CHECKSUMS_FILE).write_bytes(content)
+    with pytest.raises(CorruptCheckpoint) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, path / CHECKSUMS_FILE, words)
+
+
+def test_a_checkpoint_that_lost_its_checksums_is_corrupt(tmp_path, trained):
+    path = _save(tmp_path, trained)
+    (path / CHECKSUMS_FILE).unlink()
+    with pytest.raises(CorruptCheckpoint) as err:
+        load_checkpoint(path)
+    _one_line_naming(err, path / CHECKSUMS_FILE, "missing")
+
+
+def test_a_checkpoint_from_before_checksums_loads_unverified(tmp_path, trained):
+    path = _unverified(_save(tmp_path, trained))
+    state = load_checkpoint(path)
+    assert state["format"] == UNVERIFIED_FORMAT
+    _assert_same({k: v for k, v in state.items() if k != "format"}, trained[1])
+    verify_shards(path)  # nothing to check
+    tensors = sharded_state(*_fresh())[0]
+    load_tensors(path, tensors)
+    _assert_same(tensors, trained[0])
+
+
 # --- unreadable checkpoints -----------------------------------------------------------------------
 
 
@@ -213,7 +310,7 @@ def test_shard_metadata_that_would_run_code_is_refused(tmp_path, trained, monkey
     """DCP unpickles its ``.metadata`` with plain pickle: ours refuses any global outside DCP's
     metadata classes before DCP sees the file, so nothing runs."""
     monkeypatch.chdir(tmp_path)
-    path = _save(tmp_path, trained)
+    path = _unverified(_save(tmp_path, trained))  # or whoever wrote the file rewrote its checksum too
     (path / ".metadata").write_bytes(pickle.dumps(_Payload()))
     with pytest.raises(ConfigError) as err:
         load_checkpoint(path)
@@ -226,7 +323,7 @@ def test_shards_holding_non_tensors_are_refused(tmp_path):
     """DCP reads non-tensor entries with unsafe pickle; a checkpoint with one is refused."""
     path = tmp_path / "step_00000001"
     dcp.save({"model": {"w": torch.ones(2)}, "extra": {"note": "x"}}, checkpoint_id=path, no_dist=True)
-    torch.save(_state(1, []) | {"format": FORMAT}, path / STATE_FILE)
+    torch.save(_state(1, []) | {"format": UNVERIFIED_FORMAT}, path / STATE_FILE)
     with pytest.raises(ConfigError) as err:
         load_checkpoint(path)
     _one_line_naming(err, path, "checkpoint shards hold a non-tensor entry (extra.note)")
@@ -234,7 +331,7 @@ def test_shards_holding_non_tensors_are_refused(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
 def test_damaged_shard_metadata(tmp_path, trained, damage):
-    path = _save(tmp_path, trained)
+    path = _unverified(_save(tmp_path, trained))
     metadata = path / ".metadata"
     if damage == "truncate":
         metadata.write_bytes(metadata.read_bytes()[:100])
@@ -249,8 +346,9 @@ def test_damaged_shard_metadata(tmp_path, trained, damage):
 
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.0])
 def test_truncated_shard(tmp_path, trained, keep_fraction):
-    """A shard cut short (a full disk, a copy gone wrong) is found when the tensors are read."""
-    path = _save(tmp_path, trained)
+    """A shard cut short (a full disk, a copy gone wrong) in a checkpoint without checksums is
+    found when the tensors are read."""
+    path = _unverified(_save(tmp_path, trained))
     shard = path / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[: int(shard.stat().st_size * keep_fraction)])
     load_checkpoint(path)  # the index is intact
@@ -262,7 +360,7 @@ def test_truncated_shard(tmp_path, trained, keep_fraction):
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.99, 0.0])
 def test_truncated_training_state(tmp_path, trained, keep_fraction):
     """A training state cut short (as by a crash of a non-atomic writer, or a full disk) is refused."""
-    path = _save(tmp_path, trained) / STATE_FILE
+    path = _unverified(_save(tmp_path, trained)) / STATE_FILE
     path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep_fraction)])
     with pytest.raises(ConfigError) as err:
         load_checkpoint(path.parent)
@@ -270,7 +368,7 @@ def test_truncated_training_state(tmp_path, trained, keep_fraction):
 
 
 def test_garbage_files(tmp_path, trained):
-    for path in (_save(tmp_path, trained) / STATE_FILE, tmp_path / "step_00000001.pt"):
+    for path in (_unverified(_save(tmp_path, trained)) / STATE_FILE, tmp_path / "step_00000001.pt"):
         checkpoint = path.parent if path.name == STATE_FILE else path
         for content in (os.urandom(4096), b"step: 1\nmodel: {}\n"):
             path.write_bytes(content)
@@ -286,7 +384,7 @@ def test_garbage_files(tmp_path, trained):
 )
 def test_foreign_files(tmp_path, trained, content):
     """A readable torch file that is not one of ours names the expected format."""
-    path = _save(tmp_path, trained) / STATE_FILE
+    path = _unverified(_save(tmp_path, trained)) / STATE_FILE
     torch.save(content, path)
     with pytest.raises(ConfigError) as err:
         load_checkpoint(path.parent)

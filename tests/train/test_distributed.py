@@ -170,3 +170,40 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_process
     assert (f"error: {path}: step 1 was written by an older diffsweep (optimizer state by position); resume it "
             "on one process") in result.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_path):
+    """Two FSDP2 processes each checksum the shard they write into the checkpoint's
+    checksums.json. With 64 bytes flipped in rank 1's shard of the newest checkpoint, a relaunch on
+    two processes checks the shards split between them (rank 1 finds it) and both fall back to the
+    checkpoint before it; rank 0 warns once; the step is trained again to the same shards."""
+    from diffsweep.train.checkpoint import CHECKSUMS_FILE, load_checkpoint, verify_shards
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = torchrun(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2",
+                    "train.parallel=fsdp")
+    first = subprocess.run(args, cwd=tmp_path, env=_env(store), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    previous, newest = list_checkpoints(run_dir / "checkpoints")
+    written = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
+    assert set(written) == {"__0_0.distcp", "__1_0.distcp", ".metadata", "train_state.pt"}
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
+    shard.write_bytes(bytes(data))
+
+    again = subprocess.run(args, cwd=tmp_path, env=_env(store), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("warning:") == 1, again.stdout
+    assert f"{newest.relative_to(tmp_path)}/__1_0.distcp: corrupt (CRC-32" in again.stdout
+    assert f"resuming {run_dir.name} at step 2 of 4 on 2 processes" in again.stdout
+    load_checkpoint(newest)
+    verify_shards(newest)
+    rewritten = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
+    assert {k: rewritten[k] for k in ("__0_0.distcp", "__1_0.distcp")} == \
+        {k: written[k] for k in ("__0_0.distcp", "__1_0.distcp")}  # the same weights, bit for bit
+    run_id, run = _only_run(store)
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in _history(store, run_id)["train/loss"]] == [1, 2, 3, 4]

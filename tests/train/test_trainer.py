@@ -289,3 +289,58 @@ def test_activation_checkpointing_changes_memory_not_the_math(text_dataset, stor
     train(tiny(text_dataset, "model.attention.kind=diff_v1", "train.max_steps=4", "train.activation_checkpointing=true"),
           tmp_path / "b", experiment="ckpt", callbacks=(recorder(recomputed),), echo=quiet)
     assert recomputed == plain
+
+
+def _preempt_at(step_to_stop: int):
+    def callback(step, metrics):
+        if step == step_to_stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+    return callback
+
+
+def test_every_attempt_is_recorded_with_its_job_code_and_first_step(text_dataset, store, tmp_path, monkeypatch):
+    """Started as Slurm job 111 (array task 3), preempted at step 5, resumed as job 222 outside
+    an array: both attempts are in the run's tags and attempts.json with their jobs, commits and
+    first steps, and the top-level tags are the latest attempt's."""
+    cfg = tiny(text_dataset, "train.max_steps=8")
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    first = train(cfg, tmp_path / "run", experiment="attempts", callbacks=(_preempt_at(5),), echo=quiet)
+    assert first.status == "preempted"
+    monkeypatch.setenv("SLURM_JOB_ID", "222")
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    second = train(cfg, tmp_path / "run", experiment="attempts", echo=quiet)
+    assert second.status == "finished" and second.run_id == first.run_id
+    tags = store.get_run(first.run_id).data.tags
+    attempt = {n: {k.removeprefix(f"diffsweep.attempt.{n}."): v for k, v in tags.items()
+                   if k.startswith(f"diffsweep.attempt.{n}.")} for n in (1, 2)}
+    assert tags["diffsweep.attempts"] == "2" and not any(k.startswith("diffsweep.attempt.3.") for k in tags)
+    assert (attempt[1]["slurm_job_id"], attempt[1]["slurm_array_task_id"]) == ("111", "3")
+    assert attempt[1]["first_step"] == "1"
+    assert "checkpoint" not in attempt[1]
+    assert (attempt[2]["slurm_job_id"], attempt[2]["first_step"]) == ("222", "6")
+    assert "slurm_array_task_id" not in attempt[2]
+    assert attempt[2]["checkpoint"] == str((tmp_path / "run" / "checkpoints" / "step_00000005").absolute())
+    for n in (1, 2):
+        assert attempt[n]["git_commit"] == tags["diffsweep.git_commit"] and attempt[n]["host"] == tags["diffsweep.host"]
+        assert attempt[n]["processes"] == "1" and attempt[n]["started"].endswith("+00:00")
+    assert tags["diffsweep.slurm_job_id"] == "222" and "diffsweep.slurm_array_task_id" not in tags
+    recorded = json.loads(open(store.download_artifacts(first.run_id, "attempts.json", str(tmp_path))).read())
+    assert recorded == [attempt[1], attempt[2]]
+
+
+def test_resuming_a_run_from_before_attempts_keeps_its_first_attempts_origin(text_dataset, store, tmp_path,
+                                                                              monkeypatch):
+    """A run started before attempts were recorded has its origin only in the top-level tags:
+    the first resume files those as attempt 1 before they become the resumed attempt's."""
+    cfg = tiny(text_dataset, "train.max_steps=4")
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    first = train(cfg, tmp_path / "run", experiment="attempts-old", callbacks=(_preempt_at(2),), echo=quiet)
+    for key in [k for k in store.get_run(first.run_id).data.tags if k.startswith("diffsweep.attempt")]:
+        store.delete_tag(first.run_id, key)  # as a run from before attempts were recorded
+    monkeypatch.setenv("SLURM_JOB_ID", "222")
+    train(cfg, tmp_path / "run", experiment="attempts-old", echo=quiet)
+    tags = store.get_run(first.run_id).data.tags
+    assert (tags["diffsweep.attempt.1.slurm_job_id"], tags["diffsweep.attempt.2.slurm_job_id"]) == ("111", "222")
+    assert "diffsweep.attempt.1.first_step" not in tags and tags["diffsweep.attempt.2.first_step"] == "3"
+    assert tags["diffsweep.slurm_job_id"] == "222" and tags["diffsweep.attempts"] == "2"

@@ -1,0 +1,134 @@
+"""What the Slurm cluster itself says about a plan, before anything is submitted: a controller
+answers, the partition exists, its nodes have the GPUs a job asks for per node (``sinfo``), and
+the account and QoS are the user's (``sacctmgr``, where accounting answers).
+
+``launch`` checks all of it; ``plan`` checks the partition's GPUs, account and QoS when the
+profile names a partition of the cluster it reaches (a profile of another cluster is planned,
+not checked).
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import shutil
+import subprocess
+
+from diffsweep.config import ConfigError
+from diffsweep.launch.plan import SweepPlan
+from diffsweep.launch.profiles import ExecutorKind
+
+
+def check_cluster(plan: SweepPlan) -> None:
+    """Everything ``launch`` checks with Slurm; raises ConfigError naming the profile key."""
+    check_slurm()
+    check_partition(plan)
+    check_gpus(plan)
+    check_association(plan)
+
+
+def check_planned(plan: SweepPlan) -> None:
+    """What ``plan`` checks: the GPUs, account and QoS, if the profile is a Slurm one whose
+    partition is one of the reachable cluster's."""
+    if plan.profile.executor is not ExecutorKind.SLURM:
+        return
+    wanted = plan.profile.slurm.get("partition")
+    if wanted is not None and str(wanted) in partitions():
+        check_gpus(plan)
+        check_association(plan)
+
+
+def check_slurm() -> None:
+    """A Slurm controller must answer before anything is written or submitted."""
+    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
+        if shutil.which(tool) is None:
+            raise ConfigError("--executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
+                              "local, or run where Slurm is installed")
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError("--executor", f"slurm: sinfo failed ({exc})") from None
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or ["no output"])[0]
+        raise ConfigError("--executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
+
+
+def partitions() -> dict[str, list[str]]:
+    """Each partition's node GRES strings (``sinfo %G``: ``gpu:2``, ``gpu:h100:8(S:0-1)``,
+    ``(null)``); the default partition also as ``""``. Empty if sinfo does not answer."""
+    out = _run(["sinfo", "-h", "-o", "%P|%G"])
+    found: dict[str, list[str]] = {}
+    for line in (out or "").splitlines():
+        name, _, gres = line.strip().partition("|")
+        if not name:
+            continue
+        for key in (name.rstrip("*"), "") if name.endswith("*") else (name,):
+            found.setdefault(key, []).append(gres.strip())
+    return found
+
+
+def check_partition(plan: SweepPlan) -> None:
+    """The profile's partition must exist (sbatch would refuse every array otherwise)."""
+    wanted = plan.profile.slurm.get("partition")
+    known = sorted(p for p in partitions() if p)
+    if wanted is not None and known and str(wanted) not in known:
+        raise ConfigError(plan.profile.slurm_key("partition"), f"{wanted!r} is not a partition of this cluster; "
+                          f"expected one of [{', '.join(known)}]")
+
+
+_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def gpus_per_node(gres: str) -> int:
+    """The GPUs of a node from its ``sinfo %G`` GRES (``gpu:a100:4,gpu:v100:2`` has 6)."""
+    return sum(int(n) for n in _GPUS.findall(gres))
+
+
+def check_gpus(plan: SweepPlan) -> None:
+    """No job may ask for more GPUs per node than the partition's nodes have: Slurm accepts such a
+    job and leaves it pending forever."""
+    need = max(plan.runs, key=lambda r: r.estimate.resources.gpus_per_node, default=None)
+    if need is None or need.estimate.resources.gpus_per_node == 0:
+        return
+    wanted = str(plan.profile.slurm.get("partition") or "")
+    gres = partitions().get(wanted)
+    if not gres:
+        return  # sinfo did not answer, or an unknown partition (check_partition's)
+    most = max(gpus_per_node(g) for g in gres)
+    asked = need.estimate.resources.gpus_per_node
+    if asked > most:
+        where = f"partition {wanted}" if wanted else "the default partition"
+        raise ConfigError(f"profile {plan.profile.name}: gpus_per_node", f"run {need.run.name} asks for {asked} GPUs "
+                          f"per node, but the nodes of {where} have at most {most} (sinfo GRES: "
+                          f"{', '.join(sorted(set(gres)))}); Slurm would leave its job pending forever")
+
+
+def check_association(plan: SweepPlan) -> None:
+    """The profile's account and QoS must be the user's, where ``sacctmgr`` answers (sbatch
+    accepts unknown ones at sites that do not enforce associations; the jobs then fail or pend)."""
+    account, qos = plan.profile.slurm.get("account"), plan.profile.slurm.get("qos")
+    if account is None and qos is None:
+        return
+    user = getpass.getuser()
+    out = _run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=account,qos"])
+    rows = [line.split("|") for line in (out or "").splitlines() if "|" in line]
+    if not rows:
+        return  # no accounting here, or it does not answer: nothing to check against
+    accounts = sorted({a for a, _ in rows if a})
+    if account is not None and str(account) not in accounts:
+        raise ConfigError(plan.profile.slurm_key("account"), f"{account!r} is not an account of user {user} on this "
+                          f"cluster (sacctmgr); expected one of [{', '.join(accounts)}]")
+    allowed = sorted({q for a, qs in rows if account is None or a == str(account) for q in qs.split(",") if q})
+    if qos is not None and allowed and str(qos) not in allowed:
+        of = f"account {account}" if account is not None else f"user {user}"
+        raise ConfigError(plan.profile.slurm_key("qos"), f"{qos!r} is not a QoS of {of} on this cluster (sacctmgr); "
+                          f"expected one of [{', '.join(allowed)}]")
+
+
+def _run(argv: list[str]) -> str | None:
+    """The command's stdout, or None if it is missing, fails or hangs (the check is then skipped)."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None

@@ -1,0 +1,210 @@
+"""``diffsweep train`` and its MLflow store as a user meets them: many training processes opening
+a store that does not exist yet, stores it cannot use (one line naming MLFLOW_TRACKING_URI, exit
+2, nothing created), a store left half-migrated, and a damaged ``run.json``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from .test_train_cli import assert_one_line_error, command, env, run
+
+# Imports the slow modules, says it is ready, waits for the start line, then runs the CLI as
+# ``python -m diffsweep ARGS`` would: all processes reach the store within milliseconds.
+RELEASE = """
+import os, runpy, sys, time
+import torch, mlflow.tracking, mlflow.store.tracking.sqlalchemy_store, diffsweep.train.trainer
+ready, go = sys.argv[1:3]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.002)
+sys.argv = ["diffsweep", *sys.argv[3:]]
+runpy.run_module("diffsweep", run_name="__main__", alter_sys=True)
+"""
+PROCESSES = 16
+STEPS = 4
+
+
+@pytest.mark.slow
+def test_sixteen_trainings_started_at_once_on_a_new_store_all_finish(text_dataset, tmp_path):
+    """16 ``diffsweep train`` processes released at the same instant on a store that does not
+    exist yet (MLflow alone: every one crashed in its schema creation): 16 FINISHED runs, each
+    with every step exactly once."""
+    store = tmp_path / "store" / "mlflow.db"
+    store.parent.mkdir()
+    uri = f"sqlite:///{store}"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    procs = []
+    for seed in range(PROCESSES):
+        args = command(text_dataset, f"train.seed={seed}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
+                       f"train.checkpoint_every={STEPS}")[3:]  # the CLI's arguments after `-m diffsweep`
+        procs.append(subprocess.Popen([sys.executable, "-c", RELEASE, str(gate / f"ready{seed}"), str(gate / "go"),
+                                       *args], cwd=tmp_path, env=env(MLFLOW_TRACKING_URI=uri),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 240
+    while len(list(gate.glob("ready*"))) < PROCESSES:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "processes did not get ready"
+        time.sleep(0.1)
+    assert not store.exists()
+    (gate / "go").touch()
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert [code for code, _ in results] == [0] * PROCESSES, [err[-2000:] for code, err in results if code]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
+    assert sorted(r.data.params["train.seed"] for r in runs) == sorted(str(s) for s in range(PROCESSES))
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        for key in ("train/loss", "train/tokens", "val/loss"):
+            steps = sorted(m.step for m in client.get_metric_history(r.info.run_id, key))
+            assert steps == (list(range(1, STEPS + 1)) if key.startswith("train/") else [STEPS]), (key, steps)
+    assert len(client.search_experiments()) == 2  # MLflow's Default and diffsweep: created once
+
+
+def _silent_server() -> tuple[socket.socket, int]:
+    """A TCP port that accepts connections and never answers (a hung or firewalled server)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener, listener.getsockname()[1]
+
+
+def test_unusable_tracking_stores_are_one_line_exit_2_and_create_nothing(text_dataset, tmp_path):
+    listener, port = _silent_server()
+    not_sqlite = tmp_path / "notes.db"
+    not_sqlite.write_text("these are my notes, not a database\n")
+    cases = {
+        "silent server": (f"http://127.0.0.1:{port}", "unreachable (timed out, within 5 s)"),
+        "unknown scheme": ("ftp://example.org/store", "unsupported scheme 'ftp'"),
+        "file store": (str(tmp_path / "mlruns"), "file store"),
+        "not sqlite": (f"sqlite:///{not_sqlite}", "is not an SQLite database"),
+        "a directory": (f"sqlite:///{tmp_path}", "is a directory"),
+    }
+    try:
+        for name, (uri, needle) in cases.items():
+            started = time.monotonic()
+            result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI=uri)
+            assert_one_line_error(result, "MLFLOW_TRACKING_URI", needle)
+            assert time.monotonic() - started < 30, name  # the silent server: a 5 s connect timeout
+            assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists(), name
+    finally:
+        listener.close()
+    assert not_sqlite.read_text() == "these are my notes, not a database\n"
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize(("uri", "words"), [
+    ("file:///tmp/mlruns", "file store"),
+    ("sqlite:///:memory:", "in-memory"),
+    ("sqlite://", "in-memory"),
+    ("postgresql://me:secret@127.0.0.1/mlflow", "postgresql://me:***@127.0.0.1/mlflow: cannot use this database from "
+                                                "here (ModuleNotFoundError"),
+    ("sqlite:///{tmp}/nowhere/mlflow.db", "cannot write the SQLite store"),
+    ("sqlite:///{tmp}/foreign.db", "is an SQLite database but not an MLflow store"),
+    ("sqlite:///{tmp}/short.db", "is not an SQLite database"),
+], ids=["file-uri", "memory", "memory-short", "sql-no-driver", "no-directory", "foreign-sqlite", "short-file"])
+def test_check_tracking_refuses(tmp_path, uri, words):
+    from diffsweep.config import ConfigError
+    from diffsweep.train.tracking import check_tracking
+
+    with sqlite3.connect(tmp_path / "foreign.db") as connection:
+        connection.execute("CREATE TABLE mine (x)")
+    (tmp_path / "short.db").write_bytes(b"SQLite")
+    with pytest.raises(ConfigError) as err:
+        check_tracking(uri.format(tmp=tmp_path))
+    assert err.value.key == "MLFLOW_TRACKING_URI" and words in err.value.message and "secret" not in str(err.value)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_check_tracking_accepts_a_new_an_empty_and_a_working_store(tmp_path, mlflow_store):
+    from diffsweep.train.tracking import check_tracking
+
+    (tmp_path / "empty.db").touch()  # SQLite's empty database, which MLflow fills
+    for uri in (f"sqlite:///{tmp_path / 'new.db'}", f"sqlite:///{tmp_path / 'empty.db'}", mlflow_store):
+        check_tracking(uri)
+    assert not (tmp_path / "new.db").exists() and (tmp_path / "empty.db").stat().st_size == 0
+
+
+def _half_migrate(database: Path, *, runs: bool) -> None:
+    """What a schema migration raced by another process leaves: a store with alembic's temporary
+    copy of a table it was rebuilding."""
+    from diffsweep.train.tracking import ensure_experiment
+
+    uri = f"sqlite:///{database}"
+    experiment = ensure_experiment(uri, "half")
+    if runs:
+        client = MlflowClient(uri)
+        client.set_terminated(client.create_run(experiment).info.run_id)
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE _alembic_tmp_latest_metrics (key VARCHAR(250))")
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["empty", "with-runs"])
+def test_a_half_migrated_store_says_what_to_do(text_dataset, tmp_path, runs):
+    database = tmp_path / "mlflow.db"
+    _half_migrate(database, runs=runs)
+    before = database.read_bytes()
+    result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI=f"sqlite:///{database}")
+    assert_one_line_error(result, "MLFLOW_TRACKING_URI", "half-migrated", "_alembic_tmp_latest_metrics",
+                          "mlflow db upgrade" if runs else f"delete {database}")
+    assert database.read_bytes() == before and not (tmp_path / "runs").exists()
+
+
+def test_a_store_of_another_schema_version_says_what_to_do(text_dataset, tmp_path, mlflow_store):
+    database = tmp_path / "mlflow.db"
+    database.write_bytes(Path(mlflow_store.removeprefix("sqlite:///")).read_bytes())
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '0584bdc529eb'")  # an older MLflow's
+    result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI=f"sqlite:///{database}")
+    assert_one_line_error(result, "MLFLOW_TRACKING_URI", "schema version 0584bdc529eb",
+                          f"mlflow db upgrade sqlite:///{database}")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_damaged_run_json_is_one_line_naming_it(text_dataset, tmp_path, mlflow_store):
+    args = command(text_dataset, "train.max_steps=3", "train.eval_every=3", "train.checkpoint_every=3")
+    first = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    assert first.returncode == 0, first.stderr
+    run_dir = next((tmp_path / "runs").iterdir())
+    run_file = run_dir / "run.json"
+    whole = run_file.read_text()
+    run_id = json.loads(whole)["run_id"]
+    before = {p.name for p in run_dir.rglob("*")}
+    for damaged in (whole[: len(whole) // 2].encode(), b"", b"[1, 2]\n", b"\xff\xfe garbage"):
+        run_file.write_bytes(damaged)
+        result = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+        assert_one_line_error(result, f"{run_file.relative_to(tmp_path)}: unreadable", "restore it, or delete it")
+        assert {p.name for p in run_dir.rglob("*")} == before
+    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_run_is_created_even_when_the_store_stays_locked_past_sqlites_timeout(tmp_path):
+    """Another process holds the database's write lock for longer than the 20 s MLflow lets
+    SQLite wait: creating the run is retried until the lock is free, instead of failing."""
+    from diffsweep.train.tracking import MlflowTracker, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, "busy"))
+    holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")  # a long write by another process
+    release = threading.Timer(22, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    try:
+        tracker.start("busy", {"a": "1"}, {}, "a: 1\n", {"first_step": "1"})
+    finally:
+        release.join()
+        holder.close()
+    assert time.monotonic() - started > 20
+    tracker.finish("FINISHED")
+    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"
