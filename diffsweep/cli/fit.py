@@ -111,7 +111,7 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
             csv: Path | None, log: bool):
     """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
-    from diffsweep.train.tracking import check_tracking, tracking_uri
+    from diffsweep.train.tracking import check_tracking, init_store, tracking_uri
 
     uri, keys = tracking_uri(), None
     # MLflow's HTTP client retries a lost server for minutes (7 retries, 120 s timeouts); the store
@@ -140,4 +140,5 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
         raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
                           "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
     check_tracking(uri)
+    init_store(uri)  # a store another MLflow version made: one line saying what to do
     return Source(uri=uri, experiment=experiment, sweep=sweep_name, where=tuple(where or ()), keys=keys)

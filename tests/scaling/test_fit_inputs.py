@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import socket
+import sqlite3
 import time
 
 import numpy as np
@@ -153,3 +155,14 @@ def test_a_csv_fit_without_logging_does_not_need_the_store(tmp_path, points):
     r = cli("fit", "--csv", "p.csv", "--no-log", "--boot", "100", "--out", "out", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "report.md").is_file()
+
+
+def test_a_store_made_by_another_mlflow_version_is_one_line_saying_what_to_do(tmp_path, mlflow_store):
+    (tmp_path / "store").mkdir()  # the store's lock file appears beside it (train.tracking's store lock)
+    db = tmp_path / "store" / "mlflow.db"
+    shutil.copy(mlflow_store.removeprefix("sqlite:///"), db)
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    connection.close()
+    refused(tmp_path, "--experiment", "warm-up", env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"},
+            needles=("MLFLOW_TRACKING_URI", "schema version ffffffffffff", "mlflow db upgrade"))
