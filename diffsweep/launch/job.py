@@ -43,6 +43,9 @@ class TrainJob(submitit.helpers.Checkpointable):
         self.tags = tags
 
     def __call__(self) -> dict[str, Any]:
+        from diffsweep.train.preemption import catch_early_sigterm
+
+        catch_early_sigterm()  # first: a cancel while the imports below run must not be lost
         from diffsweep.config import config_from_dict
         from diffsweep.train.optim import total_steps
         from diffsweep.train.trainer import Diverged, train
