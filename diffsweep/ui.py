@@ -10,6 +10,9 @@
   store), which the server reads directly; artifacts uploaded through the server go to ``mlruns/``
   beside the database too, not to an ``mlartifacts/`` in whatever directory the UI started from.
 - Stop: SIGTERM to the server's process group, then SIGKILL if it does not exit within seconds.
+- Links: each experiment's runs page in MLflow's "Model training" view (``MODEL_TRAINING``); the
+  UI of MLflow 3 opens its GenAI view otherwise, and offers no server setting for either that or
+  the "MLflow Assistant" panel it opens on a browser's first visit to a localhost UI.
 
 Imports neither torch nor mlflow: the server is a separate process and experiments are looked up
 over its REST API.
@@ -34,6 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT = 60.0  # seconds for GET /health to answer (~5 s warm, ~20 s for a cold machine)
+# The query that opens an experiment page in the "Model training" view: MLflow 3.17's UI reads its
+# workflow type from the URL's ``workflowType`` (genai | machine_learning), else from the browser's
+# localStorage ``mlflow.workflowType_v1`` (set by the GenAI / Model training toggle), else GenAI.
+# The experiment tag ``mlflow.experimentKind`` no longer decides it.
+MODEL_TRAINING = "workflowType=machine_learning"
+MAX_LINKS = 20  # experiments linked when no --experiment is given
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
 TAIL_LINES = 30  # server output lines shown when it fails
 
@@ -103,8 +112,13 @@ def get_json(url: str, timeout: float = 10.0) -> dict:
         return json.loads(response.read() or b"{}")
 
 
+def runs_page(base_url: str, experiment_id: str) -> str:
+    """An experiment's runs page in the Model training view."""
+    return f"{base_url}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING}"
+
+
 def experiment_url(base_url: str, name: str) -> str:
-    """``BASE/#/experiments/<id>/runs`` for experiment ``name``, looked up on the server."""
+    """The runs page (``runs_page``) of experiment ``name``, looked up on the server."""
     query = urllib.parse.urlencode({"experiment_name": name})
     try:
         experiment = get_json(f"{base_url}/api/2.0/mlflow/experiments/get-by-name?{query}")["experiment"]
@@ -118,15 +132,26 @@ def experiment_url(base_url: str, name: str) -> str:
         raise UiError(f"cannot look up experiment {name!r} on {base_url}: {exc}") from None
     if experiment.get("lifecycle_stage") == "deleted":
         raise UiError(f"experiment {name!r} is deleted (restore it in the MLflow UI)", code=2)
-    return f"{base_url}/#/experiments/{experiment['experiment_id']}/runs"
+    return runs_page(base_url, experiment["experiment_id"])
+
+
+def experiment_urls(base_url: str, limit: int = MAX_LINKS) -> dict[str, str]:
+    """Name -> runs page of the store's active experiments, newest first (at most ``limit``), except
+    MLflow's "Default" (made in every store; diffsweep never logs to it)."""
+    found = [e for e in _experiments(base_url, limit + 1) if not (e["experiment_id"] == "0" and e["name"] == "Default")]
+    return {e["name"]: runs_page(base_url, e["experiment_id"]) for e in found[:limit]}
+
+
+def _experiments(base_url: str, limit: int) -> list[dict]:
+    try:
+        found = get_json(f"{base_url}/api/2.0/mlflow/experiments/search?max_results={limit}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+    return found.get("experiments", [])
 
 
 def _experiment_names(base_url: str) -> list[str]:
-    try:
-        found = get_json(f"{base_url}/api/2.0/mlflow/experiments/search?max_results=50")
-    except (urllib.error.URLError, OSError, ValueError):
-        return []
-    return sorted(e["name"] for e in found.get("experiments", []))
+    return sorted(e["name"] for e in _experiments(base_url, 50))
 
 
 @dataclass
@@ -247,24 +272,26 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
           echo=print, timeout: float = READY_TIMEOUT) -> None:
     """Serve the MLflow UI on ``store_uri`` until Ctrl-C, SIGTERM or SIGHUP, then stop it cleanly.
 
-    An ``http(s)`` store is already a server: its URL (and the experiment's) is printed and nothing
-    is started. Raises ``UiError`` when the store, port or server is unusable.
+    An ``http(s)`` store is already a server: its URL (and the experiments') is printed and nothing
+    is started. Raises ``UiError`` when the store, port or server is unusable, and ``ConfigError``
+    (naming ``MLFLOW_TRACKING_URI``) when the store is no usable tracking store.
     """
+    from diffsweep.train.tracking import check_tracking
+
     if is_remote(store_uri):
+        check_tracking(store_uri)  # answers within seconds, or the reason it does not
         base = store_uri.rstrip("/")
-        echo(f"MLflow UI: {base}  (MLFLOW_TRACKING_URI is a server already; nothing to start)")
-        if experiment is not None:
-            echo(f"experiment {experiment}: {experiment_url(base, experiment)}")
+        echo(_banner(f"MLflow UI: {base}  (MLFLOW_TRACKING_URI is a server already; nothing to start)",
+                     _links(base, experiment)))
         return
     check_store(store_uri)
+    check_tracking(store_uri)
     server = UiServer(store_uri, host, port)
     restore = _stop_on_signals()
     try:
         server.start(timeout)
-        target = experiment_url(server.url, experiment) if experiment is not None else None
-        echo(f"MLflow UI: {server.url}  (store: {store_uri}; Ctrl-C to stop)")
-        if target is not None:
-            echo(f"experiment {experiment}: {target}")
+        links = _links(server.url, experiment)
+        echo(_banner(f"MLflow UI: {server.url}  (store: {store_uri}; Ctrl-C to stop)", links))
         rc = server.wait()
         raise UiError(server._failure(f"the MLflow server exited unexpectedly with status {rc}"))
     except (KeyboardInterrupt, _Stop):
@@ -276,6 +303,16 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
         finally:
             restore()
     echo("MLflow UI stopped")
+
+
+def _links(base_url: str, experiment: str | None) -> dict[str, str]:
+    """The runs pages to print: the one experiment asked for, else every experiment's."""
+    return {experiment: experiment_url(base_url, experiment)} if experiment is not None else experiment_urls(base_url)
+
+
+def _banner(first: str, links: dict[str, str]) -> str:
+    """The lines printed once the UI serves, as one text: one write, which a Ctrl-C cannot split."""
+    return "\n".join([first, *(f"experiment {name}: {url}" for name, url in links.items())])
 
 
 def _stop_on_signals():

@@ -106,9 +106,27 @@ def expect_runs_visible(page, url: str, names: list[str], timeout_ms: int = VISI
         raise
 
 
+def expect_model_training_view(page, timeout_ms: int = VISIBLE_TIMEOUT_MS) -> None:
+    """Assert the page shows MLflow's "Model training" view of an experiment (its sidebar links
+    Runs and Model registry, and none of the GenAI view's, such as Evaluation runs)."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible(timeout=timeout_ms)
+    expect(page.get_by_role("link", name="Model registry", exact=True)).to_be_visible(timeout=timeout_ms)
+    expect(page.get_by_role("link", name="Evaluation runs", exact=True)).to_have_count(0)
+
+
+def search_runs(page, filter_string: str) -> None:
+    """Type ``filter_string`` into the runs page's search box (MLflow's search syntax) and run it."""
+    box = page.get_by_placeholder(re.compile(r"^metrics\."))  # 'metrics.rmse < 1 and params.model = "tree"'
+    box.fill(filter_string)
+    box.press("Enter")
+
+
 def run_url(experiment_url: str, run_id: str) -> str:
-    """A run's page from its experiment's runs page (``.../#/experiments/<id>/runs``)."""
-    return f"{experiment_url.rstrip('/')}/{run_id}"
+    """A run's page from its experiment's runs page (``.../#/experiments/<id>/runs[?query]``)."""
+    page, _, _ = experiment_url.partition("?")
+    return f"{page.rstrip('/')}/{run_id}"
 
 
 def expect_artifact_visible(page, run_page_url: str, path: str, text: str | None = None,

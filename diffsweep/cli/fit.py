@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -13,15 +15,17 @@ from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
 
 E = TypeVar("E", bound=StrEnum)
+MAX_NOISE_SD = 1.0  # sd of log loss: a factor e of run-to-run scatter is no longer noise around a law
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def parse_amount(text: str, flag: str = "--at") -> float:
     """'11B', '830M', '1.4e9', '360B' -> a number."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text, flags=re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
+    value = float(m.group(1)) * _SUFFIX[m.group(2).upper()] if m else math.nan
+    if not 0 < value < math.inf:
         raise ConfigError(flag, f"expected a positive size like 11B, 830M or 1.4e9, got '{text}'")
-    return float(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    return value
 
 
 def _choice(enum: type[E], value: str, flag: str) -> E:
@@ -83,15 +87,16 @@ def fit(
         raise ConfigError("--level", f"expected a confidence level in [0.5, 1), got {level}")
     if holdout not in (None, "largest"):
         raise ConfigError("--holdout", f"expected 'largest', got '{holdout}'")
-    if noise_sd is not None and not noise_sd > 0:
-        raise ConfigError("--noise-sd", f"expected a positive sd of log loss, got {noise_sd}")
+    if noise_sd is not None and not 0 < noise_sd <= MAX_NOISE_SD:
+        raise ConfigError("--noise-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {noise_sd}")
     request = FitRequest(
         baseline=baseline, candidates=tuple(candidate or ()), axis=_choice(Axis, axis, "--axis"),
         form=_choice(Form, form, "--form"), objective=_choice(Objective, objective, "--objective") if objective else None,
         count=_choice(Count, count, "--count"), at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
         holdout=holdout == "largest", token_points=_choice(TokenPoints, token_points, "--token-points"),
         n_boot=boot, level=level, seed=seed, noise_sd=noise_sd)
-    outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv), request, out, log=not no_log)
+    outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv, log=not no_log), request, out,
+                      log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},
                                      "mlflow_run_id": outcome.mlflow_run_id})
@@ -103,14 +108,21 @@ def fit(
 
 
 def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, where: list[str] | None,
-            csv: Path | None):
+            csv: Path | None, log: bool):
+    """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
-    from diffsweep.train.tracking import tracking_uri
+    from diffsweep.train.tracking import check_tracking, init_store, tracking_uri
 
     uri, keys = tracking_uri(), None
+    # MLflow's HTTP client retries a lost server for minutes (7 retries, 120 s timeouts); the store
+    # is checked up front, so a failure later is reported within seconds instead.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     if csv is not None:
         if sweep or experiment or sweep_name or where:
             raise ConfigError("--csv", "fits the CSV alone; drop the sweep, --experiment, --sweep and --where")
+        if log:  # the fit run goes to the store
+            check_tracking(uri)
         return Source(uri=uri, csv=csv)
     if sweep is not None:
         from diffsweep.sweep import load_sweep
@@ -127,4 +139,6 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
                           "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
+    check_tracking(uri)
+    init_store(uri)  # a store another MLflow version made: one line saying what to do
     return Source(uri=uri, experiment=experiment, sweep=sweep_name, where=tuple(where or ()), keys=keys)

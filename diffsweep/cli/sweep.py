@@ -35,6 +35,8 @@ SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a
                                                        "--set model.size=tiny-m (repeatable; not a key the sweep's "
                                                        "grid, zip, runs, seeds or derive set).", show_default=False)]
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
+WAIT_POLL_S = 2.0  # launch --wait: how often it looks at the sweep
+WAIT_EVERY_S = 30.0  # ... and, printing plain lines, how often it repeats the summary without a change
 
 
 def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
@@ -48,32 +50,62 @@ def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | No
     return make_plan(spec, chosen, output_dir(spec, out), only=only)
 
 
-def _row(r) -> dict:
+def _submitted(r, status: bool):
+    """(resources, profile) the run's latest submission asked for, where that is what to show:
+    ``status`` shows it for every launched run; ``plan`` (what a launch would do) for runs whose
+    job stands (pending, running, done), and the current estimate for those it would submit."""
+    from diffsweep.launch.plan import SUBMITTABLE, submitted_resources
+
+    submitted = submitted_resources(r.ledger_entry)
+    return submitted if submitted and (status or r.state.state not in SUBMITTABLE) else None
+
+
+def _row(r, status: bool) -> dict:
     e = r.estimate
+    submitted = _submitted(r, status)
+    res = submitted[0] if submitted else e.resources
     return {
         "key": r.run.key, "name": r.run.name, "arch": r.run.kind, "size": r.run.size,
         "params": r.run.num_params, "non_embedding_params": r.run.num_non_embedding_params, "tokens": r.run.tokens,
         "flops": r.run.flops, "hours": round(e.hours, 4), "gpu_hours": round(e.gpu_hours, 4),
-        "memory_gb": round(e.memory_gb, 2), "gpus": e.resources.gpus, "nodes": e.resources.nodes,
-        "time_min": e.resources.time_min, "mem_gb": e.resources.mem_gb, "state": r.state.state,
+        "memory_gb": round(e.memory_gb, 2), "gpus": res.gpus, "nodes": res.nodes,
+        "time_min": res.time_min, "mem_gb": res.mem_gb, "resources_source": "submitted" if submitted else "estimate",
+        "submitted_profile": submitted[1] if submitted else None, "state": r.state.state,
         "detail": r.state.detail, "run_dir": str(r.run_dir), "origin": r.run.origin,
-        "job_id": None, "mlflow_run_id": None,
-    } | _ids(r)
+    } | _ids(r.ledger_entry, r.run_dir)
 
 
-def _ids(r) -> dict:
-    entry = r.ledger_entry
+def _ids(entry, run_dir: Path) -> dict:
+    """The run's Slurm job (array task) or local process and its MLflow run, once launched."""
     if entry is None:
-        return {}
+        return {"job_id": None, "mlflow_run_id": None}
     run_id = entry.mlflow_run_id
     if run_id is None:  # status records it in the ledger; until then the run directory knows it
         from diffsweep.launch.state import run_info
 
-        run_id = run_info(r.run_dir).get("run_id")
+        run_id = run_info(run_dir).get("run_id")
     return {"job_id": entry.latest.job_id if entry.latest else None, "mlflow_run_id": run_id}
 
 
-def _render(plan, all_rows: bool) -> None:
+def _orphan_row(o) -> dict:
+    return {"key": o.entry.key, "name": o.entry.name, "state": o.state.state, "detail": o.state.detail,
+            "run_dir": o.entry.run_dir, "successor": o.successor} | _ids(o.entry, Path(o.entry.run_dir))
+
+
+def _job(entry) -> str:
+    a = entry.latest if entry else None
+    if a is None:
+        return ""
+    return a.job_id or ("queued" if a.state == "queued" else "")
+
+
+def _orphan_why(o) -> str:
+    if o.successor:
+        return f"an earlier config of this name (now run {o.successor})"
+    return "no row of the sweep makes it now (removed, or renamed with a new config)"
+
+
+def _render(plan, all_rows: bool, status: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -81,25 +113,41 @@ def _render(plan, all_rows: bool) -> None:
     if not console.is_terminal:
         console = Console(width=200)  # piped or logged: do not squeeze the table into 80 columns
     gpu = plan.profile.gpus_per_node > 0
+    launched = plan.ledger is not None
     table = Table(title=f"sweep {plan.spec.name}: {len(plan.runs)} runs on profile {plan.profile.name} "
                         f"({plan.profile.executor.value})")
     for col in ("key", "name", "arch", "size", "params", "tokens", "FLOPs", "GPU-h" if gpu else "hours",
-                "mem/GPU" if gpu else "memory", "resources", "state"):
+                "mem/GPU" if gpu else "memory", "resources", *(["job"] if launched else []), "state"):
         table.add_column(col, justify="right" if col in ("params", "tokens", "FLOPs", "GPU-h", "hours", "mem/GPU",
                                                          "memory") else "left")
     shown = plan.runs if all_rows else plan.runs[:ROWS]
     for r in shown:
         e = r.estimate
-        state = r.state.state + (f" ({r.state.detail})" if r.state.detail else "")
+        submitted = _submitted(r, status)
+        resources = submitted[0].describe() if submitted else e.resources.describe()
         table.add_row(r.run.key, r.run.name, r.run.kind, r.run.size, human(r.run.num_params), human(r.run.tokens),
                       f"{r.run.flops:.2e}", f"{e.gpu_hours if gpu else e.hours:,.2f}", f"{e.memory_gb:,.1f} GB",
-                      e.resources.describe(), state)
+                      resources, *([_job(r.ledger_entry)] if launched else []), _state(r.state))
     console.print(table)
     if len(shown) < len(plan.runs):
         console.print(f"... {len(plan.runs) - len(shown)} more runs (--all, or --json)")
+    if plan.orphans:
+        orphans = Table(title=f"{len(plan.orphans)} launched runs that the sweep no longer makes (orphaned)")
+        for col in ("key", "name", "job", "state", "why"):
+            orphans.add_column(col)
+        for o in plan.orphans:
+            orphans.add_row(o.entry.key, o.entry.name, _job(o.entry), _state(o.state), _orphan_why(o))
+        console.print(orphans)
+        console.print(f"Orphaned runs keep their run directories and MLflow runs. To continue one, give the sweep its "
+                      f"config back; to stop one that still runs: diffsweep cancel {plan.spec.path} --only KEY")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(plan.counts().items()))
     total = f"{plan.gpu_hours:,.1f} GPU-hours" if gpu else f"{sum(r.estimate.hours for r in plan.runs):,.2f} hours"
-    console.print(f"total: {len(plan.runs)} runs, {total}; states: {counts}; output: {plan.out}")
+    orphaned = f"; {len(plan.orphans)} orphaned" if plan.orphans else ""
+    console.print(f"total: {len(plan.runs)} runs, {total}; states: {counts}{orphaned}; output: {plan.out}")
+
+
+def _state(state) -> str:
+    return state.state + (f" ({state.detail})" if state.detail else "")
 
 
 def _print_compact(data: dict) -> None:
@@ -133,8 +181,9 @@ def plan(
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
 
-    Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources and state (new, done,
-    failed, running, cancelled, changed, unknown), plus the sweep's total GPU-hours.
+    Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources (as submitted, once
+    launched), job and state (new, pending, running, done, failed, cancelled, changed, unknown),
+    plus the sweep's total GPU-hours, and the launched runs the sweep no longer makes (orphaned).
     """
     from diffsweep.launch.cluster import check_planned
 
@@ -143,12 +192,12 @@ def plan(
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
-                    "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
-                    "runs": [_row(r) for r in p.runs]})
+                        "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
+                        "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, False) for r in p.runs]})
     else:
         if p.spec.overrides:
             typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
-        _render(p, all_)
+        _render(p, all_, status=False)
     if budget is not None and p.gpu_hours > budget:
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
 
@@ -204,6 +253,8 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
     check_launch(p, sel, budget)
     for r, why in sel.skip:
         typer.echo(f"skip {r.run.name}: {why}")
+    for o in p.orphans:
+        typer.echo(f"orphaned {o.entry.name} ({o.entry.key}, {_state(o.state)}): {_orphan_why(o)}; left as it is")
     cost = sum(r.estimate.gpu_hours for r in sel.submit)
     if dry_run:
         for r in sel.submit:
@@ -222,19 +273,69 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
 def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
           slurm: list[str] | None, setup: list[str] | None, sets: list[str] | None) -> None:
-    last = None
+    """Until no run is pending or running: progress bars on a terminal, plain lines otherwise."""
+    from rich.console import Console
+
+    from diffsweep.launch.progress import snapshot
+
+    console = Console()
+    watch = _wait_bars if console.is_terminal else _wait_lines
+    last = watch(lambda: snapshot(_plan(sweep, profile, executor, only, out, slurm, setup, sets)), console)
+    if any(s != "done" for s in last.counts):
+        fail(f"not every run finished ({last.summary()}); see `diffsweep status {sweep}`", 1)
+
+
+def _wait_lines(poll, console):
+    """Plain lines (logs, pipes): each state change, and the counts with each running run's step
+    on a change or at most every WAIT_EVERY_S seconds."""
+    from diffsweep.launch.progress import changes
+
+    before, printed = None, 0.0
     while True:
-        p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
-        counts = p.counts()
-        line = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        if line != last:
-            typer.echo(f"[{time.strftime('%H:%M:%S')}] {line}")
-            last = line
-        if not counts.get("running"):
-            break
-        time.sleep(2)
-    if any(s != "done" for s in counts):
-        fail(f"not every run finished ({line}); see `diffsweep status {sweep}`", 1)
+        now = poll()
+        stamp = time.strftime("%H:%M:%S")
+        moved = changes(before, now)
+        for line in moved:
+            typer.echo(f"[{stamp}] {line}")
+        if before is None or moved or not now.active or time.monotonic() - printed >= WAIT_EVERY_S:
+            typer.echo(f"[{stamp}] {now.summary()}")
+            for line in now.running_lines():
+                typer.echo(line)
+            printed = time.monotonic()
+        if not now.active:
+            return now
+        before = now
+        time.sleep(WAIT_POLL_S)
+
+
+def _wait_bars(poll, console):
+    """rich progress bars (a terminal): the sweep's ended runs, and one bar per running run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from diffsweep.launch.progress import changes, duration
+    from diffsweep.launch.state import ACTIVE_STATES, RUNNING
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"))
+    with Progress(*columns, console=console) as bars:
+        sweep_bar, run_bars, before = bars.add_task("sweep", total=None, note=""), {}, None
+        while True:
+            now = poll()
+            for line in changes(before, now):
+                bars.console.print(f"[{time.strftime('%H:%M:%S')}] {line}", markup=False, highlight=False)
+            ended = sum(r.state not in ACTIVE_STATES for r in now.runs)
+            bars.update(sweep_bar, completed=ended, total=len(now.runs), note=now.summary())
+            running = {r.name: r for r in now.runs if r.state == RUNNING}
+            for name in [n for n in run_bars if n not in running]:
+                bars.remove_task(run_bars.pop(name))
+            for name, r in running.items():
+                if name not in run_bars:
+                    run_bars[name] = bars.add_task(f"  {name}", total=r.total, note="")
+                bars.update(run_bars[name], completed=r.step or 0, total=r.total,
+                            note=f"~{duration(r.hours_left)} left")
+            if not now.active:
+                return now
+            before = now
+            time.sleep(WAIT_POLL_S)
 
 
 @handle_errors
@@ -250,18 +351,19 @@ def status(
     setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
-    """Show each run's state and the summary counts.
+    """Show each run's state, job and resources as submitted, the counts, and orphaned runs.
 
-    States come from the ledger, the scheduler and each job's report. Runs whose job died without
+    States come from the ledger, the scheduler and each job's report: pending with Slurm's
+    reason, running with its step, failed with the reason the job recorded. Runs whose job died without
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
     p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     if json_:
         _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
-                    "runs": [_row(r) for r in p.runs]})
+                        "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, True) for r in p.runs]})
     else:
-        _render(p, all_)
+        _render(p, all_, status=True)
 
 
 def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path | None) -> list[dict]:
@@ -305,31 +407,39 @@ def cancel(
     setup: SetupOpt = None,
     sets: SweepSetOpt = None,
 ) -> None:
-    """Cancel running and queued runs (all, or those matching --only).
+    """Cancel pending and running runs (all, or those matching --only), orphaned ones included.
 
     Jobs save a checkpoint at the step boundary before they stop: launching again resumes them.
     """
-    from diffsweep.launch.control import cancel as stop
+    from diffsweep.launch.control import cancel as stop, require_launched
     from diffsweep.launch.submit import launch_lock
 
     p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
+    require_launched(p)  # before the lock: a sweep never launched is refused with nothing created
     with launch_lock(p.out, "cancel"):
         cancelled = stop(p)
-    for r in cancelled:
-        typer.echo(f"cancelled {r.run.name}")
+    for name in cancelled:
+        typer.echo(f"cancelled {name}")
     typer.echo(f"cancelled {len(cancelled)} runs")
 
 
 @handle_errors
 def logs(
-    run: Annotated[str, typer.Argument(help="Run name or key (prefix), as shown by plan/status.", show_default=False)],
+    run: Annotated[str, typer.Argument(help="The run: its name or key (prefix) as plan/status show them, its run "
+                                       "directory's name, or its MLflow run name.", show_default=False)],
     sweep: Annotated[Path | None, typer.Option("--sweep", help="The run's sweep YAML (default: search runs/*/).",
                                                show_default=False)] = None,
     out: OutOpt = None,
+    attempt: Annotated[str | None, typer.Option("--attempt", help="Which submission: N (1 is the first) or all "
+                                                "(default: the latest).", show_default=False)] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
-    """Print a launched run's job logs (stdout, then stderr)."""
-    from diffsweep.launch.control import find_entry, follow, log_files
+    """Print a launched run's job logs: per attempt (submission) a header, then stdout and stderr.
+
+    Slurm requeues (preemption, time limits) continue the same attempt's files, where a line
+    "==> diffsweep: job ... started ..." marks each start. A run with no logs yet says so.
+    """
+    from diffsweep.launch.control import find_entry, follow, header, latest_state, log_files, no_logs, select_attempts
     from diffsweep.launch.plan import output_dir
     from diffsweep.sweep import load_sweep
 
@@ -338,10 +448,22 @@ def logs(
     else:
         outs = sorted(p.parent for p in Path("runs").glob("*/ledger.json"))
     directory, entry = find_entry(run, outs)
-    files = log_files(entry)
-    if follow_:
-        follow(directory, entry.key, files)
-        return
-    for f in files:
-        if f.is_file():
-            typer.echo(f.read_text(errors="replace"), nl=False)
+    numbers = select_attempts(entry, attempt)
+    latest = len(entry.attempts)
+    if follow_ and numbers != [latest]:
+        fail(f"--follow: follows the latest attempt ({latest}); leave out --attempt")
+    state = latest_state(entry)
+    for n in numbers:
+        a = entry.attempts[n - 1]
+        typer.echo(header(entry, n, state if n == latest else None))
+        if follow_:
+            follow(directory, entry.key, n, echo=typer.echo)
+            return
+        files = log_files(a)
+        if not files:
+            typer.echo(no_logs(entry, a, state if n == latest else None))
+        for f in files:
+            text = f.read_text(errors="replace")
+            if a.stderr and f == Path(a.stderr) and text:
+                typer.echo(f"--- stderr ({f}) ---")
+            typer.echo(text + ("" if not text or text.endswith("\n") else "\n"), nl=False)

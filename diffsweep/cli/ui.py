@@ -11,7 +11,8 @@ from diffsweep.cli.common import fail, handle_errors
 HostOpt = Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes it to the network).")]
 PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to serve on.")]
 ExperimentOpt = Annotated[str | None, typer.Option(
-    "--experiment", help="Also print the direct URL of this experiment's runs (e.g. diffsweep).", show_default=False)]
+    "--experiment", help="Print only this experiment's runs page (e.g. diffsweep; default: every experiment's).",
+    show_default=False)]
 
 
 @handle_errors
@@ -20,9 +21,12 @@ def ui(host: HostOpt = "127.0.0.1", port: PortOpt = 5000, experiment: Experiment
 
     The store is the one training logs to: MLFLOW_TRACKING_URI if set, else ./mlflow.db.
 
-    An http(s) MLFLOW_TRACKING_URI is a server already: its URL is printed and nothing starts.
+    Each experiment's runs page is printed, in MLflow's Model training view.
 
-    Exit status: 0 stopped by Ctrl-C/SIGTERM, 1 the server failed, 2 no store yet or port in use.
+    An http(s) MLFLOW_TRACKING_URI is a server already: its URLs are printed and nothing starts.
+
+    Exit status: 0 stopped by Ctrl-C/SIGTERM, 1 the server failed, 2 no store yet, an unusable
+    MLFLOW_TRACKING_URI (unreachable server, unknown scheme, not a database) or port in use.
     """
     from diffsweep.train.tracking import tracking_uri
     from diffsweep.ui import UiError, serve

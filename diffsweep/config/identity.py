@@ -59,6 +59,11 @@ def _identity_items(name: str, section: object) -> tuple[tuple[str, object], ...
 
 
 def run_name(config: Config) -> str:
-    """A readable, unique name: ``<size>-<kind>-seed<seed>-<run key>``."""
-    size = config.model.size or "custom"
-    return f"{size}-{config.model.attention.kind.value}-seed{config.train.seed}-{run_key(config)}"
+    """A readable, unique name: ``<size>-<kind>-seed<seed>-<run key>`` (the MLflow run's name)."""
+    return run_name_of(identity_fields(config), run_key(config))
+
+
+def run_name_of(fields: dict[str, object], key: str) -> str:
+    """``run_name`` from a run's identity fields and key (e.g. a sweep ledger's entry)."""
+    size = fields.get("model.size") or "custom"
+    return f"{size}-{fields.get('model.attention.kind')}-seed{fields.get('train.seed')}-{key}"

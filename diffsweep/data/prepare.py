@@ -3,7 +3,8 @@
 Each document is tokenized; its last ``val_fraction`` of tokens go to the validation split and
 the rest to training (so both splits sample every document), each part followed by the
 tokenizer's end-of-document token when it has one. The directory is built beside its destination and renamed into
-place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing.
+place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing, not
+even the parent folders it created for the destination.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta
 from diffsweep.data.tokenizers import new_tokenizer
+from diffsweep.fsutil import parents_made_for
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")  # what a directory given to ``prepare`` contributes
 
@@ -89,19 +91,27 @@ def prepare(
     """
     if not documents:
         raise ConfigError("INPUTS", "no documents to tokenize")
+    for doc in documents:  # an empty file would still make a dataset: of end-of-document tokens only
+        if not doc.text.strip():
+            raise ConfigError(doc.name, "no text (empty or only whitespace)")
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError("--val-fraction", f"expected a value in (0, 1), got {val_fraction}")
     if out.exists() and not force:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(str(out), f"cannot create its parent directory ({exc.strerror})") from exc
-    if not os.access(out.parent, os.W_OK):
-        raise ConfigError(str(out), f"cannot write in {out.parent}")
 
     tok = new_tokenizer(tokenizer, lambda: (d.text for d in documents), vocab_size)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
+    try:
+        with parents_made_for(out):
+            return _write(documents, out, tok, dtype, val_fraction, progress)
+    except OSError as exc:
+        raise ConfigError(str(out), f"cannot write it ({exc.strerror or exc})") from None
+
+
+def _write(documents, out, tok, dtype, val_fraction, progress) -> DatasetMeta:
+    """Tokenize into a staging folder beside ``out`` and rename it into place."""
+    if not os.access(out.parent, os.W_OK):
+        raise ConfigError(str(out), f"cannot write in {out.parent}")
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         counts = {name: 0 for name in SPLITS}

@@ -7,56 +7,70 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
-from diffsweep.launch.ledger import Attempt, Entry, locked, read_ledger, write_ledger
-from diffsweep.launch.plan import RunPlan, SweepPlan
-from diffsweep.launch.state import RUNNING, attempt_state, pid_alive, scheduler_states, slurm_states
+from diffsweep.config.identity import run_name_of
 from diffsweep.launch.jobfile import read_job_state
+from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
+from diffsweep.launch.plan import SweepPlan
+from diffsweep.launch.state import (ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, pid_alive,
+                                    scheduler_states, slurm_states)
 
 
-def cancel(plan: SweepPlan) -> list[RunPlan]:
-    """Cancel the plan's running runs (Slurm: scancel; local: SIGTERM; queued: dropped). A running
-    job saves a checkpoint at the step boundary first, so launching again resumes it. A Slurm job
-    that is still running after scancel (checked with Slurm, not from scancel's exit status)
-    stays running in the ledger, and the error names it."""
+def cancel(plan: SweepPlan) -> list[str]:
+    """Cancel the plan's pending and running runs, orphans included (Slurm: scancel; local:
+    SIGTERM; queued: dropped); returns their names. A running job saves a checkpoint at the step
+    boundary first, so launching again resumes it. A Slurm job that is still running after scancel
+    (checked with Slurm, not from scancel's exit status) stays running in the ledger, and the
+    error names it. A sweep never launched is an error: there is nothing to cancel."""
+    require_launched(plan)
     cancelled = []
     with locked(plan.out):
         ledger = read_ledger(plan.out)
         if ledger is None:
             return []
-        slurm: dict[str, tuple[RunPlan, Attempt]] = {}
-        for r in plan.runs:
-            entry = ledger.entries.get(r.run.key)
-            if r.state.state != RUNNING or entry is None or entry.latest is None:
+        slurm: dict[str, tuple[str, Attempt]] = {}
+        targets = [(r.run.key, r.run.name, r.state) for r in plan.runs]
+        targets += [(o.entry.key, o.entry.name, o.state) for o in plan.orphans]
+        for key, name, state in targets:
+            entry = ledger.entries.get(key)
+            if state.state not in ACTIVE_STATES or entry is None or entry.latest is None:
                 continue
             a = entry.latest
             if a.state == "cancelled":  # already stopping
                 continue
             if a.executor == "slurm" and a.state == "submitted" and a.job_id is not None:
-                slurm[a.job_id] = (r, a)  # marked once Slurm has stopped it
+                slurm[a.job_id] = (name, a)  # marked once Slurm has stopped it
                 continue
             if a.state == "submitted" and a.job_id is not None and pid_alive(int(a.job_id), a.job_start):
                 # submitit's local controller forwards SIGTERM: the trainer saves and stops (the
                 # start time tells the job from a later process that got its pid)
                 os.kill(int(a.job_id), signal.SIGTERM)
             a.state = "cancelled"
-            cancelled.append(r)
+            cancelled.append(name)
         still, why = dict.fromkeys(slurm, "unknown"), ""  # until Slurm says otherwise
         try:
             if slurm:
                 still, why = scancel(list(slurm))
         finally:
-            for job_id, (r, a) in slurm.items():
+            for job_id, (name, a) in slurm.items():
                 if job_id not in still:
                     a.state = "cancelled"
-                    cancelled.append(r)
+                    cancelled.append(name)
             write_ledger(plan.out, ledger)
     if still:
         jobs = ", ".join(f"{j} ({state})" for j, state in sorted(still.items()))
         raise EnvironmentUnavailable(f"scancel did not stop Slurm jobs {jobs} ({why}); run `diffsweep cancel` again")
     return cancelled
+
+
+def require_launched(plan: SweepPlan) -> None:
+    """``ConfigError`` (naming the sweep file) if the sweep was never launched in ``plan.out``."""
+    if not ledger_path(plan.out).is_file():
+        raise ConfigError(str(plan.spec.path), f"sweep {plan.spec.name} was never launched (no ledger in "
+                          f"{plan.out}); nothing to cancel")
 
 
 # Slurm states of a job that scancel has not stopped (a cancelled one reads COMPLETING, then CANCELLED).
@@ -83,52 +97,113 @@ def scancel(job_ids: list[str], wait_s: float = 15.0) -> tuple[dict[str, str], s
 
 
 def find_entry(run: str, outs: list[Path]) -> tuple[Path, Entry]:
-    """The ledger entry whose name or key (prefix) is ``run``, searching the sweep directories ``outs``."""
-    matches = []
+    """The ledger entry that ``run`` names, searching the sweep directories ``outs``: the run's
+    name in its sweep, its key (or a prefix), its run directory's name, or its MLflow run name."""
+    matches = []  # (sweep directory, sweep name, entry)
     for out in outs:
         ledger = read_ledger(out)
         if ledger is None:
             continue
         for e in ledger.entries.values():
-            if e.name == run or e.key.startswith(run) or f"{e.name}-{e.key}" == run:
-                matches.append((out, e))
+            if run in (e.name, f"{e.name}-{e.key}", run_name_of(e.identity, e.key)) or e.key.startswith(run):
+                matches.append((out, ledger.sweep, e))
     if not matches:
         where = ", ".join(str(o) for o in outs) or "no sweep directories"
         raise ConfigError("RUN", f"no launched run named {run!r} (searched {where}); see `diffsweep status SWEEP`")
+    sweeps = sorted({(sweep, str(out)) for out, sweep, _ in matches})
+    if len(sweeps) > 1:
+        names = ", ".join(f"{sweep} ({out})" for sweep, out in sweeps[:5])
+        raise ConfigError("RUN", f"{run!r} is a run of several sweeps: {names}; pick one with --sweep SWEEP.yaml")
     if len(matches) > 1:
-        names = ", ".join(f"{e.name} ({e.key})" for _, e in matches[:5])
+        names = ", ".join(f"{e.name} ({e.key})" for _, _, e in matches[:5])
         raise ConfigError("RUN", f"{run!r} matches several runs: {names}; give the full name or key")
-    return matches[0]
+    out, _, entry = matches[0]
+    return out, entry
 
 
-def log_files(entry: Entry) -> list[Path]:
-    a = entry.latest
-    if a is None or a.stdout is None:
-        raise ConfigError("RUN", f"{entry.name} has not started yet (no logs)")
-    return [Path(p) for p in (a.stdout, a.stderr) if p]
+def select_attempts(entry: Entry, which: str | None) -> list[int]:
+    """1-based numbers of the attempts (submissions) ``--attempt`` picks: N, ``all``, or (None) the latest."""
+    n = len(entry.attempts)
+    if which is None:
+        return [n]
+    if which == "all":
+        return list(range(1, n + 1))
+    if not which.isdigit() or not 1 <= int(which) <= n:
+        raise ConfigError("--attempt", f"expected a number from 1 to {n} (the attempts of {entry.name}) or 'all', "
+                          f"got {which!r}")
+    return [int(which)]
 
 
-def follow(out: Path, entry_key: str, files: list[Path], poll_s: float = 1.0) -> None:
-    """Print the files as they grow until the run's job is no longer running."""
-    offsets = {f: 0 for f in files}
-    ended = False
+def latest_state(entry: Entry) -> RunState | None:
+    """The run's state now, from its latest attempt (for the logs' header and messages); None
+    when the scheduler cannot be asked here (the logs are still worth showing)."""
+    try:
+        return entry_state(entry, _scheduler(entry))
+    except EnvironmentUnavailable:
+        return None
+
+
+def _scheduler(entry: Entry) -> dict[str, str]:
+    """The scheduler's state of this one run's job (not the whole sweep's)."""
+    return scheduler_states(Ledger(sweep="", experiment="", tracking_uri="", entries={entry.key: entry}))
+
+
+def header(entry: Entry, number: int, state: RunState | None) -> str:
+    """One line above an attempt's logs: which run, which submission, where, and (latest) its state."""
+    a = entry.attempts[number - 1]
+    job = f"{a.executor} job {a.job_id}" if a.job_id else f"{a.executor} ({a.state})"
+    now = ""
+    if state is not None:
+        now = f"; now {state.state}" + (f" ({state.detail})" if state.detail else "")
+    elif a.state == "cancelled" or a.reconciled:
+        now = f"; {'cancelled' if a.state == 'cancelled' else 'ended as ' + str(a.reconciled)}"
+    return (f"==> {entry.name} ({entry.key}), attempt {number} of {len(entry.attempts)}: {job}, "
+            f"submitted {a.submitted}{now} <==")
+
+
+def log_files(attempt: Attempt) -> list[Path]:
+    """The attempt's stdout and stderr files that exist (none before its job has started)."""
+    return [Path(p) for p in (attempt.stdout, attempt.stderr) if p and Path(p).is_file()]
+
+
+def no_logs(entry: Entry, attempt: Attempt, state: RunState | None) -> str:
+    """What to say instead of logs when an attempt has none (yet)."""
+    if attempt.job_id is None:
+        return f"{entry.name}: waiting in the local queue; no logs yet"
+    if state is not None and state.state == PENDING:
+        return f"{entry.name}: job {attempt.job_id} is pending ({state.detail or 'queued'}); no logs yet"
+    if state is not None and state.state in ACTIVE_STATES:
+        return f"{entry.name}: job {attempt.job_id} has written no logs yet"
+    return f"{entry.name}: job {attempt.job_id} left no logs (expected {attempt.stdout})"
+
+
+def follow(out: Path, entry_key: str, number: int, poll_s: float = 1.0,
+           echo: Callable[[str], None] = print) -> None:
+    """Print attempt ``number``'s log files as they grow until its job is no longer pending or
+    running (saying so once while it is pending)."""
+    offsets: dict[Path, int] = {}
+    ended = said_pending = False
     while True:
-        for f in files:
-            try:
-                with open(f, "rb") as handle:
-                    handle.seek(offsets[f])
-                    chunk = handle.read()
-            except FileNotFoundError:
-                continue
+        ledger = read_ledger(out)
+        entry = ledger.entries.get(entry_key) if ledger else None
+        if entry is None or len(entry.attempts) < number:
+            return
+        a = entry.attempts[number - 1]
+        for f in log_files(a):
+            with open(f, "rb") as handle:
+                handle.seek(offsets.get(f, 0))
+                chunk = handle.read()
             if chunk:
-                offsets[f] += len(chunk)
+                offsets[f] = offsets.get(f, 0) + len(chunk)
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
         if ended:  # one last read after the job ended, for its final lines
             return
-        ledger = read_ledger(out)
-        entry = ledger.entries.get(entry_key) if ledger else None
-        ended = entry is None or entry.latest is None or attempt_state(
-            entry.latest, read_job_state(Path(entry.run_dir)), scheduler_states(ledger)).state != RUNNING
+        # the job's process, not job.json, decides: it may still be writing its last lines
+        state = attempt_state(a, read_job_state(Path(entry.run_dir)), _scheduler(entry))
+        if state.state == PENDING and not offsets and not said_pending:
+            echo(no_logs(entry, a, state))
+            said_pending = True
+        ended = number != len(entry.attempts) or state.state not in ACTIVE_STATES
         if not ended:
             time.sleep(poll_s)

@@ -6,19 +6,29 @@ submitit, whose handler calls ``checkpoint()`` and requeues. The requeued job is
 callable: it resumes from the run directory's **newest** checkpoint, and the trainer continues
 the MLflow run named in ``run.json``, so nothing from the first submission goes stale.
 
-The job records its state in the run directory's ``job.json`` (``diffsweep.launch.jobfile``).
+The job records its state in the run directory's ``job.json`` (``diffsweep.launch.jobfile``):
+at each start (how many times this job has started: Slurm requeues reuse the job id and append to
+its log files, so each start also prints a marker line to both), every ``STEP_EVERY_S`` seconds
+while training (the step and the measured seconds per step, for ``status`` and ``launch --wait``),
+and at the end.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from diffsweep.launch.jobfile import write_job_state as _write_job_state
+from diffsweep.launch.jobfile import read_job_state, write_job_state as _write_job_state
+from diffsweep.launch.ledger import now
+
+STEP_EVERY_S = 10.0  # job.json's step is rewritten at most this often (a small file, read by status)
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -33,7 +43,11 @@ class TrainJob(submitit.helpers.Checkpointable):
         self.tags = tags
 
     def __call__(self) -> dict[str, Any]:
+        from diffsweep.train.preemption import catch_early_sigterm
+
+        catch_early_sigterm()  # first: a cancel while the imports below run must not be lost
         from diffsweep.config import config_from_dict
+        from diffsweep.train.optim import total_steps
         from diffsweep.train.trainer import Diverged, train
 
         run_dir = Path(self.run_dir)
@@ -41,20 +55,45 @@ class TrainJob(submitit.helpers.Checkpointable):
         job_id = _job_id()
         # With one task per GPU every task trains (torch.distributed); the first one speaks for the job.
         write_job_state = _write_job_state if _global_rank() == 0 else _skip_job_state
-        write_job_state(run_dir, "running", job_id=job_id, pid=os.getpid())
+        before = read_job_state(run_dir) or {}
+        starts = before.get("starts", 0) + 1 if job_id is not None and before.get("job_id") == job_id else 1
+        if _global_rank() == 0:
+            _mark_start(job_id, starts)
+        ident = {"job_id": job_id, "starts": starts}  # in every record: the next start counts on from it
+        running = {**ident, "pid": os.getpid(), "started": now()}
+        write_job_state(run_dir, "running", **running)
         try:
             config = config_from_dict(self.config)
-            result = train(config, run_dir, experiment=self.experiment, tags=self.tags)
+            total = total_steps(config.train)
+            first: list[tuple[int, float]] = []  # the first step this start trained, and when
+            last = [0.0]
+
+            def report_step(step: int, metrics: dict[str, float]) -> None:
+                clock = time.monotonic()
+                if not first:
+                    first.append((step, clock))
+                if clock - last[0] >= STEP_EVERY_S:
+                    last[0] = clock
+                    (step0, clock0), pace = first[0], {}
+                    if step > step0:  # measured here, for launch --wait's ETA
+                        pace["seconds_per_step"] = round((clock - clock0) / (step - step0), 6)
+                    write_job_state(run_dir, "running", **running, step=step, total=total, **pace)
+
+            result = train(config, run_dir, experiment=self.experiment, tags=self.tags, callbacks=(report_step,))
         except Diverged as exc:  # the same config diverges again: not retried (see launch.state)
-            write_job_state(run_dir, "failed", job_id=job_id, reason=f"diverged: {exc}", retryable=False)
+            write_job_state(run_dir, "failed", **ident, reason=f"diverged: {exc}", retryable=False)
             raise
         except BaseException as exc:
-            write_job_state(run_dir, "failed", job_id=job_id, reason=f"{type(exc).__name__}: {exc}"[:2000])
+            write_job_state(run_dir, "failed", **ident, reason=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         if result.status == "finished":
-            write_job_state(run_dir, "finished", job_id=job_id, step=result.step, run_id=result.run_id)
+            write_job_state(run_dir, "finished", **ident, step=result.step, run_id=result.run_id)
             return {"status": "finished", "step": result.step, "run_id": result.run_id}
-        write_job_state(run_dir, "preempted", job_id=job_id, step=result.step, reason=result.reason)
+        # status shows this reason if the job is not requeued (e.g. a stray SIGTERM)
+        reason = (f"stopped by {result.signal or 'a signal'} at step {result.step} after saving a checkpoint; "
+                  "launch the sweep again to resume")
+        write_job_state(run_dir, "preempted", **ident, step=result.step, total=result.total_steps,
+                        reason=reason)
         if _global_rank() != 0:
             # The first task saves nothing more and requeues the job; the others end cleanly, so
             # srun's --kill-on-bad-exit cannot cut the first one short while it requeues.
@@ -62,8 +101,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         if result.signal == signal.SIGUSR2.name and _under_submitit():
             # The checkpoint is saved; let submitit's handler (restored by the trainer) requeue.
             os.kill(os.getpid(), signal.SIGUSR2)
-        raise Preempted(f"stopped by {result.signal} at step {result.step} after saving a checkpoint; "
-                        "launch the sweep again to resume")
+        raise Preempted(reason)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue this same job: its state lives in the run directory, not in this object."""
@@ -72,6 +110,14 @@ class TrainJob(submitit.helpers.Checkpointable):
 
 class Preempted(RuntimeError):
     """The job stopped after saving a checkpoint and was not requeued by submitit."""
+
+
+def _mark_start(job_id: str | None, starts: int) -> None:
+    """A line in both log files at each start, so that ``diffsweep logs`` shows where a requeue begins."""
+    again = f", start {starts} (after {starts - 1} requeue{'s' if starts > 2 else ''})" if starts > 1 else ""
+    line = f"==> diffsweep: job {job_id} started at {now()} on {socket.gethostname()}{again} <=="
+    for stream in (sys.stdout, sys.stderr):
+        print(line, file=stream, flush=True)
 
 
 def _under_submitit() -> bool:

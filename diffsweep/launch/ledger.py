@@ -1,7 +1,7 @@
 """The sweep ledger: ``<sweep output>/ledger.json`` maps each run key to its name, run directory,
 identity fields, and every submission (executor, Slurm job / array task or local process, code
-snapshot, log paths). Read-modify-write happens under an exclusive lock and is atomic, so
-``launch``, ``cancel`` and the local queue can share it.
+snapshot, log paths, the profile and resources it asked for). Read-modify-write happens under an
+exclusive lock and is atomic, so ``launch``, ``cancel`` and the local queue can share it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Attempt:
     queue_pid: int | None = None  # local: the queue process that starts this attempt
     queue_start: int | None = None  # ... and its start time (pids get reused)
     job_start: int | None = None  # local: the start time of the job's process (job_id is its pid)
+    profile: str | None = None  # the profile it was submitted with (None: a ledger from before it was recorded)
+    resources: dict[str, Any] | None = None  # what it asked for (``Resources`` fields), as submitted
 
 
 @dataclass

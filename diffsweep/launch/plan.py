@@ -1,4 +1,5 @@
-"""A sweep's plan: every run with its estimate on the chosen profile and its current state.
+"""A sweep's plan: every run with its estimate on the chosen profile and its current state, and
+the runs in the ledger that the sweep no longer produces (orphans).
 
 ``plan`` and ``status`` render it; ``launch`` submits the runs it marks as to be submitted.
 """
@@ -15,8 +16,9 @@ from pathlib import Path
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, ExecutorKind, Profile, load_profile
-from diffsweep.launch.resources import Estimate, estimate
-from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, run_state, scheduler_states
+from diffsweep.launch.resources import Estimate, Resources, estimate
+from diffsweep.launch.state import (CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state,
+                                    scheduler_states)
 from diffsweep.sweep import PlannedRun, SweepSpec, expand
 
 SLURM_DEFAULT = Profile(name="slurm", executor=ExecutorKind.SLURM, gpus_per_node=8)  # a cluster we know nothing of
@@ -36,6 +38,17 @@ class RunPlan:
 
 
 @dataclass
+class Orphan:
+    """A launched run that the sweep no longer produces: its row was removed or renamed, or its
+    config changed. It keeps its run directory, ledger entry and MLflow run; it is shown so that
+    it does not vanish silently, and ``cancel`` still reaches it."""
+
+    entry: Entry
+    state: RunState
+    successor: str | None = None  # the key of the planned run that now has its name, if one does
+
+
+@dataclass
 class SweepPlan:
     spec: SweepSpec
     profile: Profile
@@ -43,6 +56,7 @@ class SweepPlan:
     runs: list[RunPlan]
     ledger: Ledger | None
     warnings: list[str] = field(default_factory=list)
+    orphans: list[Orphan] = field(default_factory=list)
 
     @property
     def gpu_hours(self) -> float:
@@ -53,6 +67,18 @@ class SweepPlan:
         for r in self.runs:
             out[r.state.state] = out.get(r.state.state, 0) + 1
         return out
+
+
+def submitted_resources(entry: Entry | None) -> tuple[Resources, str] | None:
+    """What the run's latest submission asked for and on which profile (from the ledger), or None
+    when it was never submitted or its ledger predates recording it."""
+    a = entry.latest if entry else None
+    if a is None or a.resources is None:
+        return None
+    try:
+        return Resources(**a.resources), a.profile or "?"
+    except TypeError:  # a hand-edited ledger, or one from a version with other fields
+        return None
 
 
 def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -> Profile:
@@ -116,20 +142,22 @@ def _refuse_former_default(spec: SweepSpec, path: Path) -> None:
 
 
 def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = None) -> SweepPlan:
-    """Expand, select with ``only`` (a regex searched in run names and keys), estimate, and read states."""
+    """Expand, select with ``only`` (a regex searched in run names and keys), estimate, and read
+    states; also the ledger's runs that the expansion no longer has (``orphans``)."""
     expansion = expand(spec)
-    runs = expansion.runs
-    if only is not None:
-        try:
-            pattern = re.compile(only)
-        except re.error as exc:
-            raise ConfigError("--only", f"not a valid regular expression ({exc})") from None
-        runs = [r for r in runs if pattern.search(r.name) or pattern.search(r.key)]
-        if not runs:
-            raise ConfigError("--only", f"{only!r} matches no run of {spec.path}")
+    try:
+        pattern = re.compile(only or "")
+    except re.error as exc:
+        raise ConfigError("--only", f"not a valid regular expression ({exc})") from None
+    runs = [r for r in expansion.runs if pattern.search(r.name) or pattern.search(r.key)]
     ledger = read_ledger(out)
     if ledger is not None and ledger.sweep != spec.name:
         raise ConfigError("--out", f"{out} holds sweep {ledger.sweep!r}, not {spec.name!r}; use another --out")
+    planned = {r.key for r in expansion.runs}
+    gone = sorted((e for e in (ledger.entries.values() if ledger else []) if e.key not in planned
+                   and (pattern.search(e.name) or pattern.search(e.key))), key=lambda e: (e.name, e.key))
+    if not runs and not gone:
+        raise ConfigError("--only", f"{only!r} matches no run of {spec.path}")
     scheduler = scheduler_states(ledger)
     runs_dir = out / "runs"
     existing = {p.name for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()
@@ -143,7 +171,10 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
         plans.append(RunPlan(run=r, estimate=estimate(r, profile, spec.launch.gpus_per_run), run_dir=run_dir, attempts=attempts,
                              ledger_entry=entry, state=run_state(r.key, r.name, run_dir if known else None, ledger, scheduler,
                                              r.config)))
-    return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings)
+    names = {r.name: r.key for r in expansion.runs}
+    orphans = [Orphan(e, entry_state(e, scheduler), names.get(e.name)) for e in gone]
+    return SweepPlan(spec=spec, profile=profile, out=out, runs=plans, ledger=ledger, warnings=expansion.warnings,
+                     orphans=orphans)
 
 
 def cpu_count() -> int:

@@ -3,9 +3,11 @@ job's own ``job.json``; and reconciliation: a job that died without reporting ge
 marked FAILED or KILLED with the scheduler's state as the reason.
 
 States: ``new`` (never launched), ``changed`` (a run of the same name was launched with another
-config; the differing fields are the detail), ``running`` (pending, running, requeued or still
-stopping after a cancel), ``done``, ``failed``, ``cancelled``, ``unknown`` (the scheduler has
-no record of the job and the job never reported). A state may be ``blocked``: launch skips it.
+config; the differing fields are the detail), ``pending`` (queued: waiting in Slurm, with Slurm's
+reason, requeued, or in the local queue), ``running`` (running, with its step, or still stopping
+after a cancel), ``done``, ``failed`` (with the job's recorded reason), ``cancelled``, ``unknown``
+(the scheduler has no record of the job and the job never reported). A state may be ``blocked``:
+launch skips it.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from diffsweep.config.identity import identity_fields
 from diffsweep.launch.jobfile import read_job_state, write_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
 
-NEW, CHANGED, RUNNING, DONE, FAILED, CANCELLED = "new", "changed", "running", "done", "failed", "cancelled"
+NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
+    "new", "changed", "pending", "running", "done", "failed", "cancelled")
+ACTIVE_STATES = (PENDING, RUNNING)  # a job exists and may still train: never submit another one
 UNKNOWN_STATE = "unknown"  # launched, but neither the scheduler nor the job says what became of it
 UNKNOWN = "UNKNOWN"  # scheduler state of a job id nobody reports
 # Slurm job states (squeue %T / sacct State) in which a job may still run.
 ACTIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+# ... of which these mean it is waiting, not executing (squeue's %r says why).
+WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "REVOKED"})  # -> MLflow KILLED; other failures -> FAILED
 
 
@@ -50,7 +56,7 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
         if others:
             fields = ", ".join(changed_fields(others[-1].identity, identity_fields(config))) or "config"
             running = [e for e in others if e.latest and attempt_state(
-                e.latest, read_job_state(Path(e.run_dir)), scheduler).state == RUNNING]
+                e.latest, read_job_state(Path(e.run_dir)), scheduler).state in ACTIVE_STATES]
             if running:
                 return RunState(CHANGED, fields, blocked=f"its previous version ({running[0].key}) is still "
                                 "running; cancel it first (diffsweep cancel SWEEP --only NAME)")
@@ -59,28 +65,41 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
     return attempt_state(entry.latest, job, scheduler)
 
 
+def entry_state(entry: Entry, scheduler: dict[str, str]) -> RunState:
+    """The state of a launched run from its ledger entry alone (a run the sweep no longer plans)."""
+    job = read_job_state(Path(entry.run_dir))
+    if job and job.get("state") == "finished":
+        return RunState(DONE, f"{job.get('step', '?')} steps")
+    return attempt_state(entry.latest, job, scheduler) if entry.latest else RunState(NEW)
+
+
 def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str]) -> RunState:
     """The state of a run from its latest attempt, the scheduler and the job's own report."""
     if attempt.state == "failed-to-start":
         return RunState(FAILED, "the local queue could not start it (see the sweep's logs/queue-*.log)")
     if attempt.state == "queued":
         if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
-            return RunState(RUNNING, "QUEUED (local)")
+            return RunState(PENDING, "local queue")
         return RunState(FAILED, "the local queue stopped before starting it")
     sched = scheduler.get(attempt.job_id or "", UNKNOWN)
-    active = sched.split()[0] in ACTIVE
+    word, reason = split_state(sched)
     if attempt.state == "cancelled":
-        if active:  # still saving its checkpoint: a new job must not start on its directory yet
+        if word in ACTIVE:  # still saving its checkpoint: a new job must not start on its directory yet
             return RunState(RUNNING, "cancelling", blocked="it is still stopping")
         return RunState(CANCELLED)
-    if active:
-        return RunState(RUNNING, sched + (f", step {job['step']}" if job and "step" in job else ""))
+    if word in WAITING:
+        requeued = f"requeued at step {job['step']}" if job and job.get("state") == "preempted" else ""
+        return RunState(PENDING, ", ".join(x for x in (word if word != "PENDING" else "", reason, requeued) if x))
+    if word in ACTIVE:
+        return RunState(RUNNING, ", ".join(x for x in (word if word != "RUNNING" else "", progress(job)) if x))
     if job and job.get("state") == "failed":
         reason = str(job.get("reason", ""))[:200]
         if job.get("retryable") is False:
             return RunState(FAILED, reason, blocked="it diverged; a rerun of the same config diverges again "
                             "(change the config, e.g. train.lr, which makes a new run)")
         return RunState(FAILED, reason)
+    if job and job.get("state") == "preempted":  # stopped by a signal (not diffsweep's cancel) and not requeued
+        return RunState(FAILED, str(job.get("reason") or f"stopped at step {job.get('step', '?')}")[:200])
     if sched == UNKNOWN:
         return RunState(UNKNOWN_STATE, "the scheduler does not know job " + str(attempt.job_id),
                         blocked="its job's state is unknown (cancel it to allow a resubmission)")
@@ -89,6 +108,19 @@ def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str])
     if sched in ("COMPLETED", "EXITED"):
         return RunState(FAILED, "the job ended without finishing the run")
     return RunState(FAILED, sched)
+
+
+def split_state(sched: str) -> tuple[str, str]:
+    """``"PENDING (Resources)"`` -> ``("PENDING", "Resources")``: the scheduler's state and its reason."""
+    word, _, rest = sched.partition(" ")
+    return word, rest.strip().removeprefix("(").removesuffix(")")
+
+
+def progress(job: dict | None) -> str:
+    """``step 40/400`` from a running job's ``job.json`` (its step callback updates it), or ""."""
+    if not job or job.get("state") != "running" or "step" not in job:
+        return ""
+    return f"step {job['step']}/{job['total']}" if job.get("total") else f"step {job['step']}"
 
 
 def changed_fields(old: dict[str, object], new: dict[str, object]) -> list[str]:
@@ -138,8 +170,9 @@ def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
 
 def slurm_states(job_ids: list[str]) -> dict[str, str]:
     """Slurm states by job id (``123`` or ``123_4``): squeue for jobs slurmctld still holds,
-    sacct for the rest. Ids neither knows are left out. If squeue itself fails, nothing can be
-    told apart (a pending job would look lost), so that is an error, not a guess."""
+    sacct for the rest; a waiting job's state carries squeue's reason: ``PENDING (Resources)``.
+    Ids neither knows are left out. If squeue itself fails, nothing can be told apart (a pending
+    job would look lost), so that is an error, not a guess."""
     wanted = set(job_ids)
     states: dict[str, str] = {}
     out = _slurm(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"])
@@ -147,8 +180,8 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
         jid, state, reason = (line.split("|") + ["", ""])[:3]
         if jid in wanted:
             states[jid] = state.strip()
-            if state.strip() == "PENDING" and reason.strip() not in ("", "None", "Priority", "Resources"):
-                states[jid] += f" ({reason.strip()})"  # e.g. PartitionConfig: it asks for more than a node has
+            if state.strip() in WAITING and reason.strip() not in ("", "None"):
+                states[jid] += f" ({reason.strip()})"  # Resources, Priority, BeginTime, JobArrayTaskLimit, ...
     missing = sorted(wanted - states.keys())
     if missing:
         try:  # sacct fails without accounting; jobs slurmctld forgot then stay unknown

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -248,6 +248,7 @@ def _record(plan: SweepPlan, attempts: list[tuple[RunPlan, Attempt]], tracking_u
         ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
                                                  tracking_uri=tracking_uri)
         for r, a in attempts:
+            a.profile, a.resources = plan.profile.name, asdict(r.estimate.resources)  # status shows what was asked
             entry = ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
                                                                identity=identity_fields(r.run.config)))
             entry.attempts.append(a)

@@ -50,6 +50,10 @@ class FitWarning(UserWarning):
 
 
 FAR_OUTSIDE = 10.0  # a reference size more than 10x outside the measured range is refused
+# A cross-entropy in nats per token outside this range is no point on a scaling curve: above 1e6 a
+# diverged run (a uniform guess over a 1e6-token vocabulary is 13.8), below 1e-6 a memorised
+# validation set, or a typo (1e305, 1e-320) that would dominate a fit in log space.
+LOSS_RANGE = (1e-6, 1e6)
 RATIO_GRID = 41  # points on the ratio-vs-size curve
 
 
@@ -194,12 +198,15 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
 # -- points -----------------------------------------------------------------------------------
 
 def _finite(points: pd.DataFrame) -> pd.DataFrame:
-    bad = ~np.isfinite(points["loss"].astype(float)) | (points["loss"].astype(float) <= 0)
+    """The points with a usable loss; the others (a diverged run, a typo) are dropped with a warning."""
+    loss = points["loss"].astype(float)
+    bad = ~(np.isfinite(loss) & (loss >= LOSS_RANGE[0]) & (loss <= LOSS_RANGE[1]))
     if bad.any():
-        names = ", ".join(str(n) for n in points.loc[bad, "run_name"].head(5))
+        names = ", ".join(f"{n} ({v:g})" for n, v in zip(points.loc[bad, "run_name"].head(5), loss[bad].head(5)))
+        what = f"non-finite, or outside [{LOSS_RANGE[0]:g}, {LOSS_RANGE[1]:g}] nats"
         if bad.all():
-            raise ConfigError("loss", f"every loss is non-finite or non-positive (runs: {names})")
-        warnings.warn(FitWarning(f"dropped {int(bad.sum())} point(s) with a non-finite or non-positive loss: {names}"))
+            raise ConfigError("loss", f"every loss is {what} (runs: {names})")
+        warnings.warn(FitWarning(f"dropped {int(bad.sum())} point(s) with a loss that is {what}: {names}"))
     return points.loc[~bad]
 
 

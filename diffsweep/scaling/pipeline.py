@@ -1,22 +1,26 @@
 """``diffsweep fit`` end to end: load the points, analyse, write the outputs, log the fit run.
 
-Nothing is written until the analysis has succeeded; the output folder is replaced atomically,
-and the MLflow fit run is created last (a failed fit leaves no run behind).
+Nothing is written until the analysis has succeeded. The outputs are written to a staging folder
+beside the output folder, logged from there as the MLflow fit run, and only then renamed into
+place: a fit that fails (or whose logging fails) leaves no folder and no finished run behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from diffsweep.config import ConfigError
+from diffsweep.fsutil import parents_made_for
 from diffsweep.scaling import table as tables
 from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
 from diffsweep.scaling.forms import Form
@@ -59,6 +63,22 @@ def load_points(source: Source, request: FitRequest) -> pd.DataFrame:
     """The input table; intermediate evaluations are read only when a token fit needs them."""
     if source.csv is not None:
         return tables.from_csv(source.csv)
+    with _store_errors(source.uri, "read the runs from"):
+        return _runs(source, request)
+
+
+@contextlib.contextmanager
+def _store_errors(uri: str, doing: str) -> Iterator[None]:
+    """An MLflow store that went away or broke after ``check_tracking`` passed: one line, not a traceback."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise ConfigError("MLFLOW_TRACKING_URI", f"cannot {doing} {uri} ({str(exc).splitlines()[0][:300]})") from None
+
+
+def _runs(source: Source, request: FitRequest) -> pd.DataFrame:
     assert source.experiment is not None
     finals = tables.from_mlflow(source.uri, source.experiment, source.sweep, list(source.where), keys=source.keys)
     if request.form is Form.CHINCHILLA or request.token_points is TokenPoints.FINAL:
@@ -86,36 +106,42 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
     result["source"] = {k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, (tuple, frozenset)) else v)
                         for k, v in asdict(source).items() if k != "keys"}
     outcome = Outcome(result=result, folder=folder, notes=notes)
-    _write(outcome, used, source)
-    if log:
-        outcome.mlflow_run_id = _log(outcome, used, source, request)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    try:
+        with parents_made_for(folder):
+            try:
+                _write(tmp, outcome, used, source)
+                if log:
+                    with _store_errors(source.uri, "log the fit run to"):
+                        outcome.mlflow_run_id = _log(tmp, outcome, used, source, request)
+                _publish(tmp, folder)
+            finally:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write {folder} ({exc.strerror or exc})") from None
+    outcome.files = {"report": folder / "report.md", "plots": folder / "plots", "points": folder / "points.csv",
+                     "json": folder / "fit.json"}
     return outcome
 
 
-def _write(outcome: Outcome, used: pd.DataFrame, source: Source) -> None:
-    folder = outcome.folder
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+def _write(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source) -> None:
+    """The outputs, into the staging folder ``tmp`` (made afresh)."""
     shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        used.to_csv(tmp / "points.csv", index=False)
-        (tmp / "fit.json").write_text(json.dumps(outcome.result, indent=1) + "\n")
-        (tmp / "report.md").write_text(markdown(outcome.result, source.label))
-        write_plots(outcome.result, tmp / "plots")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ConfigError("--out", f"cannot write {folder} ({exc.strerror or exc})") from None
-    except BaseException:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    outcome.files = {"report": folder / "report.md", "plots": folder / "plots", "points": folder / "points.csv",
-                     "json": folder / "fit.json"}
+    tmp.mkdir()
+    used.to_csv(tmp / "points.csv", index=False)
+    (tmp / "fit.json").write_text(json.dumps(outcome.result, indent=1) + "\n")
+    (tmp / "report.md").write_text(markdown(outcome.result, source.label))
+    write_plots(outcome.result, tmp / "plots")
 
 
-def _log(outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
+def _publish(tmp: Path, folder: Path) -> None:
+    """Replace ``folder`` (an earlier fit's outputs) by the staged ``tmp``."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+
+
+def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
     """The fit as its own MLflow run: tagged as a fit, linked to its source runs, outputs attached."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
@@ -154,7 +180,7 @@ def _log(outcome: Outcome, used: pd.DataFrame, source: Source, request: FitReque
         client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
                          tags=[RunTag("diffsweep.refs", "; ".join(f"ref{i}={row['at_label']}" for i, row in
                                                                  enumerate(r["ratios"]) if row["candidate"] == r["candidates"][0]))])
-        client.log_artifacts(run_id, str(outcome.folder))
+        client.log_artifacts(run_id, str(tmp))
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise

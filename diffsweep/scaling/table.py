@@ -20,6 +20,10 @@ COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "la
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
            "schedule", "warmup_steps")
 REQUIRED_CSV = ("arch", "loss", "num_params", "tokens")
+COUNT_COLUMNS = ("num_params", "num_non_embedding_params", "tokens")
+# A parameter or token count above 1e18 (a million times the largest models and datasets trained
+# so far, ~1e12 parameters and ~1e14 tokens) is a typo; near 1e300 the plots and FLOPs overflow.
+MAX_COUNT = 1e18
 _PARAM_COLUMNS = {"seed": "train.seed", "lambda_init": "model.attention.lambda_init",
                   "head_norm": "model.attention.head_norm", "v2_pairing": "model.attention.v2_pairing",
                   "v2_lambda": "model.attention.v2_lambda", "schedule": "train.schedule",
@@ -33,20 +37,39 @@ class TableWarning(UserWarning):
 
 def from_csv(path: Path) -> pd.DataFrame:
     """A table from a CSV: at least arch, loss, num_params and tokens (e.g. a frozen points.csv)."""
+    if path.is_dir():
+        raise ConfigError(str(path), "is a directory; expected a CSV file (e.g. fits/<name>/points.csv)")
     try:
         table = pd.read_csv(path)
     except FileNotFoundError:
         raise ConfigError(str(path), "no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), f"not a readable CSV ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read it ({exc.strerror or exc})") from None
     missing = [c for c in REQUIRED_CSV if c not in table.columns]
     if missing:
         raise ConfigError(str(path), f"missing column(s) {', '.join(missing)}; expected at least "
                           f"{', '.join(REQUIRED_CSV)} (found: {', '.join(map(str, table.columns))})")
-    for col in ("loss", "num_params", "tokens"):
-        if not pd.api.types.is_numeric_dtype(table[col]):
+    for col in ("loss", *COUNT_COLUMNS):
+        if col in table.columns and not pd.api.types.is_numeric_dtype(table[col]):
             raise ConfigError(f"{path}: {col}", "expected numbers in every row")
+    _check_counts(table, path)
     return _complete(table)
+
+
+def _check_counts(table: pd.DataFrame, path: Path) -> None:
+    """Refuse a count that cannot be one (a typo misplaces a point on the x axis, so the row is not
+    silently dropped as a bad loss is): naming the column and the file's line."""
+    rows = table[table["used"].astype(bool)] if "used" in table.columns else table  # a frozen table's fitted rows
+    for col in (c for c in COUNT_COLUMNS if c in rows.columns):
+        values = rows[col].astype(float)
+        bad = ~(np.isfinite(values) & (values >= 1) & (values <= MAX_COUNT))
+        if bad.any():
+            index, value = bad.idxmax(), values[bad].iloc[0]
+            name = f" ({rows.loc[index, 'run_name']})" if "run_name" in rows.columns else ""
+            raise ConfigError(f"{path}: {col}", f"expected a count from 1 to {MAX_COUNT:.0e} in every row, got "
+                              f"{value:g} on line {index + 2}{name}")
 
 
 def _complete(table: pd.DataFrame) -> pd.DataFrame:
@@ -65,8 +88,8 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
         table = table[table["used"].astype(bool)].drop(columns=["used", "reason"], errors="ignore")
     for col in ("run_id", "run_name", "run_key", "sweep", "arch", "size", "lambda_init", "head_norm", "v2_pairing",
                 "v2_lambda", "schedule"):
-        table[col] = table[col].fillna("").astype(str)
-    table["point"] = table["point"].fillna("final").astype(str)
+        table[col] = table[col].astype(object).fillna("").astype(str)  # an all-empty column reads as float
+    table["point"] = table["point"].astype(object).fillna("final").astype(str)
     return table.reset_index(drop=True)[list(COLUMNS)]
 
 
@@ -108,7 +131,11 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
     sweep file's current run keys) runs of earlier versions of the sweep are left out."""
     from mlflow.tracking import MlflowClient
 
+    from diffsweep.sweep.spec import NAME_RE
+
     filters = parse_where(where or [])
+    if sweep is not None and not NAME_RE.match(sweep):  # it goes into a search filter string below
+        raise ConfigError("--sweep", f"expected a sweep name ([A-Za-z0-9._-], as in its sweep file), got {sweep!r}")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

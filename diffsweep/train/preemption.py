@@ -9,6 +9,17 @@ from types import FrameType
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): saved, try again
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+_early: list[signal.Signals] = []  # SIGTERMs caught by ``catch_early_sigterm`` before a flag was up
+
+
+def catch_early_sigterm() -> None:
+    """Remember a SIGTERM that arrives while a job is still starting (importing, loading the
+    checkpoint), before the trainer's ``PreemptionFlag`` is up; the flag then starts raised.
+
+    A launched job runs under submitit, whose handler ignores SIGTERM ("bypassing"): a cancel in
+    that window was lost, and the run trained to its end while ``status`` said it was stopping."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: _early.append(signal.Signals(signum)))
 
 
 class PreemptionFlag:
@@ -26,6 +37,9 @@ class PreemptionFlag:
         self.signal = signal.Signals(signum)
 
     def __enter__(self) -> PreemptionFlag:
+        if _early:  # signalled while starting up: stop before the first step
+            self.signal = _early[-1]
+            _early.clear()
         # Python only lets the main thread install handlers; elsewhere (a thread-based executor)
         # the process's owner handles signals and this flag never rises.
         if threading.current_thread() is threading.main_thread():

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.ui import UiServer
 from tests.browser import (
     expect_artifact_visible,
+    expect_model_training_view,
     expect_runs_visible,
     free_port,
     port_free,
@@ -27,6 +31,7 @@ from tests.browser import (
 from ..conftest import TINY_RUN
 
 KINDS = ("transformer", "diff_v1")
+RUNS_PAGE = r"http://127\.0\.0\.1:{port}/#/experiments/\d+/runs\?workflowType=machine_learning"
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -70,10 +75,11 @@ def test_both_training_runs_show_in_a_real_browser_and_ctrl_c_stops_the_ui(proje
     port = free_port()
     with ui_server(project["root"], port=port, experiment="diffsweep") as ui:
         assert ui.url == f"http://127.0.0.1:{port}"
-        assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/#/experiments/\d+/runs", ui.experiment_url)
+        assert re.fullmatch(RUNS_PAGE.format(port=port), ui.experiment_url)
         assert f"store: sqlite:///{project['root'] / 'mlflow.db'}" in ui.lines[0]
 
         expect_runs_visible(page, ui.experiment_url, list(project["runs"]), screenshot=tmp_path / "runs.png")
+        expect_model_training_view(page)  # not MLflow 3's default GenAI view
         # artifacts logged straight to the SQLite store (local mlruns/ paths) are served too
         name, run_id = next(iter(project["runs"].items()))
         expect_artifact_visible(page, run_url(ui.experiment_url, run_id), "config.yaml", text="vocab_size",
@@ -96,6 +102,9 @@ def test_sigterm_stops_the_ui_and_its_server(project):
         rc = ui.stop(signal.SIGTERM, timeout=30)
     assert rc == 0, ui.proc.stderr.read()
     assert port_free(port)
+    # without --experiment, every experiment's runs page is printed (MLflow's empty Default aside)
+    links = [line for line in ui.lines if line.startswith("experiment ")]
+    assert len(links) == 1 and re.fullmatch(rf"experiment diffsweep: {RUNS_PAGE.format(port=port)}", links[0]), ui.lines
 
 
 def test_missing_store_is_a_one_line_error_and_creates_nothing(tmp_path):
@@ -119,11 +128,42 @@ def test_port_in_use_is_a_one_line_error(tmp_path):
     assert_one_line_error(result, f"port {port}", "--port")
 
 
-def test_a_tracking_server_uri_is_printed_not_served(tmp_path):
-    result = diffsweep("ui", cwd=tmp_path, timeout=60, MLFLOW_TRACKING_URI="http://mlflow.example.org:8080/")
+def test_a_tracking_server_uri_is_printed_not_served(project, tmp_path):
+    """MLFLOW_TRACKING_URI naming a running MLflow server (here a real one on the project's store)."""
+    server = UiServer(f"sqlite:///{project['root'] / 'mlflow.db'}", port=free_port())
+    server.start()
+    try:
+        result = diffsweep("ui", "--experiment", "diffsweep", cwd=tmp_path, timeout=60,
+                           MLFLOW_TRACKING_URI=f"{server.url}/")
+    finally:
+        server.stop()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("MLflow UI: http://mlflow.example.org:8080  ")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"MLflow UI: {server.url}  "), lines
+    assert re.fullmatch(rf"experiment diffsweep: {RUNS_PAGE.format(port=server.port)}", lines[1]), lines
     assert list(tmp_path.iterdir()) == []
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again when this returns: connections are refused
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "scheme", "not-a-database"])
+def test_an_unusable_tracking_uri_is_one_line_naming_it_and_starts_nothing(tmp_path, kind):
+    if kind == "not-a-database":
+        (tmp_path / "notes.txt").write_text("not a database\n")
+    uri = {"unreachable": f"http://127.0.0.1:{closed_port()}", "scheme": "foo://x",
+           "not-a-database": f"sqlite:///{tmp_path / 'notes.txt'}"}[kind]
+    before = sorted(tmp_path.iterdir())
+    port = free_port()
+    start = time.monotonic()
+    result = diffsweep("ui", "--port", str(port), cwd=tmp_path, timeout=60, MLFLOW_TRACKING_URI=uri)
+    elapsed = time.monotonic() - start
+    assert_one_line_error(result, "MLFLOW_TRACKING_URI")
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    assert sorted(tmp_path.iterdir()) == before and port_free(port)
 
 
 def test_unknown_experiment_is_a_one_line_error_naming_the_known_ones(project):
@@ -133,11 +173,13 @@ def test_unknown_experiment_is_a_one_line_error_naming_the_known_ones(project):
     assert port_free(port)
 
 
-def test_a_server_that_dies_at_start_is_reported_with_its_output(tmp_path):
-    # MLflow 3.13+ refuses a file store unless MLFLOW_ALLOW_FILE_STORE=true: the server exits at once
-    (tmp_path / "mlruns").mkdir()
-    result = diffsweep("ui", "--port", str(free_port()), cwd=tmp_path, timeout=120,
-                       MLFLOW_TRACKING_URI=f"file://{tmp_path / 'mlruns'}", MLFLOW_ALLOW_FILE_STORE="false")
+def test_a_server_that_dies_at_start_is_reported_with_its_output(project, tmp_path):
+    # a store whose schema is another MLflow version's: the server refuses it as it starts
+    shutil.copy(project["root"] / "mlflow.db", tmp_path / "mlflow.db")
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        db.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    db.close()
+    result = diffsweep("ui", "--port", str(free_port()), cwd=tmp_path, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error: the MLflow server exited with status"), result.stderr
     assert "  | " in result.stderr  # its last output lines

@@ -115,3 +115,29 @@ def test_a_second_launch_hands_its_runs_to_the_running_queue(tmp_path, text_data
     runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     spans = sorted((run.info.start_time, run.info.end_time) for run in runs)
     assert len(spans) == 3 and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+
+
+def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, store):
+    # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
+    # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, kinds=("transformer",))
+    out = tmp_path / "runs" / "t"
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    job_file = wait_for(lambda: next((out / "runs").glob("*/job.json"), None), 120, "the job to start", poll=0.005)
+    pid = json.loads(job_file.read_text())["pid"]  # written as the job starts, before the trainer sets up
+    os.kill(pid, signal.SIGSTOP)  # hold it at that point while the signal is sent
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: json.loads(job_file.read_text())["state"] != "running", 120, "the job to stop")
+    job = json.loads(job_file.read_text())
+    assert job["state"] == "preempted" and job["step"] == 0, job
+
+    def counts():
+        r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+        return json.loads(r.stdout)["counts"]
+
+    wait_for(lambda: counts() == {"failed": 1}, 60, "the job to exit")  # resubmittable, with its reason
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = json.loads((job_file.parent / "run.json").read_text())["run_id"]
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 41))

@@ -15,10 +15,24 @@ def attempt(**kw) -> Attempt:
     return Attempt(**{"executor": "slurm", "submitted": "t", "code_dir": "c", "folder": "f", "job_id": "7_1", **kw})
 
 
-def test_active_jobs_are_running_whatever_the_job_last_said():
-    for sched in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+def test_active_jobs_are_pending_or_running_whatever_the_job_last_said():
+    for sched in ("RUNNING", "COMPLETING"):
         s = attempt_state(attempt(), {"state": "preempted", "step": 40}, {"7_1": sched})
-        assert s.state == "running" and not s.blocked and sched in s.detail
+        assert s.state == "running" and not s.blocked
+    assert attempt_state(attempt(), None, {"7_1": "COMPLETING"}).detail == "COMPLETING"
+    s = attempt_state(attempt(), {"state": "running", "step": 40, "total": 400}, {"7_1": "RUNNING"})
+    assert (s.state, s.detail) == ("running", "step 40/400")
+    s = attempt_state(attempt(), None, {"7_1": "PENDING (JobArrayTaskLimit)"})
+    assert (s.state, s.detail, s.blocked) == ("pending", "JobArrayTaskLimit", "")
+    s = attempt_state(attempt(), {"state": "preempted", "step": 40}, {"7_1": "PENDING (BeginTime)"})
+    assert (s.state, s.detail) == ("pending", "BeginTime, requeued at step 40")
+    assert attempt_state(attempt(), None, {"7_1": "REQUEUE_HOLD (JobHeldUser)"}).detail == "REQUEUE_HOLD, JobHeldUser"
+
+
+def test_a_job_stopped_by_a_stray_signal_shows_its_recorded_reason_and_is_resubmittable():
+    reason = "stopped by SIGTERM at step 40 after saving a checkpoint; launch the sweep again to resume"
+    s = attempt_state(attempt(), {"state": "preempted", "step": 40, "reason": reason}, {"7_1": "FAILED"})
+    assert (s.state, s.detail, s.blocked) == ("failed", reason, "")
 
 
 def test_a_cancelled_job_that_is_still_stopping_blocks_a_resubmission():
@@ -45,7 +59,7 @@ def test_failures():
 def test_local_queue_states():
     queued = attempt(executor="local", job_id=None, state="queued", queue_pid=os.getpid(),
                      queue_start=proc_start(os.getpid()))
-    assert attempt_state(queued, None, {}).detail == "QUEUED (local)"
+    assert (attempt_state(queued, None, {}).state, attempt_state(queued, None, {}).detail) == ("pending", "local queue")
     gone = attempt(executor="local", job_id=None, state="queued", queue_pid=os.getpid(), queue_start=1)
     assert attempt_state(gone, None, {}).state == "failed"  # a pid reused by another process
 
