@@ -21,8 +21,8 @@ ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | loc
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directory (ledger, run dirs, logs) "
-                                             "(default: the sweep's launch.output, else runs/<sweep name>).",
-                                             show_default=False)]
+                                             "(default: the sweep's launch.output, else runs/<sweep name> beside "
+                                             "the sweep file).", show_default=False)]
 BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Refuse to launch runs needing more GPU-hours.",
                                                  show_default=False)]
 SlurmOpt = Annotated[list[str] | None, typer.Option("--slurm", help="Override the profile's Slurm settings: KEY=VALUE "
@@ -31,18 +31,21 @@ SlurmOpt = Annotated[list[str] | None, typer.Option("--slurm", help="Override th
                                                     show_default=False)]
 SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell line each job runs after the profile's "
                                                     "setup lines (repeatable).", show_default=False)]
+SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
+                                                       "--set model.size=tiny-m (repeatable; not a key the sweep's "
+                                                       "grid, zip, runs, seeds or derive set).", show_default=False)]
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 WAIT_POLL_S = 2.0  # launch --wait: how often it looks at the sweep
 WAIT_EVERY_S = 30.0  # ... and, printing plain lines, how often it repeats the summary without a change
 
 
 def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          slurm: list[str] | None = None, setup: list[str] | None = None):
+          slurm: list[str] | None = None, setup: list[str] | None = None, sets: list[str] | None = None):
     from diffsweep.launch.plan import choose_profile, make_plan, output_dir
     from diffsweep.launch.profiles import with_overrides
     from diffsweep.sweep import load_sweep
 
-    spec = load_sweep(sweep)
+    spec = load_sweep(sweep, sets or ())
     chosen = with_overrides(choose_profile(spec, profile, executor), slurm, setup)
     return make_plan(spec, chosen, output_dir(spec, out), only=only)
 
@@ -174,6 +177,7 @@ def plan(
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
 
@@ -183,14 +187,16 @@ def plan(
     """
     from diffsweep.launch.cluster import check_planned
 
-    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     check_planned(p)
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
-                        "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(),
+                        "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
                         "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, False) for r in p.runs]})
     else:
+        if p.spec.overrides:
+            typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
         _render(p, all_, status=False)
     if budget is not None and p.gpu_hours > budget:
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
@@ -214,6 +220,7 @@ def launch(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Submit the runs that need it (Slurm arrays or local) and return.
 
@@ -224,13 +231,13 @@ def launch(
     from diffsweep.launch.submit import launch_lock
     from diffsweep.sweep import load_sweep
 
-    with launch_lock(output_dir(load_sweep(sweep), out)):
-        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup)
+    with launch_lock(output_dir(load_sweep(sweep, sets or ()), out)):
+        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets)
     if wait:
-        _wait(sweep, profile, executor, only, out, slurm, setup)
+        _wait(sweep, profile, executor, only, out, slurm, setup, sets)
 
 
-def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup) -> None:
+def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets) -> None:
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
@@ -240,7 +247,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
 
     if not dry_run:
         _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
-    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     _warn(p)
     sel = select(p, p.spec.launch.max_retries if retries is None else retries)
     check_launch(p, sel, budget)
@@ -260,11 +267,12 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
         parallel = max_parallel or p.spec.launch.max_parallel
         submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
         where = "Slurm" if p.profile.executor.value == "slurm" else "the local queue"
-        typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}")
+        again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
+        typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}{again}")
 
 
 def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          slurm: list[str] | None, setup: list[str] | None) -> None:
+          slurm: list[str] | None, setup: list[str] | None, sets: list[str] | None) -> None:
     """Until no run is pending or running: progress bars on a terminal, plain lines otherwise."""
     from rich.console import Console
 
@@ -272,7 +280,7 @@ def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | No
 
     console = Console()
     watch = _wait_bars if console.is_terminal else _wait_lines
-    last = watch(lambda: snapshot(_plan(sweep, profile, executor, only, out, slurm, setup)), console)
+    last = watch(lambda: snapshot(_plan(sweep, profile, executor, only, out, slurm, setup, sets)), console)
     if any(s != "done" for s in last.counts):
         fail(f"not every run finished ({last.summary()}); see `diffsweep status {sweep}`", 1)
 
@@ -341,6 +349,7 @@ def status(
     all_: Annotated[bool, typer.Option("--all", help=f"Show every run (default: the first {ROWS}).")] = False,
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Show each run's state, job and resources as submitted, the counts, and orphaned runs.
 
@@ -349,7 +358,7 @@ def status(
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
     marked = _reconcile(sweep, profile, executor, out)
-    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     if json_:
         _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
                         "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, True) for r in p.runs]})
@@ -396,6 +405,7 @@ def cancel(
     executor: ExecutorOpt = None,
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Cancel pending and running runs (all, or those matching --only), orphaned ones included.
 
@@ -404,7 +414,7 @@ def cancel(
     from diffsweep.launch.control import cancel as stop, require_launched
     from diffsweep.launch.submit import launch_lock
 
-    p = _plan(sweep, profile, executor, only, out, slurm, setup)
+    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     require_launched(p)  # before the lock: a sweep never launched is refused with nothing created
     with launch_lock(p.out, "cancel"):
         cancelled = stop(p)

@@ -33,13 +33,14 @@ def train(
     Exit status: 0 finished, 2 bad input, 3 missing GPU/package, 4 diverged, 75 preempted by
     SIGUSR2/SIGTERM after saving a checkpoint (run the same command again to continue).
     """
+    cfg = cli_config(config, size, arch, set_)  # before importing torch: bad input fails in a blink
+
     from diffsweep.config.identity import run_name
     from diffsweep.train.preemption import EXIT_PREEMPTED
     from diffsweep.train.trainer import Diverged
     from diffsweep.train.trainer import train as run_training
     from diffsweep.train.tracking import tracking_uri
 
-    cfg = cli_config(config, size, arch, set_)
     run_dir = out / run_name(cfg)
     typer.echo(f"run {run_dir.name} -> {run_dir}")
     try:

@@ -61,7 +61,10 @@ def load_declared(path: str | Path | None = None, overrides: list[str] | tuple[s
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing or malformed file is a ConfigError naming the file."""
+    """Read a YAML mapping; a missing or malformed file is a ConfigError naming the file.
+
+    Aliases are allowed within a bound (``MAX_ALIAS_NODES``); a recursive one is refused.
+    """
     p = Path(path)
     if not p.exists():
         raise ConfigError(str(p), "config file not found")
@@ -71,6 +74,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), f"cannot read the file: {exc}") from None
+    except RecursionError:  # the composer recurses once per level of nesting
+        raise ConfigError(str(p), "not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -80,15 +85,59 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(str(p), f"expected a YAML mapping at the top level, got {type(data).__name__}")
-    return data
+    return copy_tree(data)  # aliased values become copies: callers change the mappings they read
+
+
+# Nodes that aliases (``*name``) may add to one document once expanded. Far above what a config,
+# sweep or profile uses them for (sharing a few values or rows), far below a "billion laughs"
+# document, whose few lines expand to 10^9 values that every later step would walk.
+MAX_ALIAS_NODES = 10_000
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key written twice in one mapping (the last would silently win)."""
+    """YAML's safe loader, refusing a key written twice in one mapping (the last would silently win;
+    keys merged in with ``<<`` may be overridden), an alias inside the node it names (a recursive document) and aliases that expand to more
+    than ``MAX_ALIAS_NODES`` nodes.
+
+    Aliases are counted while the document is composed, before any value is built: each node's
+    expanded size is known once its children are, so counting costs one addition per alias.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded: dict[int, int] = {}  # id(node) -> nodes in its expansion (nodes outlive composing)
+        self._alias_nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined alias is reported by the base class
+                size = self._expanded.get(id(target))
+                if size is None:  # anchors are registered before their children are composed
+                    raise yaml.composer.ComposerError(
+                        None, None, f"alias *{event.anchor} is inside the node it names (a recursive alias)",
+                        event.start_mark)
+                self._alias_nodes += size
+                if self._alias_nodes > MAX_ALIAS_NODES:
+                    raise yaml.composer.ComposerError(
+                        None, None, f"aliases expand to more than {MAX_ALIAS_NODES:,} values", event.start_mark)
+            return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        self._expanded[id(node)] = 1 + sum(self._expanded[id(child)] for child in children)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults``: its keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen

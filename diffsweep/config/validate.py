@@ -1,7 +1,8 @@
 """Semantic validation and derivation of a decoded config (pure Python, no torch).
 
 ``resolve`` fills every derived field (head counts, per-head norm, FFN size), checks the
-relations between fields, and warns (``ConfigWarning``) about settings that have no effect.
+relations between fields and that sizes are within bounds (before anything is derived from
+them), and warns (``ConfigWarning``) about settings that have no effect.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from diffsweep.config.enums import AttentionKind, LambdaInitStrategy, LRSchedule
 from diffsweep.config.errors import ConfigError, ConfigWarning
 from diffsweep.config.kinds import KIND_SPECS
 from diffsweep.config.schema import AttentionConfig, Config, ModelConfig, TrainConfig
+from diffsweep.config.units import human
 
 _LAMBDA_INIT_FORMS = "[exp_decay, constant:<value in (0, 1)>]"
 
@@ -66,13 +68,86 @@ def _positive(value: int | float, key: str) -> None:
         raise ConfigError(key, f"expected a positive number, got {value!r}")
 
 
+# Bounds on model sizes, checked before anything is derived, counted or allocated. They lie far
+# above any model trained to date (the largest published dense models have d_model ~ 2.5e4,
+# ~1.3e2 layers, FFNs ~ 1e5 wide, vocabularies ~ 2.6e5 and ~ 1e12 parameters), so only a slip
+# such as a value in bytes or an extra digit group reaches them.
+MAX_PARAMS = 10**13
+MAX_MODEL_DIMS = {
+    "model.vocab_size": 2**24,
+    "model.d_model": 2**18,
+    "model.n_layers": 2**14,
+    "model.ffn_hidden": 2**20,
+    "model.attention.head_dim": 2**16,
+    "model.attention.num_heads": 2**16,
+    "model.attention.num_kv_heads": 2**16,
+    "model.attention.kv_group_size": 2**16,
+}
+# Token counts that size what the trainer allocates: the RoPE table and every activation (a
+# sequence, a micro-batch), the start offsets drawn for each step (a batch). Published runs use
+# sequences of 2^11-2^20 tokens and batches of at most ~2^26.
+MAX_SEQ_LEN = 2**24
+MAX_MICRO_BATCH_TOKENS = 2**24
+MAX_BATCH_TOKENS = 2**32
+MAX_INT = 2**63 - 1  # every integer setting must fit in int64 (tensors, numpy, checkpoints)
+
+
+def estimated_params(m: ModelConfig) -> int:
+    """Parameters of ``m``'s embeddings and matmul weights, from its dimensions alone.
+
+    Norm weights and the λ vectors are left out (under 0.5% of any preset; a test checks it
+    against ``diffsweep.model.counting``, which ``config`` cannot import). Works on a declared
+    config too: unset head counts are the parameter-matched defaults.
+    """
+    a = m.attention
+    spec = KIND_SPECS[a.kind]
+    heads = a.num_heads if a.num_heads is not None else m.d_model // max(1, spec.v_width * a.head_dim)
+    kv_heads = a.num_kv_heads if a.num_kv_heads is not None else heads // max(1, a.kv_group_size or 1)
+    attention = a.head_dim * (spec.query_heads_per_head * heads + spec.key_heads_per_kv_head * kv_heads
+                              + spec.v_width * kv_heads + spec.v_width * heads)  # wq, wk, wv, wo per d_model
+    ffn = m.ffn_hidden if m.ffn_hidden is not None else default_ffn_hidden(m.d_model)
+    per_layer = m.d_model * (attention + 3 * ffn)  # SwiGLU: gate, up, down
+    return m.n_layers * per_layer + m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+
+
+def _describe_params(n: int) -> str:
+    return f"a model of about {_amount(n, ' parameters')}, {_amount(4 * n, 'B')} of fp32 weights"
+
+
+def _amount(n: int, unit: str) -> str:
+    """``human(n)`` (K to E) with its unit, or scientific notation past E."""
+    return f"{human(n)}{unit}" if n < 10**21 else f"{n:.3g} {unit.strip()}"
+
+
+def _check_model_size(m: ModelConfig) -> None:
+    """Refuse absurd dimensions, naming the key, before anything derives or allocates from them."""
+    a = m.attention
+    values = {"model.vocab_size": m.vocab_size, "model.d_model": m.d_model, "model.n_layers": m.n_layers,
+              "model.ffn_hidden": m.ffn_hidden, "model.attention.head_dim": a.head_dim,
+              "model.attention.num_heads": a.num_heads, "model.attention.num_kv_heads": a.num_kv_heads,
+              "model.attention.kv_group_size": a.kv_group_size}
+    for key, value in values.items():
+        if value is not None and value > MAX_MODEL_DIMS[key]:
+            raise ConfigError(key, f"{value} is over the limit of {MAX_MODEL_DIMS[key]:,} "
+                              f"({_describe_params(estimated_params(m))}); expected at most {MAX_MODEL_DIMS[key]:,}")
+    n = estimated_params(m)
+    if n > MAX_PARAMS:
+        raise ConfigError("model", f"{_describe_params(n)} is over the limit of {human(MAX_PARAMS)} parameters "
+                          f"(d_model {m.d_model}, n_layers {m.n_layers}, vocab_size {m.vocab_size}); expected a "
+                          "smaller model")
+
+
 def _resolve_model(m: ModelConfig) -> ModelConfig:
     for name in ("vocab_size", "d_model", "n_layers", "rope_theta", "norm_eps", "init_std"):
         _positive(getattr(m, name), f"model.{name}")
+    _positive(m.attention.head_dim, "model.attention.head_dim")
+    _check_model_size(m)
     ffn = m.ffn_hidden if m.ffn_hidden is not None else default_ffn_hidden(m.d_model)
     _positive(ffn, "model.ffn_hidden")
     attention = _resolve_attention(m.attention, m.d_model)
-    return dataclasses.replace(m, ffn_hidden=ffn, attention=attention)
+    model = dataclasses.replace(m, ffn_hidden=ffn, attention=attention)
+    _check_model_size(model)  # again with the derived head counts
+    return model
 
 
 def _divisors(n: int) -> str:
@@ -175,9 +250,22 @@ def _no_effect(key: str, value: str, kind: AttentionKind, applies_to: str) -> No
 
 def _check_train(t: TrainConfig) -> None:
     key = "train"
+    if not 0 <= t.seed <= MAX_INT:  # torch.manual_seed and numpy's generators take no negative seed
+        raise ConfigError(f"{key}.seed", f"expected an integer in [0, 2**63 - 1], got {t.seed}")
     for name in ("seq_len", "batch_tokens", "micro_batch_size", "eval_every", "eval_tokens", "log_every",
                  "checkpoint_every", "keep_checkpoints", "spike_threshold"):
         _positive(getattr(t, name), f"{key}.{name}")
+    for name in ("batch_tokens", "micro_batch_size", "max_steps", "max_tokens", "warmup_steps", "eval_every",
+                 "eval_tokens", "log_every", "checkpoint_every", "keep_checkpoints"):
+        value = getattr(t, name)
+        if value is not None and value > MAX_INT:
+            raise ConfigError(f"{key}.{name}", f"{value} does not fit in 64 bits; expected at most 2**63 - 1")
+    for name, limit in (("seq_len", MAX_SEQ_LEN), ("batch_tokens", MAX_BATCH_TOKENS)):
+        if getattr(t, name) > limit:
+            raise ConfigError(f"{key}.{name}", f"{getattr(t, name):,} tokens is over the limit of {limit:,}")
+    if t.micro_batch_size * t.seq_len > MAX_MICRO_BATCH_TOKENS:
+        raise ConfigError(f"{key}.micro_batch_size", f"{t.micro_batch_size} sequences of {t.seq_len} tokens is over "
+                          f"the limit of {MAX_MICRO_BATCH_TOKENS:,} tokens per micro-batch")
     if t.batch_tokens % (t.seq_len * t.micro_batch_size):
         raise ConfigError(
             f"{key}.batch_tokens",

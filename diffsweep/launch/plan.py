@@ -113,23 +113,38 @@ def slurm_reachable() -> bool:
 
 
 def output_dir(spec: SweepSpec, out: Path | None) -> Path:
-    """``--out``, else the sweep's ``launch.output``, else ``runs/<sweep name>`` (absolute)."""
+    """``--out``, else the sweep's ``launch.output``, else ``runs/<sweep name>`` beside the sweep
+    file (absolute)."""
     if out is not None:
         path, key = out.absolute(), "--out"
     elif spec.launch.output is not None:
         path, key = Path(spec.launch.output).absolute(), f"{spec.path}: launch.output"
     else:
-        path, key = (Path("runs") / spec.name).absolute(), "--out"
+        path, key = spec.path.absolute().parent.resolve() / "runs" / spec.name, f"{spec.path}: launch.output"
+        _refuse_former_default(spec, path)
     if path.exists() and not path.is_dir():
         raise ConfigError(key, f"{path} exists and is not a directory; expected a sweep output directory")
     return path
 
 
-def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = None,
-              cwd: Path | None = None) -> SweepPlan:
+def _refuse_former_default(spec: SweepSpec, path: Path) -> None:
+    """A sweep without ``launch.output`` used to write to ``runs/<name>`` in the working directory.
+    Refuse to start afresh beside the sweep file while that old ledger holds this sweep: every
+    run would be trained again."""
+    former = (Path("runs") / spec.name).absolute()
+    if former == path or read_ledger(path) is not None:
+        return
+    ledger = read_ledger(former)
+    if ledger is not None and ledger.sweep == spec.name:
+        raise ConfigError(f"{spec.path}: launch.output", f"{former} holds this sweep's runs (the default output "
+                          f"was once runs/<name> in the working directory; it is now {path}); pass --out "
+                          f"{former} or set launch.output to it in the sweep (relative to the sweep file)")
+
+
+def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = None) -> SweepPlan:
     """Expand, select with ``only`` (a regex searched in run names and keys), estimate, and read
     states; also the ledger's runs that the expansion no longer has (``orphans``)."""
-    expansion = expand(spec, cwd=cwd)
+    expansion = expand(spec)
     try:
         pattern = re.compile(only or "")
     except re.error as exc:

@@ -8,8 +8,12 @@ In a sweep file::
       train.max_tokens: {rule: tokens_per_param, ratio: 20}    # D = ratio x N (total params)
       train.eval_every: {rule: steps_for_tokens, tokens: 40e9} # an evaluation every 40B tokens
       train.lr: {rule: lookup, by: model.size, table: {830M: 1.5e-4, 6.8B: 7.5e-5}}
+      train.warmup_steps: {rule: scale, factor: 0.5}           # half the value the run has without it
 
-Rules run in the order written, each on the config as resolved after the previous ones.
+Rules run in the order written, each on the config as resolved after the previous ones. A rule
+may also be one point's value in a grid, zip or runs entry (e.g. Table 6's head dims, as
+multiples of the size's own: ``model.attention.head_dim: {rule: scale, factor: 2}``); such
+rules run first, in the order written, then ``derive``'s.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class DeriveRule(StrEnum):
     STEPS_FOR_TOKENS = "steps_for_tokens"  # ceil(tokens / train.batch_tokens)
     LOOKUP = "lookup"  # a table keyed by another config value (e.g. lr by model.size)
     PARAM_PARITY = "param_parity"  # the model.ffn_hidden that matches the transformer's param count
+    SCALE = "scale"  # factor x the value the run has without the rule (size preset, base, set, --set)
 
 
 ARGS: dict[DeriveRule, dict[str, type | tuple[type, ...]]] = {
@@ -39,6 +44,7 @@ ARGS: dict[DeriveRule, dict[str, type | tuple[type, ...]]] = {
     DeriveRule.STEPS_FOR_TOKENS: {"tokens": (int, float)},
     DeriveRule.LOOKUP: {"by": str, "table": dict},
     DeriveRule.PARAM_PARITY: {},
+    DeriveRule.SCALE: {"factor": (int, float)},
 }
 
 
@@ -49,6 +55,7 @@ TARGETS: dict[DeriveRule, tuple[str, ...] | None] = {
                                   "train.checkpoint_every", "train.log_every"),
     DeriveRule.LOOKUP: None,
     DeriveRule.PARAM_PARITY: ("model.ffn_hidden",),
+    DeriveRule.SCALE: None,
 }
 
 
@@ -127,9 +134,23 @@ def _param_parity(rule: dict[str, Any], key: str, config: Config, where: str) ->
     return config.model.ffn_hidden + round((target - counting.num_params(config.model)) / per_unit)
 
 
+def _scale(rule: dict[str, Any], key: str, config: Config, where: str) -> int | float:
+    value = flatten(to_dict(config)).get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(where, f"rule scale multiplies a number, but {key} is {value!r}")
+    scaled = rule["factor"] * value
+    if isinstance(value, float):
+        return scaled
+    if not float(scaled).is_integer():  # an integer key (a head dim, a step count) stays one
+        raise ConfigError(where, f"{rule['factor']} x {key} = {rule['factor']} x {value} = {scaled} is not a whole "
+                          "number; expected a factor that gives one")
+    return int(scaled)
+
+
 RULES: dict[DeriveRule, Callable[[dict[str, Any], str, Config, str], Any]] = {
     DeriveRule.TOKENS_PER_PARAM: _tokens_per_param,
     DeriveRule.STEPS_FOR_TOKENS: _steps_for_tokens,
     DeriveRule.LOOKUP: _lookup,
     DeriveRule.PARAM_PARITY: _param_parity,
+    DeriveRule.SCALE: _scale,
 }

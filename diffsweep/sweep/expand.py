@@ -4,13 +4,15 @@ base config file); nothing here submits, writes or imports torch.
 Order of operations: points = grid x zip groups, in the order written, then ``runs`` entries;
 each crossed with ``seeds``; ``include`` then ``exclude`` filters; axes that do not apply to a
 point's attention kind are dropped (so they do not multiply its runs) and the points this makes
-identical merge; derived values; validation with the run config rules; duplicate check by key.
+identical merge; each point's config (base, ``set``, ``--set``, the point's values, then its
+own rules and ``derive``); validation with the run config rules; duplicate check by key.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from diffsweep.config import (
     Config,
     ConfigError,
     ConfigWarning,
+    DataConfig,
     config_from_dict,
     declared_config,
     to_dict,
@@ -101,15 +104,15 @@ class _Point:
     collapsible: bool  # grid/zip points drop axes that do not apply to their kind
 
 
-def expand(spec: SweepSpec, cwd: Path | None = None) -> Expansion:
+def expand(spec: SweepSpec) -> Expansion:
     """Expand ``spec`` into runs, validating each. Raises ``ConfigError`` naming the bad point.
 
-    Relative ``data.path`` values are made absolute against ``cwd`` (default: the current
-    directory) so a job finds its data from anywhere and the key does not depend on where it runs.
+    A relative ``data.path`` left by the base config (or the default) is made absolute against
+    ``spec.data_root`` (the sweep file's directory), as the sweep's own paths already are, so a
+    job finds its data from anywhere and the key does not depend on where a command runs.
     """
-    cwd = (cwd or Path.cwd()).resolve()
     base = read_yaml(spec.base) if spec.base is not None else {}
-    for key, value in spec.set.items():
+    for key, value in [*spec.set.items(), *spec.overrides.items()]:
         set_dotted(base, key, value)
 
     points = _points(spec)
@@ -125,7 +128,7 @@ def expand(spec: SweepSpec, cwd: Path | None = None) -> Expansion:
     for point in points:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConfigWarning)
-            config = _resolve(point, base, spec, cwd)
+            config = _resolve(point, base, spec)
         for w in caught:
             if issubclass(w.category, ConfigWarning):
                 messages[f"{w.message} (in {point.origin})"] = None
@@ -237,15 +240,21 @@ def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
     return out
 
 
-def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec, cwd: Path) -> Config:
+def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec) -> Config:
+    """The point's config: its plain values over ``base``, then its own rules, then ``derive``."""
     raw = copy_tree(base)
     try:
+        rules = {}
         for key, value in point.values.items():
-            set_dotted(raw, key, value)
-        _absolute_data_path(raw, cwd)
+            if _is_rule(value):
+                rules[key] = (value, f"{point.origin}: {key}")
+            else:
+                set_dotted(raw, key, value)
+        _absolute_data_path(raw, spec.data_root)
         config = config_from_dict(raw)
-        for key, rule in spec.derive.items():
-            set_dotted(raw, key, derive_value(rule, key, config, f"{spec.path}: derive.{key}"))
+        rules |= {key: (rule, f"{spec.path}: derive.{key}") for key, rule in spec.derive.items()}
+        for key, (rule, where) in rules.items():
+            set_dotted(raw, key, derive_value(rule, key, config, where))
             if key in BUDGET_KEYS:  # a derived budget replaces the other kind of budget
                 set_dotted(raw, BUDGET_KEYS[key], None)
             config = config_from_dict(raw)
@@ -254,18 +263,22 @@ def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec, cwd: Path) ->
     return config
 
 
-def _absolute_data_path(raw: dict[str, Any], cwd: Path) -> None:
+def _is_rule(value: Any) -> bool:
+    return isinstance(value, dict)  # spec checked every mapping among point values to be a rule
+
+
+def _absolute_data_path(raw: dict[str, Any], root: Path) -> None:
     data = raw.setdefault("data", {})
     if not isinstance(data, dict):
         return  # decoding reports the bad section
-    path = data.get("path", "data/demo")
+    path = data.get("path", DataConfig().path)
     if isinstance(path, str):
-        data["path"] = _absolute(path, str(cwd))
+        data["path"] = _absolute(path, str(root))
 
 
 @functools.lru_cache(maxsize=1024)
-def _absolute(path: str, cwd: str) -> str:
-    return path if Path(path).is_absolute() else str(Path(cwd) / path)
+def _absolute(path: str, root: str) -> str:
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))
 
 
 def _axis_keys(spec: SweepSpec) -> list[str]:
@@ -295,9 +308,11 @@ def _human(n: float) -> str:
 
 
 def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
-    """``diff_v1-1.4B-lam_exp-gn_on-s0``: kind, size, the point's axis values, seed."""
+    """``diff_v1-1.4B-lam_exp-gn_on-s0``: kind, size, the point's axis values (a rule's result),
+    seed."""
     parts = [config.model.attention.kind.value, config.model.size or "custom"]
-    parts += [_token(k, values[k]) for k in axis_keys if k in values]
+    flat = flatten(to_dict(config)) if any(_is_rule(v) for v in values.values()) else {}
+    parts += [_token(k, flat[k] if _is_rule(values[k]) else values[k]) for k in axis_keys if k in values]
     parts.append(f"s{config.train.seed}")
     return "-".join(parts)
 

@@ -5,37 +5,63 @@ into runs is ``diffsweep.sweep.expand``. Shape (every key optional except some s
 
     name: table6-ablation          # [A-Za-z0-9._-]; default: the file's stem
     experiment: table6-ablation    # MLflow experiment; default: the name
-    base: ../runs/paper-1.4B-transformer.yaml   # run config under every run (relative to this file)
+    extends: table6-ablation.yaml  # start from another sweep's keys (below)
+    base: runs/paper-1.4B-transformer.yaml   # run config under every run
     set: {model.size: 1.4B}        # dotted overrides on top of the base, for every run
     grid: {model.attention.kind: [transformer, diff_v1], ...}   # cartesian product
     zip: [{train.lr: [...], train.batch_tokens: [...]}]         # paired axes (equal lengths)
     runs: [{model.attention.head_dim: 256}, ...]                # explicit extra points
-    seeds: [0, 1, 2]               # crossed with every point (train.seed)
+    seeds: [0, 1, 2]               # crossed with every point (train.seed); a count: 3
     include: [{model.size: [1.4B, 2.8B]}]   # keep only points matching one of these
     exclude: [{model.attention.kind: transformer, model.size: 13.1B}]   # drop matching points
     derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
-    launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: runs/table6}
+    launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
 
-Launch settings never enter a run's identity: they live outside the run config.
+A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
+``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
+
+Paths: a relative path in a sweep file (``base``, ``extends``, ``data.path`` values,
+``launch.output``, ``launch.profile`` when it ends in .yaml or holds a /) is relative to the
+directory of the file that writes it; a relative ``data.path`` from the base config (or the
+default) is relative to the sweep file that names the base. Without ``launch.output`` a sweep
+writes to ``runs/<name>`` beside its file. ``--set`` values are relative to the working directory.
+
+``extends``: the parent's keys, the child's on top. ``set``, ``grid``, ``derive`` and ``launch``
+merge key by key (the child's value wins; an axis keeps its place); ``base``, ``zip``, ``runs``,
+``seeds``, ``include`` and ``exclude`` are the child's when it writes them, else the parent's.
+``name``, ``experiment`` and ``launch.output`` are never inherited. Cycles are refused.
+
+Precedence in a run, lowest first: size preset, base config, ``set`` (a parent's under its
+child's), ``--set``, the point's grid/zip/runs values, ``derive``. ``--set`` may not name a key
+that grid, zip, runs, seeds or derive set (it applies to every run, so it cannot replace them).
+
+A sweep may expand to at most ``launch.max_runs`` runs (default 100,000), counted from the axis
+lengths before anything is expanded. Launch settings never enter a run's identity.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import Config, ConfigError
-from diffsweep.config.loading import read_yaml
+from diffsweep.config.loading import parse_override, read_yaml
+from diffsweep.sweep.derive import check_rule
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Sweep values reach job names, paths and Slurm scripts; none of these may ever carry a shell
 # metacharacter or quote, so they are refused outright rather than escaped.
 SHELL_UNSAFE = set("'\"`$\\;&|<>*?!(){}[]~#\n\r\t")
+DATA_PATH = "data.path"
+SEED_KEY = "train.seed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,19 +71,25 @@ class LaunchSettings:
     profile: str | None = None  # cluster profile name or YAML path (slurm/profiles/); None: auto
     max_retries: int = 2  # a failed run is resubmitted at most this many times
     max_parallel: int | None = None  # runs executing at once (Slurm array %N; local workers)
-    output: str | None = None  # sweep output directory; None: runs/<sweep name>
+    output: str | None = None  # sweep output directory; None: runs/<sweep name> beside the sweep file
     gpus_per_run: int | None = None  # None: the fewest GPUs each run fits on (memory estimate)
+    max_runs: int = 100_000  # refuse a sweep that expands to more runs (a typo in seeds or an axis)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepSpec:
-    """A sweep file, read strictly; dotted keys are checked against the run config schema."""
+    """A sweep file, read strictly; dotted keys are checked against the run config schema.
+
+    Every path in it is absolute (see the module docstring for what relative paths mean).
+    """
 
     path: Path
     name: str
     experiment: str
     base: Path | None = None
+    data_root: Path  # where a relative data.path of the base config (or the default) lives
     set: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set: over ``set``, for every run
     grid: dict[str, list[Any]] = field(default_factory=dict)
     zip: list[dict[str, list[Any]]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -68,8 +100,10 @@ class SweepSpec:
     launch: LaunchSettings = field(default_factory=LaunchSettings)
 
 
-TOP_KEYS = ("name", "experiment", "base", "set", "grid", "zip", "runs", "seeds", "include", "exclude", "derive",
-            "launch")
+TOP_KEYS = ("name", "experiment", "extends", "base", "set", "grid", "zip", "runs", "seeds", "include", "exclude",
+            "derive", "launch")
+MERGED_KEYS = ("set", "grid", "derive", "launch")  # merged key by key under ``extends``; others replace
+OWN_KEYS = ("name", "experiment", "extends")  # never inherited (nor launch.output)
 
 
 def config_keys() -> frozenset[str]:
@@ -89,52 +123,117 @@ def _keys(cls: type, prefix: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and check a sweep file. Raises ``ConfigError`` naming the file and key."""
+def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and check a sweep file (and the files it extends), then ``--set``-style ``overrides``
+    (``a.b=c``) for every run. Raises ``ConfigError`` naming the file and key."""
     p = Path(path)
-    raw = read_yaml(p)
     where = str(p)
+    raw, data_root = _layers(p, ())
+    raw = _check(raw, where, _directory(p), parent=False)
+    launch = LaunchSettings(**raw["launch"])
+    seeds = raw["seeds"]
+    if isinstance(seeds, int):
+        seeds = list(range(seeds))  # ``seeds: 3`` means 0, 1, 2 (the count was checked first)
+    spec = SweepSpec(
+        path=p, name=raw.get("name", p.stem), experiment=raw.get("experiment", raw.get("name", p.stem)),
+        base=Path(raw["base"]) if raw["base"] is not None else None, data_root=data_root, set=raw["set"],
+        grid=raw["grid"], zip=raw["zip"], runs=raw["runs"], seeds=seeds, include=raw["include"],
+        exclude=raw["exclude"], derive=raw["derive"], launch=launch,
+    )
+    return dataclasses.replace(spec, overrides=_overrides(spec, overrides))
+
+
+def _directory(path: Path) -> Path:
+    """The directory relative paths in ``path`` are relative to (symlinked directories resolved,
+    so a sweep reached through a link gives the same absolute paths, hence the same run keys)."""
+    return path.absolute().parent.resolve()
+
+
+def _absolute(value: str, directory: Path) -> str:
+    return value if os.path.isabs(value) else os.path.normpath(directory / value)
+
+
+def _layers(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], Path]:
+    """The sweep at ``path`` with the sweeps it extends merged under it, each file checked and its
+    paths made absolute; and the directory a relative data.path of the base config is relative to."""
+    raw = read_yaml(path)
+    directory = _directory(path)
+    extends = raw.get("extends")
+    if extends is None:
+        return raw, directory
+    where = f"{path}: extends"
+    if not isinstance(extends, str) or not extends:
+        raise ConfigError(where, f"expected a path to a sweep YAML, got {extends!r}")
+    parent_path = Path(_absolute(extends, directory))
+    seen = [*chain, path.absolute().resolve()]
+    if parent_path.resolve() in seen:
+        cycle = " -> ".join(str(p) for p in [*seen, parent_path.resolve()])
+        raise ConfigError(where, f"sweeps extend each other in a cycle ({cycle}); expected a chain that ends")
+    if not parent_path.is_file():
+        raise ConfigError(where, f"sweep {parent_path} not found")
+    parent_raw, parent_root = _layers(parent_path, tuple(seen))
+    parent = _check(parent_raw, str(parent_path), _directory(parent_path), parent=True)
+    merged = {k: v for k, v in parent.items() if k not in OWN_KEYS and v is not None}
+    merged["launch"] = {k: v for k, v in parent["launch"].items() if k != "output"}
+    for key, value in raw.items():
+        if value is None:
+            continue  # a key written with no value keeps the parent's
+        below = merged.get(key)
+        merged[key] = {**below, **value} if key in MERGED_KEYS and isinstance(below, dict) and isinstance(
+            value, dict) else value
+    names_base = raw.get("base") is not None or parent["base"] is None
+    return merged, directory if names_base else parent_root
+
+
+def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) -> dict[str, Any]:
+    """Check one sweep file's keys (or a merged chain's) and return them normalised: every
+    section present, relative paths made absolute against ``directory``. A ``parent`` (a file
+    another extends) may have no source of runs."""
     for key in raw:
         if key not in TOP_KEYS:
             raise ConfigError(f"{where}: {key}", f"unknown sweep key{_did_you_mean(str(key), TOP_KEYS)}; "
                               f"expected one of [{', '.join(TOP_KEYS)}]")
     _check_safe(raw, where)
     keys = config_keys()
+    out: dict[str, Any] = {}
 
-    name = raw.get("name", p.stem)
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ConfigError(f"{where}: name", f"expected letters, digits, '.', '_' or '-', got {name!r}")
-    experiment = raw.get("experiment", name)
-    if not isinstance(experiment, str) or not experiment.strip():
-        raise ConfigError(f"{where}: experiment", f"expected a non-empty string, got {experiment!r}")
-    base = raw.get("base")
+    if "name" in raw:
+        name = out["name"] = raw["name"]
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ConfigError(f"{where}: name", f"expected letters, digits, '.', '_' or '-', got {name!r}")
+    if "experiment" in raw:
+        experiment = out["experiment"] = raw["experiment"]
+        if not isinstance(experiment, str) or not experiment.strip():
+            raise ConfigError(f"{where}: experiment", f"expected a non-empty string, got {experiment!r}")
+    if raw.get("extends") is not None:
+        out["extends"] = raw["extends"]  # read by _layers
+    out["base"] = base = raw.get("base")
     if base is not None:
         if not isinstance(base, str):
             raise ConfigError(f"{where}: base", f"expected a path to a run config YAML, got {base!r}")
-        base_path = (p.parent / base) if not Path(base).is_absolute() else Path(base)
-        if not base_path.is_file():
-            raise ConfigError(f"{where}: base", f"run config {base_path} not found")
-        base = base_path
+        out["base"] = _absolute(base, directory)
+        if not Path(out["base"]).is_file():
+            raise ConfigError(f"{where}: base", f"run config {out['base']} not found")
 
-    settings = _mapping(raw.get("set"), f"{where}: set")
+    out["set"] = settings = _mapping(raw.get("set"), f"{where}: set")
     for key in settings:
         _check_key(key, keys, f"{where}: set")
+    _anchor(settings, directory)
 
-    grid = _mapping(raw.get("grid"), f"{where}: grid")
+    out["grid"] = grid = _mapping(raw.get("grid"), f"{where}: grid")
     for key, values in grid.items():
         _check_key(key, keys, f"{where}: grid")
-        grid[key] = _values(values, f"{where}: grid.{key}")
+        grid[key] = _values(values, key, directory, f"{where}: grid.{key}")
 
-    zips: list[dict[str, list[Any]]] = []
+    out["zip"] = zips = []
     for i, group in enumerate(_list(raw.get("zip"), f"{where}: zip")):
         group = _mapping(group, f"{where}: zip[{i}]")
         if not group:
             raise ConfigError(f"{where}: zip[{i}]", "empty zip group; expected {key: [values], ...}")
-        lengths = {}
         for key, values in group.items():
             _check_key(key, keys, f"{where}: zip[{i}]")
-            group[key] = _values(values, f"{where}: zip[{i}].{key}")
-            lengths[key] = len(group[key])
+            group[key] = _values(values, key, directory, f"{where}: zip[{i}].{key}")
+        lengths = {key: len(values) for key, values in group.items()}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{k} has {n}" for k, n in lengths.items())
             raise ConfigError(f"{where}: zip[{i}]", f"conflicting lengths ({detail}); zipped axes pair "
@@ -146,59 +245,98 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if repeated:
         raise ConfigError(f"{where}: {repeated[0]}", "is swept by more than one axis (grid/zip); sweep it once")
 
-    runs: list[dict[str, Any]] = []
+    out["runs"] = runs = []
     for i, run in enumerate(_list(raw.get("runs"), f"{where}: runs")):
         run = _mapping(run, f"{where}: runs[{i}]")
-        for key in run:
+        for key, value in run.items():
             _check_key(key, keys, f"{where}: runs[{i}]")
+            run[key] = _point_value(value, key, f"{where}: runs[{i}].{key}")
+        _anchor(run, directory)
         runs.append(run)
 
-    seeds = raw.get("seeds")
+    out["seeds"] = seeds = raw.get("seeds")
     if seeds is not None:
-        if isinstance(seeds, int) and not isinstance(seeds, bool):
-            seeds = list(range(seeds))  # ``seeds: 3`` means 0, 1, 2
-        if (not isinstance(seeds, list) or not seeds
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)):
+        if not (_is_int(seeds) and seeds > 0 or isinstance(seeds, list) and seeds
+                and all(_is_int(s) and s >= 0 for s in seeds)):
             raise ConfigError(f"{where}: seeds", f"expected a count or a non-empty list of integers >= 0, got {seeds!r}")
-        if len(set(seeds)) != len(seeds):
-            raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")
-        if "train.seed" in axis_keys or any("train.seed" in r for r in runs):
+        if SEED_KEY in axis_keys or any(SEED_KEY in r for r in runs):
             raise ConfigError(f"{where}: seeds", "train.seed is also set by an axis or a run; set seeds in one place")
 
-    filters = {}
     for which in ("include", "exclude"):
-        patterns = []
+        out[which] = patterns = []
         for i, pattern in enumerate(_list(raw.get(which), f"{where}: {which}")):
             pattern = _mapping(pattern, f"{where}: {which}[{i}]")
             if not pattern:
                 raise ConfigError(f"{where}: {which}[{i}]", "empty pattern; expected {key: value or [values]}")
             for key, value in pattern.items():
                 _check_key(key, keys, f"{where}: {which}[{i}]")
-                pattern[key] = value if isinstance(value, list) else [value]
+                pattern[key] = [_absolute(v, directory) if key == DATA_PATH and isinstance(v, str) else v
+                                for v in (value if isinstance(value, list) else [value])]
             patterns.append(pattern)
-        filters[which] = patterns
 
-    derive = _mapping(raw.get("derive"), f"{where}: derive")
+    out["derive"] = derive = _mapping(raw.get("derive"), f"{where}: derive")
     for key, rule in derive.items():
         _check_key(key, keys, f"{where}: derive")
         if key in axis_keys or key in settings or any(key in r for r in runs):
             raise ConfigError(f"{where}: derive.{key}", "is also set by set/grid/zip/runs; a value is either "
                               "given or derived")
-        from diffsweep.sweep.derive import check_rule  # here to keep the dependency one-way and lazy
-
         derive[key] = check_rule(rule, key, f"{where}: derive.{key}")
 
-    if not grid and not zips and not runs:
+    out["launch"] = launch = _launch(raw.get("launch"), directory, f"{where}: launch")
+    _check_count(out, launch.get("max_runs", LaunchSettings().max_runs), where)
+    if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")
+    if not parent and not grid and not zips and not runs:
         raise ConfigError(f"{where}: grid", "empty sweep: give at least one of grid, zip or runs")
-
-    return SweepSpec(
-        path=p, name=name, experiment=experiment, base=base, set=settings, grid=grid, zip=zips, runs=runs,
-        seeds=seeds, include=filters["include"], exclude=filters["exclude"], derive=derive,
-        launch=_launch(raw.get("launch"), f"{where}: launch"),
-    )
+    return out
 
 
-def _launch(raw: Any, where: str) -> LaunchSettings:
+def _check_count(sections: dict[str, Any], max_runs: int, where: str) -> None:
+    """Refuse a sweep whose axes multiply to more than ``max_runs`` runs, from their lengths alone
+    (include/exclude and the per-kind collapse can only lower the count)."""
+    factors: dict[str, int] = {f"grid.{k}": len(v) for k, v in sections["grid"].items()}
+    factors |= {f"zip[{i}]": len(next(iter(g.values()))) for i, g in enumerate(sections["zip"])}
+    points = (math.prod(factors.values()) if factors else 0) + len(sections["runs"])
+    seeds = sections["seeds"]
+    factors["runs"] = len(sections["runs"])
+    factors["seeds"] = seeds if isinstance(seeds, int) else len(seeds) if seeds is not None else 1
+    total = points * factors["seeds"]
+    if total > max_runs:
+        biggest = max(factors, key=lambda k: factors[k])
+        count = f"{total:,}" if total < 10**15 else f"{total:.3g}"
+        raise ConfigError(f"{where}: {biggest}", f"the sweep expands to {count} runs ({biggest} has "
+                          f"{factors[biggest]:,} values), more than launch.max_runs = {max_runs:,}; sweep fewer "
+                          "values, or raise launch.max_runs")
+
+
+def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
+    """``--set a.b=c`` for every run: a run config key that no axis, run, seed list or derive
+    rule of the sweep sets; a relative data.path is relative to the working directory."""
+    keys = config_keys()
+    out: dict[str, Any] = {}
+    for item in items:
+        key, value = parse_override(item)
+        if key not in keys:
+            raise ConfigError("--set", f"{key}: unknown config key{_did_you_mean(key, keys)}; expected a dotted run "
+                              "config key such as model.size or train.lr")
+        if key == DATA_PATH and isinstance(value, str):
+            value = _absolute(value, Path.cwd())
+        out[key] = value
+    _check_safe(out, "--set")
+    owners = {k: f"the grid of {spec.path}" for k in spec.grid}
+    owners |= {k: f"zip[{i}] of {spec.path}" for i, g in enumerate(spec.zip) for k in g}
+    owners |= {k: f"runs[{i}] of {spec.path}" for i, r in reversed(list(enumerate(spec.runs))) for k in r}
+    owners |= {k: f"derive in {spec.path}" for k in spec.derive}
+    if spec.seeds is not None:
+        owners[SEED_KEY] = f"seeds in {spec.path}"
+    for key in out:
+        if key in owners:
+            raise ConfigError("--set", f"{key} is set by {owners[key]}; --set applies to every run, so it cannot "
+                              "replace it (select runs with --only, or write a sweep that extends this one)")
+    return out
+
+
+def _launch(raw: Any, directory: Path, where: str) -> dict[str, Any]:
     data = _mapping(raw, where)
     allowed = [f.name for f in dataclasses.fields(LaunchSettings)]
     for key, value in data.items():
@@ -207,12 +345,23 @@ def _launch(raw: Any, where: str) -> LaunchSettings:
                               f"expected one of [{', '.join(allowed)}]")
         if key in ("profile", "output") and value is not None and not isinstance(value, str):
             raise ConfigError(f"{where}.{key}", f"expected a string, got {value!r}")
-        if key == "max_retries" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if key == "max_retries" and not (_is_int(value) and value >= 0):
             raise ConfigError(f"{where}.{key}", f"expected an integer >= 0, got {value!r}")
-        if key in ("max_parallel", "gpus_per_run") and value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if (key in ("max_parallel", "gpus_per_run") and value is not None or key == "max_runs") and not (
+                _is_int(value) and value >= 1):
             raise ConfigError(f"{where}.{key}", f"expected an integer >= 1, got {value!r}")
-    return LaunchSettings(**data)
+    if isinstance(data.get("output"), str):
+        data["output"] = _absolute(data["output"], directory)
+    profile = data.get("profile")
+    if isinstance(profile, str) and (profile.endswith((".yaml", ".yml")) or "/" in profile):
+        data["profile"] = _absolute(profile, directory)  # a path; otherwise a profile name
+    return data
+
+
+def _anchor(values: dict[str, Any], directory: Path) -> None:
+    """Make a relative data.path among ``values`` absolute against ``directory``."""
+    if isinstance(values.get(DATA_PATH), str):
+        values[DATA_PATH] = _absolute(values[DATA_PATH], directory)
 
 
 def _check_safe(value: Any, where: str, path: str = "") -> None:
@@ -237,6 +386,10 @@ def _check_key(key: Any, keys: frozenset[str], where: str) -> None:
                           "run config key such as model.size, model.attention.kind or train.lr")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _did_you_mean(key: str, options: Any) -> str:
     close = difflib.get_close_matches(key, sorted(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -258,9 +411,16 @@ def _list(raw: Any, where: str) -> list[Any]:
     return raw
 
 
-def _values(raw: Any, where: str) -> list[Any]:
+def _values(raw: Any, key: str, directory: Path, where: str) -> list[Any]:
+    """An axis: a non-empty list of values (a relative data.path made absolute; rules checked)."""
     if not isinstance(raw, list):
         raise ConfigError(where, f"expected a list of values, got {raw!r}")
     if not raw:
         raise ConfigError(where, "empty list of values: an axis needs at least one value")
-    return list(raw)
+    values = [_point_value(v, key, f"{where}[{i}]") for i, v in enumerate(raw)]
+    return [_absolute(v, directory) if key == DATA_PATH and isinstance(v, str) else v for v in values]
+
+
+def _point_value(value: Any, key: str, where: str) -> Any:
+    """A grid, zip or runs value: plain, or a mapping that must be a derive rule for this point."""
+    return check_rule(value, key, where) if isinstance(value, dict) else value

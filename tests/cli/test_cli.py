@@ -98,6 +98,9 @@ def test_config_show_round_trips_and_marks_derived_fields(tmp_path):
         (["model", "compare", "--size", "2B"], "model.size"),
         (["config", "show", "missing.yaml"], "missing.yaml"),
         (["model", "info", "--set", "nonsense"], "--set"),
+        (["model", "info", "--set", "model.d_model=1099511627776"], "model.d_model"),
+        (["model", "compare", "--set", "model.n_layers=1000000"], "model.n_layers"),
+        (["config", "show", "--set", "train.seed=-1"], "train.seed"),
     ],
 )
 def test_config_errors_exit_2_with_one_line_naming_the_key(args, key, tmp_path):

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.config.test_bounds import billion_laughs
 from tests.launch.conftest import cli, write_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +77,16 @@ def test_a_run_that_fits_on_no_gpus_of_the_profile_is_refused(tmp_path):
 
 BAD = [
     ("grid: {model.size: [tiny-xs]\n", r"t.yaml: not valid YAML (line 2"),
+    # input that used to hang for minutes or end in a traceback
+    ("grid:\n" + "".join(f"  {k}: {line.split(': ', 1)[1]}\n" for k, line in zip(
+        ["train.lr", "train.eps", "train.weight_decay", "train.grad_clip", "train.min_lr", "train.decay_fraction",
+         "train.spike_threshold", "model.rope_theta", "model.norm_eps"], billion_laughs().splitlines())),
+     "aliases expand to more than 10,000 values"),
+    ("grid: &g\n  model.size: [tiny-xs, *g]\n", "alias *g is inside the node it names"),
+    ("grid: {model.size: [tiny-xs]}\nseeds: 1000000000\n", "expands to 1,000,000,000 runs"),
+    ("grid: {model.d_model: [1099511627776]}\n", "model.d_model: 1099511627776 is over the limit of 262,144 (a model"),
+    ("grid: {model.size: [tiny-xs]}\nset: {train.seed: -1}\n", "train.seed: expected an integer in [0, 2**63 - 1]"),
+    ("extends: t.yaml\n", "sweeps extend each other in a cycle"),
     ("grid: {model.sise: [tiny-xs]}\n", "grid.model.sise: unknown config key (did you mean 'model.size'?)"),
     ("name: t\n", "empty sweep"),
     ("zip: [{train.lr: [0.1, 0.2], train.warmup_steps: [1]}]\n", "conflicting lengths"),
@@ -88,7 +100,9 @@ BAD = [
 def test_bad_sweeps_fail_cleanly(tmp_path, text, message):
     (tmp_path / "t.yaml").write_text(text)
     for command in ("plan", "launch"):
-        r = cli(command, "t.yaml", "--executor", "local", cwd=tmp_path)
+        start = time.monotonic()
+        r = cli(command, "t.yaml", "--executor", "local", cwd=tmp_path, timeout=60)
+        assert time.monotonic() - start < 15  # a process start on a busy 2-core box, not minutes
         assert r.returncode == 2, (command, r.stdout, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "Traceback" not in r.stderr

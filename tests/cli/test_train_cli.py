@@ -126,6 +126,8 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(text_dataset, tmp_path
         "vocab mismatch": (command(text_dataset, "model.vocab_size=256"), ("model.vocab_size", "512")),
         "unwritable output": ([*command(text_dataset), "--out", str(a_file / "runs")], ("a-file", "not a directory")),
         "garbage checkpoint": ([*command(text_dataset), "--resume", str(a_file)], ("a-file", "corrupt or truncated")),
+        "negative seed": (command(text_dataset, "train.seed=-1"), ("train.seed", "[0, 2**63 - 1], got -1")),
+        "absurd size": (command(text_dataset, "model.d_model=1099511627776"), ("model.d_model", "parameters")),
     }
     for name, (args, needles) in cases.items():
         result = run(args, tmp_path)

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def planned(tmp_path: Path, sizes: list[str], kind: str = "diff_v1"):
     path = tmp_path / "s.yaml"
     path.write_text(f"grid: {{model.size: [{', '.join(sizes)}]}}\nset: {{model.attention.kind: {kind}}}\n")
-    return expand(load_sweep(path), cwd=tmp_path).runs
+    return expand(load_sweep(path)).runs
 
 
 def test_paper_sizes_on_h100(tmp_path):

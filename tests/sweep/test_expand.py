@@ -20,7 +20,7 @@ def sweep(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
 
 
 def runs_of(tmp_path: Path, text: str):
-    return expand(load_sweep(sweep(tmp_path, text)), cwd=tmp_path).runs
+    return expand(load_sweep(sweep(tmp_path, text))).runs
 
 
 def test_grid_is_cartesian_and_ordered_as_written(tmp_path):
@@ -229,7 +229,7 @@ def test_base_config_is_relative_to_the_sweep_file(tmp_path):
         "../configs", str(tmp_path / "configs")))
     assert runs[0].config.model.size == "tiny-s" and runs[0].config.train.lr == 0.002
     path = sweep(tmp_path / "sweeps", "base: ../configs/base.yaml\ngrid: {train.seed: [3]}\n")
-    (r,) = expand(load_sweep(path), cwd=tmp_path).runs
+    (r,) = expand(load_sweep(path)).runs
     assert r.config.model.size == "tiny-s" and r.config.train.seed == 3
 
 
@@ -237,7 +237,7 @@ def test_warnings_are_collected_once_with_their_origin(tmp_path):
     e = expand(load_sweep(sweep(tmp_path, """
         set: {model.size: tiny-xs}
         runs: [{model.attention.kind: transformer, model.attention.lambda_init: "constant:0.5"}]
-    """)), cwd=tmp_path)
+    """)))
     assert len(e.warnings) == 1 and "no effect" in e.warnings[0] and "runs[0]" in e.warnings[0]
 
 

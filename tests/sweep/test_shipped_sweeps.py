@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from diffsweep.config.identity import run_key
 from diffsweep.sweep import expand, load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,20 +24,29 @@ def test_every_shipped_sweep_is_known():
     assert sorted(p.stem for p in SWEEPS) == sorted(EXPECTED_RUNS)
 
 
+def pinned_key(config) -> str:
+    """The run key with the repository at /project: data paths are part of the key, and the
+    shipped sweeps' data lies in the repository's data/ (their paths are relative to sweeps/)."""
+    path = config.data.path
+    assert path.startswith(f"{REPO}/data/"), path
+    return run_key(dataclasses.replace(config, data=dataclasses.replace(
+        config.data, path="/project" + path.removeprefix(str(REPO)))))
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_shipped_sweep_expands(path):
-    e = expand(load_sweep(path), cwd=Path("/project"))  # fixed cwd: data paths are part of the key
+    e = expand(load_sweep(path))
     assert len(e.runs) == EXPECTED_RUNS[path.stem]
     assert not e.warnings
     golden = GOLDEN / f"{path.stem}.json"
-    got = [{"name": r.name, "key": r.key, "params": r.num_params, "tokens": r.tokens} for r in e.runs]
+    got = [{"name": r.name, "key": pinned_key(r.config), "params": r.num_params, "tokens": r.tokens} for r in e.runs]
     if os.environ.get("DIFFSWEEP_UPDATE_GOLDEN") == "1":
         golden.write_text(json.dumps(got, indent=1) + "\n")
     assert got == json.loads(golden.read_text())
 
 
 def test_table6_rows():
-    runs = {r.name: r for r in expand(load_sweep(REPO / "sweeps/table6-ablation.yaml"), cwd=Path("/project")).runs}
+    runs = {r.name: r for r in expand(load_sweep(REPO / "sweeps/table6-ablation.yaml")).runs}
     a = {n: r.config.model.attention for n, r in runs.items()}
     assert (a["transformer-1.4B-hd_128-s0"].num_heads, a["transformer-1.4B-hd_256-s0"].num_heads) == (16, 8)
     assert a["transformer-1.4B-hd_256-gn_on-s0"].head_norm.value == "rmsnorm"
@@ -46,14 +57,14 @@ def test_table6_rows():
 
 
 def test_token_scan_evaluates_every_40b_tokens():
-    runs = expand(load_sweep(REPO / "sweeps/fig3b-token-scan.yaml"), cwd=Path("/project")).runs
+    runs = expand(load_sweep(REPO / "sweeps/fig3b-token-scan.yaml")).runs
     for r in runs:
         t = r.config.train
         assert t.max_tokens == 360e9 and t.eval_every == t.checkpoint_every == 9537  # ceil(40e9 / 4,194,304)
 
 
 def test_diff_versions_are_parameter_matched():
-    runs = expand(load_sweep(REPO / "sweeps/diff-versions.yaml"), cwd=Path("/project")).runs
+    runs = expand(load_sweep(REPO / "sweeps/diff-versions.yaml")).runs
     for size in ("830M", "1.4B", "2.8B"):
         counts = {r.kind: r.num_params for r in runs if r.size == size}
         assert abs(counts["diff_v2"] / counts["transformer"] - 1) < 1e-3
