@@ -43,6 +43,8 @@ def fit(
                                                    show_default=False)] = None,
     sweep_name: Annotated[str | None, typer.Option("--sweep", help="Only runs launched by this sweep (its name).",
                                                    show_default=False)] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="The --set overrides the sweep was launched with "
+                                                   "(with a sweep file; repeatable).", show_default=False)] = None,
     where: Annotated[list[str] | None, typer.Option("--where", help="Filter runs: config.key=value, key!=value or "
                                                     "tags.name=value (repeatable).", show_default=False)] = None,
     csv: Annotated[Path | None, typer.Option("--csv", help="Fit a table instead (columns arch, loss, num_params, "
@@ -95,7 +97,7 @@ def fit(
         count=_choice(Count, count, "--count"), at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
         holdout=holdout == "largest", token_points=_choice(TokenPoints, token_points, "--token-points"),
         n_boot=boot, level=level, seed=seed, noise_sd=noise_sd)
-    outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv, log=not no_log), request, out,
+    outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets), request, out,
                       log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},
@@ -108,7 +110,7 @@ def fit(
 
 
 def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, where: list[str] | None,
-            csv: Path | None, log: bool):
+            csv: Path | None, log: bool, sets: list[str] | None = None):
     """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
     from diffsweep.train.tracking import check_tracking, init_store, tracking_uri
@@ -118,6 +120,8 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
     # is checked up front, so a failure later is reported within seconds instead.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    if sets and sweep is None:
+        raise ConfigError("--set", "selects the runs of a sweep launched with these overrides; give the sweep file")
     if csv is not None:
         if sweep or experiment or sweep_name or where:
             raise ConfigError("--csv", "fits the CSV alone; drop the sweep, --experiment, --sweep and --where")
@@ -129,7 +133,7 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
 
         from diffsweep.sweep import expand
 
-        spec = load_sweep(sweep)
+        spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
         keys = frozenset(run.key for run in expand(spec).runs)
         experiment, sweep_name = experiment or spec.experiment, sweep_name or spec.name
     elif experiment is None and sweep_name is not None:

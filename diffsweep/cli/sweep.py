@@ -427,7 +427,8 @@ def cancel(
 def logs(
     run: Annotated[str, typer.Argument(help="The run: its name or key (prefix) as plan/status show them, its run "
                                        "directory's name, or its MLflow run name.", show_default=False)],
-    sweep: Annotated[Path | None, typer.Option("--sweep", help="The run's sweep YAML (default: search runs/*/).",
+    sweep: Annotated[Path | None, typer.Option("--sweep", help="The run's sweep YAML (default: search runs/*/ "
+                                               "and */runs/*/ here).",
                                                show_default=False)] = None,
     out: OutOpt = None,
     attempt: Annotated[str | None, typer.Option("--attempt", help="Which submission: N (1 is the first) or all "
@@ -446,7 +447,10 @@ def logs(
     if out is not None or sweep is not None:
         outs = [output_dir(load_sweep(sweep), out) if sweep is not None else out.absolute()]
     else:
-        outs = sorted(p.parent for p in Path("runs").glob("*/ledger.json"))
+        # sweep outputs here: runs/<name> (the shipped sweeps') and <folder>/runs/<name> (the default
+        # beside a sweep file in a folder, e.g. sweeps/)
+        outs = sorted(p.parent for pattern in ("runs/*/ledger.json", "*/runs/*/ledger.json")
+                      for p in Path().glob(pattern))
     directory, entry = find_entry(run, outs)
     numbers = select_attempts(entry, attempt)
     latest = len(entry.attempts)

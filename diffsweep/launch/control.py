@@ -109,7 +109,8 @@ def find_entry(run: str, outs: list[Path]) -> tuple[Path, Entry]:
                 matches.append((out, ledger.sweep, e))
     if not matches:
         where = ", ".join(str(o) for o in outs) or "no sweep directories"
-        raise ConfigError("RUN", f"no launched run named {run!r} (searched {where}); see `diffsweep status SWEEP`")
+        raise ConfigError("RUN", f"no launched run named {run!r} (searched {where}); name its sweep with "
+                          "--sweep SWEEP.yaml (see `diffsweep status SWEEP.yaml`)")
     sweeps = sorted({(sweep, str(out)) for out, sweep, _ in matches})
     if len(sweeps) > 1:
         names = ", ".join(f"{sweep} ({out})" for sweep, out in sweeps[:5])

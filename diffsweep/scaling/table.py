@@ -159,12 +159,12 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
         f", --where {' '.join(where or [])}" if where else "")
     if not runs:
         hint = (f"; {stale} run(s) of the sweep have other run keys (an earlier version of the sweep file, or "
-                "launched from another directory: relative data paths are part of the key)") if stale else ""
+                "launched with other --set overrides: pass the same --set to fit)") if stale else ""
         raise ConfigError("--where" if where else "--sweep" if sweep else "--experiment",
                           f"no runs match ({what}){hint}")
     if stale:
         warnings.warn(TableWarning(f"left out {stale} run(s) that are not in the sweep file's current expansion "
-                                   "(an earlier version of the sweep, or launched from another directory)"))
+                                   "(an earlier version of the sweep, or launched with other --set overrides)"))
     finished = [r for r in runs if r.info.status == "FINISHED"]
     if len(finished) < len(runs):
         states = pd.Series([r.info.status for r in runs if r.info.status != "FINISHED"]).value_counts()

@@ -44,6 +44,13 @@ def test_set_and_status_from_another_directory(tmp_path, text_dataset, store):
     entries = json.loads((project / "sweeps" / "runs" / "t" / "ledger.json").read_text())["entries"]
     assert [e["identity"]["train.max_steps"] for e in entries.values()] == [3, 3]  # trained with the --set value
 
+    # logs finds the run in the sweep's default output (sweeps/runs/t) without being told the sweep
+    name = json.loads((project / "sweeps" / "runs" / "t" / "ledger.json").read_text())["entries"]
+    r = cli("logs", next(iter(name.values()))["name"], cwd=project, env=store)
+    assert r.returncode == 0 and "finished 3 steps" in r.stdout, r.stdout + r.stderr
+    r = cli("logs", "no-such-run", cwd=elsewhere, env=store)
+    assert r.returncode == 2 and "--sweep SWEEP.yaml" in r.stderr
+
     # the same runs, from another directory, with the sweep named by another path
     other = os.path.relpath(sweep, elsewhere)
     assert counts(cli("status", other, "--executor", "local", "--json", "--set", "train.max_steps=3",
@@ -56,6 +63,12 @@ def test_set_and_status_from_another_directory(tmp_path, text_dataset, store):
     r = cli("plan", other, "--executor", "local", "--set", "train.max_steps=3", "--json", cwd=elsewhere, env=store)
     assert json.loads(r.stdout)["set"] == {"train.max_steps": 3}
     assert not (elsewhere / "runs").exists()
+    # fit finds the runs by their keys: the same --set selects them (one size: too few to fit a law)
+    r = cli("fit", other, "--set", "train.max_steps=3", "--no-log", cwd=elsewhere, env=store)
+    assert r.returncode == 2 and "no runs match" not in r.stderr, r.stderr
+    r = cli("fit", other, "--no-log", cwd=elsewhere, env=store)
+    assert r.returncode == 2 and "no runs match" in r.stderr and "pass the same --set to fit" in r.stderr, r.stderr
+    assert not (elsewhere / "fits").exists()
 
 
 def test_a_sweep_launched_under_the_former_default_output_is_not_started_again(tmp_path, text_dataset, store):
