@@ -113,7 +113,7 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
             csv: Path | None, log: bool, sets: list[str] | None = None):
     """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
-    from diffsweep.train.tracking import check_tracking, init_store, tracking_uri
+    from diffsweep.train.store import check_tracking, init_store, tracking_uri
 
     uri, keys = tracking_uri(), None
     # MLflow's HTTP client retries a lost server for minutes (7 retries, 120 s timeouts); the store

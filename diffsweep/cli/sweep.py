@@ -241,7 +241,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
-    from diffsweep.train.tracking import tracking_uri
+    from diffsweep.train.store import tracking_uri
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
 

@@ -15,8 +15,9 @@ from diffsweep.config.identity import run_name_of
 from diffsweep.launch.jobfile import read_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SweepPlan
-from diffsweep.launch.state import (ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, pid_alive,
-                                    scheduler_states, slurm_states)
+from diffsweep.launch.state import (ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, scheduler_states,
+                                    slurm_states)
+from diffsweep.lockfile import pid_alive
 
 
 def cancel(plan: SweepPlan) -> list[str]:

@@ -15,7 +15,7 @@ import submitit
 
 from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
-from diffsweep.launch.state import proc_start
+from diffsweep.lockfile import proc_start
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0

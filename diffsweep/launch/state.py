@@ -13,7 +13,6 @@ launch skips it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from diffsweep.config import Config, EnvironmentUnavailable
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.jobfile import read_job_state, write_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
+from diffsweep.lockfile import pid_alive
 
 NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
     "new", "changed", "pending", "running", "done", "failed", "cancelled")
@@ -125,29 +125,6 @@ def progress(job: dict | None) -> str:
 
 def changed_fields(old: dict[str, object], new: dict[str, object]) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-
-
-def proc_start(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot), to tell it from a later one with its pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[-1].split()[19])
-
-
-def pid_alive(pid: int, start: int | None = None) -> bool:
-    """Whether process ``pid`` (started at ``start``, when known) exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[0] != "Z" and (start is None or int(fields[19]) == start)
 
 
 def scheduler_states(ledger: Ledger | None) -> dict[str, str]:

@@ -132,7 +132,7 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     removes a sweep directory it created."""
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
-    from diffsweep.train.tracking import check_tracking, ensure_experiment
+    from diffsweep.train.store import check_tracking, ensure_experiment
 
     check_tracking(tracking_uri)
     out = plan.out
@@ -195,7 +195,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str, max_parallel: int | None, submitted: list,
                   tracking_uri: str) -> None:
-    from diffsweep.launch.state import proc_start
+    from diffsweep.lockfile import proc_start
 
     parallel = max_parallel or plan.spec.launch.max_parallel or 1
     logs = plan.out / "logs"
@@ -228,7 +228,7 @@ def _launch_local(plan: SweepPlan, sel: Selection, code_dir: str, max_parallel: 
 def _live_queue(out: Path) -> tuple[int, int | None] | None:
     """(pid, start time) of this sweep's local queue if one runs and has not decided to exit."""
     from diffsweep.launch.local_queue import closed_marker
-    from diffsweep.launch.state import pid_alive
+    from diffsweep.lockfile import pid_alive
 
     ledger = read_ledger(out)
     for entry in (ledger.entries.values() if ledger else []):

@@ -11,14 +11,12 @@ no checkpoint written); SIGUSR2/SIGTERM stop it at the next step boundary after 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +24,8 @@ import torch
 from torch.nn import functional as F
 
 from diffsweep import lockfile
-from diffsweep.config import Config, ConfigError, Precision, dump_yaml, to_dict
-from diffsweep.config.identity import flatten, run_key, run_name
+from diffsweep.config import Config, ConfigError, Precision, to_dict
+from diffsweep.config.identity import run_key
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
 from diffsweep.model import counting
 from diffsweep.model.transformer import LanguageModel, build_model
@@ -38,7 +36,9 @@ from diffsweep.train.optim import build_optimizer, lr_at, total_steps
 from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
 from diffsweep.train.metrics import SpikeCounter, peak_flops
-from diffsweep.train.tracking import MlflowTracker, NullTracker, check_tracking, ensure_experiment, source_tags, tracking_uri
+from diffsweep.train.run_record import run_tracking_uri, start_tracking
+from diffsweep.train.store import check_tracking
+from diffsweep.train.tracking import MlflowTracker
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
 TRAINER_LOCK = ".trainer.lock"  # held by the training process (rank 0) for the whole training
@@ -109,7 +109,7 @@ def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, e
            tags: dict[str, str] | None) -> TrainResult:
     """``train`` once the input is checked and the run directory is this trainer's."""
     rank, t = world.rank, config.train
-    uri = _run_tracking_uri(run_dir)
+    uri = run_tracking_uri(run_dir)
     check_tracking(uri)
 
     # Signals only set a flag from here on; one arriving during set-up stops before the first step.
@@ -133,7 +133,7 @@ def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, e
                 run.restore(state, resume_path)
                 echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
                      + (f" on {world.world_size} processes" if world.distributed else ""))
-            run.tracker = tracker = _start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
+            run.tracker = tracker = start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
                                                     tags or {})
             try:
                 return run.loop(flag, callbacks)
@@ -386,37 +386,6 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
 
 
-def _read_run_file(run_dir: Path) -> dict[str, str] | None:
-    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
-    an unreadable one is a ``ConfigError`` saying what to do."""
-    run_file = run_dir / RUN_FILE
-    if not run_file.exists():
-        return None
-    try:
-        found = json.loads(run_file.read_text())
-        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
-            raise ValueError("not an object with run_id and tracking_uri")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
-                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
-                          "./mlflow.db)") from exc
-    return found
-
-
-def _run_tracking_uri(run_dir: Path) -> str:
-    """Where this run is tracked: the store its ``run.json`` names (so a resume from another
-    working directory finds it), unless ``MLFLOW_TRACKING_URI`` names another one (an error)."""
-    run_file = _read_run_file(run_dir)
-    if run_file is None:
-        return tracking_uri()
-    recorded = run_file["tracking_uri"]
-    asked = os.environ.get("MLFLOW_TRACKING_URI")
-    if asked and asked != recorded:
-        raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
-                          "unset it or set it to that store")
-    return recorded
-
-
 def _resume_point(resume_from: Path | None, run_dir: Path, config: Config, dataset: TokenDataset, world: World,
                   echo: Callable[[str], None]) -> tuple[Path | None, dict | None]:
     """The checkpoint to resume from and its training state (None, None to start afresh):
@@ -459,51 +428,3 @@ def _by_position(state: dict) -> bool:
     """A single-file checkpoint from before multi-process training: optimizer state keyed 0, 1, 2, ..."""
     return "model" in state and bool(state["optimizer"]["state"]) and \
         all(isinstance(k, int) for k in state["optimizer"]["state"])
-
-
-def _start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags):
-    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one; either
-    way with this attempt recorded."""
-    if world.rank != 0:
-        return NullTracker()
-    source = source_tags()
-    attempt = {key.removeprefix("diffsweep."): value for key, value in source.items() if key.startswith("diffsweep.")}
-    attempt |= {"first_step": str(state["step"] + 1 if state else 1), "processes": str(world.world_size),
-                "threads": str(torch.get_num_threads()),
-                "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    if resume_path is not None:
-        attempt["checkpoint"] = str(resume_path.absolute())
-    run_file = _read_run_file(run_dir)
-    run_id = state["mlflow_run_id"] if state else None
-    if run_id is None and run_file is not None:
-        run_id = run_file["run_id"]
-    if run_id is not None:
-        tracker = MlflowTracker(uri, run_id=run_id)
-        tracker.resume(source, attempt)
-        return tracker
-    tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
-    params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
-    tags = source | {
-        "diffsweep.arch": config.model.attention.kind.value,
-        "diffsweep.size": config.model.size or "custom",
-        "diffsweep.params": str(counting.num_params(config.model)),
-        "diffsweep.non_embedding_params": str(counting.num_non_embedding_params(config.model)),
-        "diffsweep.flops_per_token": str(counting.train_flops_per_token(config.model, config.train.seq_len)),
-        "diffsweep.run_key": run_key(config),
-        "diffsweep.tokenizer": config.data.tokenizer.value,
-        "diffsweep.run_dir": str(run_dir.absolute()),
-        "diffsweep.processes": str(world.world_size),  # training processes (GPUs) when the run started
-        "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
-    } | extra_tags
-    tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
-    tmp = run_dir / f".{RUN_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())  # a crash right after must not leave an empty run.json behind the rename
-    os.replace(tmp, run_dir / RUN_FILE)
-    return tracker

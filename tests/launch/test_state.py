@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from diffsweep.launch.ledger import Attempt
-from diffsweep.launch.state import attempt_state, pid_alive, proc_start
+from diffsweep.launch.state import attempt_state
+from diffsweep.lockfile import pid_alive, proc_start
 
 
 def attempt(**kw) -> Attempt:

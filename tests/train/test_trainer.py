@@ -18,7 +18,8 @@ from diffsweep.config.identity import run_key
 from diffsweep.model.transformer import build_model
 from diffsweep.train.checkpoint import SINGLE_FILE_FORMAT, list_checkpoints, load_checkpoint, load_tensors
 from diffsweep.train.optim import build_optimizer
-from diffsweep.train.trainer import RUN_FILE, Diverged, train
+from diffsweep.train.run_record import RUN_FILE
+from diffsweep.train.trainer import Diverged, train
 
 from ..conftest import TINY_RUN
 

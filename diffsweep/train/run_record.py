@@ -1,0 +1,101 @@
+"""The MLflow run of a run directory: ``run.json`` (written when the run is created) names the run
+and its store, so a resume from any working directory continues the same run in the same store;
+``start_tracking`` resumes that run, or creates it, with this attempt recorded (see
+``diffsweep.train.tracking``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from diffsweep.config import ConfigError, dump_yaml, to_dict
+from diffsweep.config.identity import flatten, run_key, run_name
+from diffsweep.model import counting
+from diffsweep.train.distributed import World
+from diffsweep.train.store import ensure_experiment, tracking_uri
+from diffsweep.train.tracking import MlflowTracker, NullTracker, source_tags
+
+RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
+
+
+def read_run_file(run_dir: Path) -> dict[str, str] | None:
+    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
+    an unreadable one is a ``ConfigError`` saying what to do."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        found = json.loads(run_file.read_text())
+        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
+            raise ValueError("not an object with run_id and tracking_uri")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
+                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
+                          "./mlflow.db)") from exc
+    return found
+
+
+def run_tracking_uri(run_dir: Path) -> str:
+    """Where this run is tracked: the store its ``run.json`` names (so a resume from another
+    working directory finds it), unless ``MLFLOW_TRACKING_URI`` names another one (an error)."""
+    run_file = read_run_file(run_dir)
+    if run_file is None:
+        return tracking_uri()
+    recorded = run_file["tracking_uri"]
+    asked = os.environ.get("MLFLOW_TRACKING_URI")
+    if asked and asked != recorded:
+        raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
+                          "unset it or set it to that store")
+    return recorded
+
+
+def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags):
+    """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one; either
+    way with this attempt recorded."""
+    if world.rank != 0:
+        return NullTracker()
+    source = source_tags()
+    attempt = {key.removeprefix("diffsweep."): value for key, value in source.items() if key.startswith("diffsweep.")}
+    attempt |= {"first_step": str(state["step"] + 1 if state else 1), "processes": str(world.world_size),
+                "threads": str(torch.get_num_threads()),
+                "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if resume_path is not None:
+        attempt["checkpoint"] = str(resume_path.absolute())
+    run_file = read_run_file(run_dir)
+    run_id = state["mlflow_run_id"] if state else None
+    if run_id is None and run_file is not None:
+        run_id = run_file["run_id"]
+    if run_id is not None:
+        tracker = MlflowTracker(uri, run_id=run_id)
+        tracker.resume(source, attempt)
+        return tracker
+    tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, experiment))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
+    params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
+    tags = source | {
+        "diffsweep.arch": config.model.attention.kind.value,
+        "diffsweep.size": config.model.size or "custom",
+        "diffsweep.params": str(counting.num_params(config.model)),
+        "diffsweep.non_embedding_params": str(counting.num_non_embedding_params(config.model)),
+        "diffsweep.flops_per_token": str(counting.train_flops_per_token(config.model, config.train.seq_len)),
+        "diffsweep.run_key": run_key(config),
+        "diffsweep.tokenizer": config.data.tokenizer.value,
+        "diffsweep.run_dir": str(run_dir.absolute()),
+        "diffsweep.processes": str(world.world_size),  # training processes (GPUs) when the run started
+        "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
+    } | extra_tags
+    tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
+    tmp = run_dir / f".{RUN_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # a crash right after must not leave an empty run.json behind the rename
+    os.replace(tmp, run_dir / RUN_FILE)
+    return tracker
