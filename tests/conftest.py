@@ -69,3 +69,13 @@ def mlflow_store(tmp_path_factory) -> str:
 def store(tmp_path) -> dict:
     """Environment for a CLI process with its own SQLite MLflow store."""
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under ``pytest -n N --dist loadgroup`` the tests marked ``slurm`` run one after another in
+    one worker: the localhost cluster has 2 CPUs and 2 fake GPUs, and tests that wait for their own
+    jobs must not queue behind another test's."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
