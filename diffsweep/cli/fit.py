@@ -13,6 +13,7 @@ import typer
 
 from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
+from diffsweep.scaling.schema import CSV_SCHEMA
 
 E = TypeVar("E", bound=StrEnum)
 MAX_NOISE_SD = 1.0  # sd of log loss: a factor e of run-to-run scatter is no longer noise around a law
@@ -47,8 +48,8 @@ def fit(
                                                    "(with a sweep file; repeatable).", show_default=False)] = None,
     where: Annotated[list[str] | None, typer.Option("--where", help="Filter runs: config.key=value, key!=value or "
                                                     "tags.name=value (repeatable).", show_default=False)] = None,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Fit a table instead (columns arch, loss, num_params, "
-                                             "tokens; e.g. a frozen points.csv).", show_default=False)] = None,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Fit a table instead (e.g. a frozen points.csv). "
+                                             + CSV_SCHEMA, show_default=False)] = None,
     baseline: Annotated[str, typer.Option("--baseline", help="The reference architecture.")] = "transformer",
     candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
                                                         "baseline (default: all others).", show_default=False)] = None,

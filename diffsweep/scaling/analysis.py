@@ -20,6 +20,7 @@ from diffsweep.scaling.fit import LawFit, fit_law
 from diffsweep.scaling.forms import Form, Law
 from diffsweep.scaling.optimize import Data, Objective
 from diffsweep.scaling.ratio import Curve, per_point, ratio
+from diffsweep.scaling.report import arch_name
 
 
 class Axis(StrEnum):
@@ -120,6 +121,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
     refs, ref_labels = _references(archs[base_name], req)
 
     main = _fit_all(archs, req.form, objective, req.shared_e)
+    _diagnostic_warnings(main)
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
     noise = _noise(archs, main, objective, req)
     rng = np.random.default_rng(req.seed)
@@ -140,20 +142,18 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
         if pure_curves:
             p_point = ratio(pure_curves[base_name], pure_curves[cand], refs)
             p_lo, p_hi, _ = interval(ratio(pure_curves[base_name], pure_curves[cand], refs, boot=True), req.level)
+        cand_range = (float(archs[cand].x.min()), float(archs[cand].x.max()))
         for k, ref in enumerate(refs):
-            extrapolated = not measured[0] * (1 - 1e-9) <= ref <= measured[1] * (1 + 1e-9)
             if pure_curves:
                 pure = {"ratio": _f(p_point[k]), "lo": _f(p_lo[k]), "hi": _f(p_hi[k])}
-            ratios.append({"candidate": cand, "axis": x_axis, "at": float(ref), "at_label": ref_labels[k],
-                           "ratio": _f(point[k]), "lo": _f(lo[k]), "hi": _f(hi[k]),
-                           "undefined_share": float(undefined[k]), "extrapolated": extrapolated, "pure_law": pure})
-            if extrapolated:
-                warnings.warn(FitWarning(f"{cand}: the ratio at {ref_labels[k]} extrapolates beyond the measured "
-                                         f"{x_axis} range {human(measured[0])}-{human(measured[1])}"))
+            row = {"candidate": cand, "axis": x_axis, "at": float(ref), "at_label": ref_labels[k],
+                   "ratio": _f(point[k]), "lo": _f(lo[k]), "hi": _f(hi[k]),
+                   "undefined_share": float(undefined[k]), "pure_law": pure}
+            ratios.append(row | _extrapolation(row, measured, cand_range, base_name))
             if undefined[k] > (1 - req.level) / 2:
                 warnings.warn(FitWarning(
-                    f"{cand} at {ref_labels[k]}: in {undefined[k]:.0%} of bootstrap draws the candidate never reaches "
-                    f"the baseline's loss, so the upper CI bound is unbounded"))
+                    f"{arch_name(cand)} at {ref_labels[k]}: in {undefined[k]:.0%} of bootstrap draws the candidate "
+                    f"never reaches the {arch_name(base_name)}'s loss, so the upper CI bound is unbounded"))
         c_draws = ratio(curves[base_name], curves[cand], grid, other_ref, x_axis, boot=True)
         c_lo, c_hi, _ = interval(c_draws, req.level)
         curve[cand] = {"x": grid.tolist(), "ratio": _list(ratio(curves[base_name], curves[cand], grid, other_ref, x_axis)),
@@ -165,6 +165,8 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
             m = per_point(curves[base_name], np.array([x]), np.array([loss]), other_ref, x_axis)[0]
             multipliers.append({"candidate": cand, "x": x, "loss": loss, "multiplier": _f(m)})
 
+    paper = _paper_reading(curves if req.form is Form.PURE else pure_curves, curves, base_name, x_axis, measured,
+                           req) if req.form is not Form.CHINCHILLA else None
     result = {
         "axis": x_axis if req.form is not Form.CHINCHILLA else "N,D",
         "count": req.count.value,
@@ -183,6 +185,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
         "ratios": ratios,
         "ratio_curve": curve,
         "per_point": multipliers,
+        "paper_reading": paper,
         "points_used": int(used["used"].sum()),
     }
     if comparison:
@@ -255,7 +258,13 @@ def _select_points(points: pd.DataFrame, axis: Axis, req: FitRequest) -> pd.Data
     if not use_checkpoints:
         pts.loc[checkpoints, ["used", "reason"]] = [False, "intermediate evaluation"]
     else:
-        early = checkpoints & (pts["step"] <= pts["warmup_steps"].fillna(0))
+        step, warmup = pts["step"].astype(float), pts["warmup_steps"].astype(float)
+        unknown = checkpoints & (step.isna() | warmup.isna())
+        if unknown.any():
+            warnings.warn(FitWarning(
+                f"{int(unknown.sum())} intermediate evaluation(s) have no step or warmup_steps (columns of the CSV), "
+                "so none of them can be told to be in warmup: all are used"))
+        early = checkpoints & ~unknown & (step <= warmup)
         pts.loc[early, ["used", "reason"]] = [False, "in warmup"]
     return pts
 
@@ -306,6 +315,56 @@ def _references(base: _Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
     return np.array(refs), labels
 
 
+# How the DIFF paper read its Fig. 3 (arXiv 2410.05258 §3.2): Kaplan-style pure power laws, ratios
+# read off the fitted curves at an 11B Transformer (parameters) and 251B tokens.
+PAPER_READING = {"N": (11e9, "62.2% at 11B (6.8B DIFF vs an 11B Transformer)"),
+                 "D": (251e9, "63.7% at 251B tokens (160B for DIFF)")}
+
+
+def _paper_reading(pure: dict[str, Curve] | None, main: dict[str, Curve], base: str, axis: str,
+                   measured: tuple[float, float], req: FitRequest) -> dict:
+    """The paper's reading (pure law at its reference) beside this fit's law at the same reference."""
+    at, claim = PAPER_READING[axis]
+    out = {"law": "pure", "at": at, "at_label": human(at), "paper": claim, "available": False, "why": None,
+           "rows": []}
+    if pure is None:
+        return out | {"why": "no pure-law fit was made"}
+    if not measured[0] / FAR_OUTSIDE <= at <= measured[1] * FAR_OUTSIDE:
+        return out | {"why": f"{human(at)} is more than {FAR_OUTSIDE:g}x outside the measured {axis} range "
+                             f"{human(measured[0])}-{human(measured[1])}, so no fit here can be read there"}
+    refs = np.array([at])
+    for cand in (c for c in main if c != base):
+        row = {"candidate": cand}
+        for key, curves in (("pure_law", pure), ("this_fit", main)):
+            lo, hi, undefined = interval(ratio(curves[base], curves[cand], refs, boot=True), req.level)
+            row[key] = {"ratio": _f(ratio(curves[base], curves[cand], refs)[0]), "lo": _f(lo[0]), "hi": _f(hi[0]),
+                        "undefined_share": float(undefined[0])}
+        out["rows"].append(row)
+    return out | {"available": True, "extrapolated": not _inside(at, measured)}
+
+
+def _inside(x: float, span: tuple[float, float]) -> bool:
+    return span[0] * (1 - 1e-9) <= x <= span[1] * (1 + 1e-9)
+
+
+def _extrapolation(row: dict, measured: tuple[float, float], cand_range: tuple[float, float], base: str) -> dict:
+    """Both sides of a ratio: the reference against the baseline's measured range, and the
+    candidate's x at equal loss (ρ·x_ref) against the candidate's own; each side outside is a warning."""
+    ref, axis, cand = row["at"], row["axis"], row["candidate"]
+    cand_x = None if row["ratio"] is None else row["ratio"] * ref
+    on_ref, on_cand = not _inside(ref, measured), cand_x is None or not _inside(cand_x, cand_range)
+    if on_ref:
+        warnings.warn(FitWarning(f"{arch_name(cand)} at {row['at_label']}: the reference extrapolates the "
+                                 f"{arch_name(base)}'s curve beyond its measured {axis} range "
+                                 f"{human(measured[0])}-{human(measured[1])}"))
+    if on_cand and cand_x is not None:
+        warnings.warn(FitWarning(f"{arch_name(cand)} at {row['at_label']}: the candidate's {axis} at equal loss, "
+                                 f"{human(cand_x)}, lies outside its own measured range {human(cand_range[0])}-"
+                                 f"{human(cand_range[1])}, so its curve is extrapolated"))
+    return {"extrapolated": on_ref or on_cand, "extrapolated_reference": on_ref, "extrapolated_candidate": on_cand,
+            "candidate_x": cand_x}
+
+
 # -- fitting ----------------------------------------------------------------------------------
 
 def _data(arch: _Arch) -> Data:
@@ -322,6 +381,40 @@ def _fit_all(archs: dict[str, _Arch], form: Form, objective: Objective, shared_e
                 y=np.log(np.concatenate([archs[a].loss for a in names])), group=group)
     joint = fit_law(law, data, objective)
     return {a: joint for a in names}
+
+
+FEW_AT_BEST = (3, 0.05)  # fewer starts than this (count, or share of a grid of >= 10) reaching the best value
+NEAR_SINGULAR = 0.99999  # |correlation| of two parameters above which the data cannot tell them apart
+
+
+def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
+    """What the diagnostics table shows that a reader must not miss: a parameter on its bound, few
+    starts at the optimum, a near-singular fit (one warning per fit; a joint fit is named once)."""
+    seen: list[LawFit] = []
+    for arch, fit in fits.items():
+        if any(fit is f for f in seen):
+            continue
+        seen.append(fit)
+        who = arch_name(arch) if sum(f is fit for f in fits.values()) == 1 else "the joint fit"
+        s, (lo, hi) = fit.solution, fit.law.bounds()
+        for i, name in enumerate(fit.law.names):
+            if name not in s.on_bound:
+                continue
+            side = "lower" if s.theta[i] <= lo[i] + 1e-9 else "upper"
+            value = float(np.exp(s.theta[i])) if name.rstrip("0123456789") in ("e", "a", "b") else float(s.theta[i])
+            label = {"e": "E", "a": "A", "b": "B", "alpha": "α", "beta": "β"}[name.rstrip("0123456789")]
+            warnings.warn(FitWarning(f"{who}: the fitted {label} sits on its {side} bound ({value:.2g}), so the "
+                                     f"law is not identified by these points and every ratio using it rests on "
+                                     f"a boundary fit"))
+        if s.num_starts >= 10 and (s.num_at_best < FEW_AT_BEST[0] or s.num_at_best < FEW_AT_BEST[1] * s.num_starts):
+            warnings.warn(FitWarning(f"{who}: only {s.num_at_best} of {s.num_starts} starts reached the best fit, "
+                                     f"so the optimum is fragile (another start could find a different law)"))
+        corr = np.abs(fit.correlation() - np.eye(fit.law.num_params))
+        if corr.max() > NEAR_SINGULAR:
+            i, j = np.unravel_index(np.argmax(corr), corr.shape)
+            warnings.warn(FitWarning(f"{who}: near-singular fit ({fit.law.names[i]} and {fit.law.names[j]} have "
+                                     f"|correlation| {corr.max():.6f}), so those parameters are not separately "
+                                     f"determined"))
 
 
 def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):
@@ -388,16 +481,24 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
     except ConfigError as exc:
         raise ConfigError("--holdout", f"too few points once the largest is held out ({exc.message})") from None
     x_axis = "N" if axis is Axis.N else "D"
+    noise = reduced["noise"]
+    rng = np.random.default_rng([req.seed, 1])
     out = {}
     for arch, curve in reduced["_curves"].items():
         rows = held[held["arch"] == arch]
         x, observed = float(rows[col].iloc[0]), float(rows["loss"].mean())
         predicted = float(curve.loss(np.array([x]), None, x_axis)[0])
-        lo, hi, _ = interval(curve.loss(np.array([x]), None, x_axis, boot=True), req.level)
-        out[arch] = {"x": x, "observed": observed, "predicted": predicted, "lo": float(lo[0]), "hi": float(hi[0]),
+        band = curve.loss(np.array([x]), None, x_axis, boot=True)
+        b_lo, b_hi, _ = interval(band, req.level)
+        # The observed value is a mean of len(rows) runs, not the curve: the prediction interval adds
+        # its noise (run-level sd over the runs averaged, plus the size-level sd) to each draw.
+        obs_sd = float(np.sqrt(noise.get("between_sd", 0.0) ** 2 + noise["sd"] ** 2 / len(rows)))
+        lo, hi, _ = interval(band * np.exp(obs_sd * rng.standard_normal(band.shape)), req.level)
+        out[arch] = {"x": x, "observed": observed, "runs": int(len(rows)), "predicted": predicted,
+                     "lo": float(lo[0]), "hi": float(hi[0]), "curve_lo": float(b_lo[0]), "curve_hi": float(b_hi[0]),
                      "error": predicted - observed, "relative_error": (predicted - observed) / observed,
-                     "inside_ci": bool(lo[0] <= observed <= hi[0])}
-    return {"held_out": "largest", "predictions": out}
+                     "inside_prediction_interval": bool(lo[0] <= observed <= hi[0])}
+    return {"held_out": "largest", "interval": "prediction", "predictions": out}
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Columns (the frozen ``points.csv`` has exactly these, plus ``used`` and ``reason
 run_id, run_name, run_key, sweep, arch, size, seed, lambda_init, head_norm, v2_pairing,
 v2_lambda, num_params, num_non_embedding_params, tokens, flops, loss, step, point
 (final | checkpoint), schedule, warmup_steps.
+
+A CSV needs only arch, loss, num_params and tokens; see ``CSV_SCHEMA`` for the optional columns
+and what a missing one means (``diffsweep fit --help`` shows it).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import numpy as np
 import pandas as pd
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
+from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
 
 COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
            "schedule", "warmup_steps")
 REQUIRED_CSV = ("arch", "loss", "num_params", "tokens")
+POINTS = ("final", "checkpoint")  # a run's final evaluation, or an intermediate one
 COUNT_COLUMNS = ("num_params", "num_non_embedding_params", "tokens")
 # A parameter or token count above 1e18 (a million times the largest models and datasets trained
 # so far, ~1e12 parameters and ~1e14 tokens) is a typo; near 1e300 the plots and FLOPs overflow.
@@ -75,8 +80,8 @@ def _check_counts(table: pd.DataFrame, path: Path) -> None:
 def _complete(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
     defaults = {"run_id": "", "run_key": "", "sweep": "", "size": "", "seed": 0, "lambda_init": "", "head_norm": "",
-                "v2_pairing": "", "v2_lambda": "", "flops": np.nan, "step": 0, "point": "final", "schedule": "",
-                "warmup_steps": 0}
+                "v2_pairing": "", "v2_lambda": "", "flops": np.nan, "step": np.nan, "point": "final", "schedule": "",
+                "warmup_steps": np.nan}  # step / warmup unknown: no evaluation is taken for one in warmup
     for col, value in defaults.items():
         if col not in table.columns:
             table[col] = value
@@ -90,6 +95,9 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
                 "v2_lambda", "schedule"):
         table[col] = table[col].astype(object).fillna("").astype(str)  # an all-empty column reads as float
     table["point"] = table["point"].astype(object).fillna("final").astype(str)
+    odd = sorted(set(table["point"]) - set(POINTS))
+    if odd:
+        raise ConfigError("point", f"expected one of [{', '.join(POINTS)}] in every row, got {', '.join(odd[:5])}")
     return table.reset_index(drop=True)[list(COLUMNS)]
 
 
