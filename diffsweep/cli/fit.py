@@ -102,11 +102,13 @@ def fit(
                       log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},
-                                     "mlflow_run_id": outcome.mlflow_run_id})
+                                     "mlflow_run_id": outcome.mlflow_run_id,
+                                     "mlflow_run_reused": outcome.mlflow_run_reused})
         return
     outputs = {k: str(v) for k, v in outcome.files.items() if k in ("report", "plots")}
     if outcome.mlflow_run_id:
-        outputs["MLflow fit run"] = f"{outcome.mlflow_run_id} (browse: diffsweep ui)"
+        reused = ", the earlier run of this identical fit" if outcome.mlflow_run_reused else ""
+        outputs["MLflow fit run"] = f"{outcome.mlflow_run_id} (browse: diffsweep ui{reused})"
     print_terminal(outcome.result, outputs)
 
 

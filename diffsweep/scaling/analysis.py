@@ -12,6 +12,8 @@ from enum import StrEnum
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
+from scipy.stats import t as t_dist
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
@@ -482,7 +484,9 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
         raise ConfigError("--holdout", f"too few points once the largest is held out ({exc.message})") from None
     x_axis = "N" if axis is Axis.N else "D"
     noise = reduced["noise"]
-    rng = np.random.default_rng([req.seed, 1])
+    # the quantile of the observation noise: Student's t when its sd is estimated (dof), else normal
+    q = 1 - (1 - req.level) / 2
+    quantile = float(t_dist.ppf(q, noise["dof"]) if noise.get("dof") else norm.ppf(q))
     out = {}
     for arch, curve in reduced["_curves"].items():
         rows = held[held["arch"] == arch]
@@ -490,10 +494,12 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
         predicted = float(curve.loss(np.array([x]), None, x_axis)[0])
         band = curve.loss(np.array([x]), None, x_axis, boot=True)
         b_lo, b_hi, _ = interval(band, req.level)
-        # The observed value is a mean of len(rows) runs, not the curve: the prediction interval adds
-        # its noise (run-level sd over the runs averaged, plus the size-level sd) to each draw.
-        obs_sd = float(np.sqrt(noise.get("between_sd", 0.0) ** 2 + noise["sd"] ** 2 / len(rows)))
-        lo, hi, _ = interval(band * np.exp(obs_sd * rng.standard_normal(band.shape)), req.level)
+        # The observed value is a mean of len(rows) runs, not the curve: the prediction interval
+        # combines each side of the curve's band (log space) with the noise of that mean (run-level sd
+        # over the runs averaged, plus the size-level sd), as independent errors.
+        obs = quantile * float(np.sqrt(noise.get("between_sd", 0.0) ** 2 + noise["sd"] ** 2 / len(rows)))
+        lo = [predicted * np.exp(-np.hypot(np.log(predicted / b_lo[0]), obs))]
+        hi = [predicted * np.exp(np.hypot(np.log(b_hi[0] / predicted), obs)) if np.isfinite(b_hi[0]) else np.inf]
         out[arch] = {"x": x, "observed": observed, "runs": int(len(rows)), "predicted": predicted,
                      "lo": float(lo[0]), "hi": float(hi[0]), "curve_lo": float(b_lo[0]), "curve_hi": float(b_hi[0]),
                      "error": predicted - observed, "relative_error": (predicted - observed) / observed,

@@ -8,6 +8,7 @@ place: a fit that fails (or whose logging fails) leaves no folder and no finishe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from diffsweep.config import ConfigError
+from diffsweep.config.units import human
 from diffsweep.fsutil import parents_made_for
 from diffsweep.scaling import table as tables
 from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
@@ -56,6 +58,7 @@ class Outcome:
     folder: Path
     files: dict[str, Path] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    mlflow_run_reused: bool = False  # an earlier run of identical inputs holds these outputs
     notes: list[str] = field(default_factory=list)
 
 
@@ -141,6 +144,28 @@ def _publish(tmp: Path, folder: Path) -> None:
     os.replace(tmp, folder)
 
 
+def ref_slug(row: dict) -> str:
+    """A ratio row's reference as a metric-name part: 'N_13.1B_largest', 'N_3.11B_geomean', 'D_251B'."""
+    kind = {"largest measured": "_largest", "geometric mean": "_geomean"}
+    label = row["at_label"]
+    return f"{row['axis']}_{human(row['at'])}" + next((v for k, v in kind.items() if k in label), "")
+
+
+def _ref_slugs(r: dict) -> dict[str, str]:
+    return {ref_slug(row): row["at_label"] for row in r["ratios"]}
+
+
+def fit_hash(used: pd.DataFrame, request: FitRequest, source: dict) -> str:
+    """The identity of a fit: its points, its options, its source and the fit code (this package's
+    source files), so that re-running the same fit finds its earlier run instead of adding one."""
+    h = hashlib.sha256()
+    h.update(used.to_csv(index=False).encode())
+    h.update(json.dumps([asdict(request), source], sort_keys=True, default=str).encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:32]
+
+
 def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
     """The fit as its own MLflow run: tagged as a fit, linked to its source runs, outputs attached."""
     from mlflow.entities import Metric, Param, RunTag
@@ -154,6 +179,12 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
     experiment = source.experiment or FIT_EXPERIMENT
     client = MlflowClient(source.uri)
     exp_id = ensure_experiment(source.uri, experiment)
+    digest = fit_hash(used, request, r["source"])
+    same = client.search_runs([exp_id], f"tags.`diffsweep.fit_hash` = '{digest}' and attributes.status = 'FINISHED'",
+                              max_results=1)
+    if same:  # the same points, options and fit code: the earlier run already holds these outputs
+        outcome.mlflow_run_reused = True
+        return same[0].info.run_id
     ids = sorted({i for i in used.loc[used["used"], "run_id"].astype(str) if i})
     joined = ",".join(ids)
     tags = source_tags() | {
@@ -161,7 +192,9 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
         "diffsweep.fit_of": source.label,
         "diffsweep.source_runs": joined if len(joined) <= 5000 else joined[:4980] + ",…(see points.csv)",
         "diffsweep.source_run_count": str(len(ids)),
-        "mlflow.note.content": "\n".join(sentence(r, row) for row in r["ratios"]),
+        "mlflow.note.content": "\n".join(sentence(r, row) for row in r["ratios"]) or "one architecture: no ratio",
+        "diffsweep.fit_hash": digest,
+        "diffsweep.refs": "; ".join(f"{slug}={label}" for slug, label in _ref_slugs(r).items()),
     }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")  # names tell successive fits apart in the UI
     run = client.create_run(exp_id, run_name=f"fit {source.label} {r['axis']} {r['form']} {stamp}", tags=tags)
@@ -174,13 +207,11 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
         metrics = []
         for arch, fit in r["fits"].items():
             metrics += [Metric(f"fit/{arch}/{k}", float(v), 0, 0) for k, v in fit["params"].items()]
-        for i, row in enumerate(r["ratios"]):
+        for row in r["ratios"]:
             for k in ("ratio", "lo", "hi"):
                 if row[k] is not None:
-                    metrics.append(Metric(f"ratio/{row['candidate']}/ref{i}_{k}", row[k], 0, 0))
-        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
-                         tags=[RunTag("diffsweep.refs", "; ".join(f"ref{i}={row['at_label']}" for i, row in
-                                                                 enumerate(r["ratios"]) if row["candidate"] == r["candidates"][0]))])
+                    metrics.append(Metric(f"ratio/{row['candidate']}/{ref_slug(row)}/{k}", row[k], 0, 0))
+        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
         client.log_artifacts(run_id, str(tmp))
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
