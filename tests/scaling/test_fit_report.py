@@ -261,3 +261,23 @@ def test_refitting_identical_inputs_reuses_the_fit_run_and_metric_names_say_thei
             assert {f"ratio/{cand}/{ref}/{k}" for k in ("ratio", "lo", "hi")} <= set(run.data.metrics)
     assert run.data.tags["diffsweep.refs"] == ("N_13.1B_largest=13.1B (largest measured); "
                                                "N_3.11B_geomean=3.11B (geometric mean); N_11B=11B")
+
+
+def test_a_curve_fit_only_ci_and_the_resampling_used_are_said_in_the_sentence_and_first_paragraph():
+    """The fields the noise model sets (``noise.description``, ``noise.ci_scope``, ``resampling``)
+    reach the reader: a token scan with one run per architecture must not read as a full CI."""
+    from diffsweep.scaling.report import markdown, sentence
+
+    points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
+    r = analyse(points, FitRequest(n_boot=100))
+    r.pop("points")
+    r["noise"] |= {"description": "the residuals around one curve per architecture (one run each)",
+                   "ci_scope": "curve_fit_only"}
+    r["resampling"] = {"method": "hierarchical", "unit": "run", "why": "the evaluations of one run share its offset"}
+    text = sentence(r, r["ratios"][0])
+    assert "95% CI from the curve fit only" in text and "the CI excludes run-to-run variance" in text
+    opening = first_paragraph(markdown(r, "scan"))
+    assert "**Noise**: the residuals around one curve per architecture (one run each)." in opening
+    assert "**The CIs are curve-fit only**" in opening
+    assert ("**Resampling**: 100 draws of a hierarchical parametric bootstrap (a per-run offset shared by all "
+            "evaluations of a run, plus evaluation noise), because the evaluations of one run share its offset") in opening
