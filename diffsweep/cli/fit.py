@@ -63,7 +63,8 @@ def fit(
                                                  "(repeatable).", show_default=False)] = None,
     shared_e: Annotated[bool, typer.Option("--shared-e", help="One irreducible loss E for all architectures.")] = False,
     holdout: Annotated[str | None, typer.Option("--holdout", help="largest: also fit without the largest size and "
-                                                "report its prediction error.", show_default=False)] = None,
+                                                "check its observed loss against a prediction interval.",
+                                                show_default=False)] = None,
     token_points: Annotated[str, typer.Option("--token-points", help="D points: auto | final | checkpoints "
                                               "(every evaluation after warmup).")] = "auto",
     boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws.")] = 1000,
