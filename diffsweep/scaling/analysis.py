@@ -398,7 +398,7 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
             continue
         seen.append(fit)
         who = arch_name(arch) if sum(f is fit for f in fits.values()) == 1 else "the joint fit"
-        s, (lo, hi) = fit.solution, fit.law.bounds()
+        s, lo = fit.solution, fit.law.bounds()[0]
         for i, name in enumerate(fit.law.names):
             if name not in s.on_bound:
                 continue
@@ -493,6 +493,7 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
         x, observed = float(rows[col].iloc[0]), float(rows["loss"].mean())
         predicted = float(curve.loss(np.array([x]), None, x_axis)[0])
         band = curve.loss(np.array([x]), None, x_axis, boot=True)
+        band = band[np.isfinite(band[:, 0])]  # a draw whose curve is undefined there says nothing about the loss
         b_lo, b_hi, _ = interval(band, req.level)
         # The observed value is a mean of len(rows) runs, not the curve: the prediction interval
         # combines each side of the curve's band (log space) with the noise of that mean (run-level sd
@@ -500,7 +501,7 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
         obs = quantile * float(np.sqrt(noise.get("between_sd", 0.0) ** 2 + noise["sd"] ** 2 / len(rows)))
         lo = [predicted * np.exp(-np.hypot(np.log(predicted / b_lo[0]), obs))]
         hi = [predicted * np.exp(np.hypot(np.log(b_hi[0] / predicted), obs)) if np.isfinite(b_hi[0]) else np.inf]
-        out[arch] = {"x": x, "observed": observed, "runs": int(len(rows)), "predicted": predicted,
+        out[arch] = {"x": x, "observed": observed, "runs": len(rows), "predicted": predicted,
                      "lo": float(lo[0]), "hi": float(hi[0]), "curve_lo": float(b_lo[0]), "curve_hi": float(b_hi[0]),
                      "error": predicted - observed, "relative_error": (predicted - observed) / observed,
                      "inside_prediction_interval": bool(lo[0] <= observed <= hi[0])}

@@ -168,7 +168,7 @@ def fit_hash(used: pd.DataFrame, request: FitRequest, source: dict) -> str:
 
 def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
     """The fit as its own MLflow run: tagged as a fit, linked to its source runs, outputs attached."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     from diffsweep.scaling.report import sentence

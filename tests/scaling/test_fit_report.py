@@ -191,7 +191,7 @@ def test_ratio_plot_puts_markers_at_the_baseline_equivalent_size_and_shows_what_
 
     points = ladder(noise_sd=0.005, seeds=1, rng=np.random.default_rng(1), ratios={"diff_v1": 1.4})
     result = analyse(points, FitRequest(n_boot=200))
-    xs, ys = ratio_markers(result, "diff_v1")
+    xs, _ = ratio_markers(result, "diff_v1")
     # at the baseline size that reaches the candidate's loss: x_cand / multiplier, not x_cand
     assert xs == pytest.approx([p["x"] / p["multiplier"] for p in result["per_point"]])
     assert all(x < p["x"] for x, p in zip(xs, result["per_point"]))  # ρ > 1: shifted down, up to 1.4x
@@ -200,7 +200,7 @@ def test_ratio_plot_puts_markers_at_the_baseline_equivalent_size_and_shows_what_
     assert beyond == any(v is None or v > top for v in his) and (top > 2 or not beyond)
     assert beyond  # this band reaches ∞ at the large end: the plot labels the cut instead of clipping at 2
     band, x_range = result["fits"]["diff_v1"]["band"], result["fits"]["diff_v1"]["x_range"]
-    inside, outside = split_measured(band, x_range)
+    _, outside = split_measured(band, x_range)
     assert outside and min(band["x"][i] for i in outside) < x_range[0] and max(band["x"]) > x_range[1]
     assert sorted(write_plots(result, tmp_path / "plots")) == ["loss", "ratio", "residuals"]
 
