@@ -239,6 +239,10 @@ def test_a_single_architecture_result_renders_everywhere(tmp_path, store, capsys
     assert run.info.status == "FINISHED" and "fit/transformer/alpha" in run.data.metrics
 
 
+def run_tag(client, run_id: str) -> str:
+    return client.get_run(run_id).data.tags["diffsweep.fit_hash"]
+
+
 # -- the MLflow fit run: readable metric names, one run per identical fit --------------------------
 
 def test_refitting_identical_inputs_reuses_the_fit_run_and_metric_names_say_their_reference(tmp_path, store):
@@ -246,16 +250,25 @@ def test_refitting_identical_inputs_reuses_the_fit_run_and_metric_names_say_thei
 
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1), ratios={"diff_v1": TRUE_RATIO, "diff_v2": 0.7})
     points.to_csv(tmp_path / "p.csv", index=False)
-    ids = []
-    for args in ([], [], ["--at", "11B"]):
-        r = cli("fit", "--csv", "p.csv", "--boot", "100", "--json", *args, cwd=tmp_path, env=store)
+    ids, reused = [], []
+    for _ in range(2):
+        r = cli("fit", "--csv", "p.csv", "--boot", "100", "--json", "--at", "11B", cwd=tmp_path, env=store)
         assert r.returncode == 0, r.stderr
         ids.append(json.loads(r.stdout)["mlflow_run_id"])
-    assert ids[0] == ids[1] != ids[2]  # the same fit twice: one run; another option: another run
+        reused.append(json.loads(r.stdout)["mlflow_run_reused"])
+    assert ids[0] == ids[1] and reused == [False, True]  # the same fit twice: one run
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("diffsweep-fits")
-    assert {run.info.run_id for run in client.search_runs([exp.experiment_id])} == {ids[0], ids[2]}
-    run = client.get_run(ids[2])
+    assert [run.info.run_id for run in client.search_runs([exp.experiment_id])] == [ids[0]]
+    # the identity covers the options: another option is another fit
+    from diffsweep.scaling.pipeline import fit_hash
+
+    used = pd.read_csv(tmp_path / "fits" / "p-N" / "points.csv")
+    source = json.loads((tmp_path / "fits" / "p-N" / "fit.json").read_text())["source"]
+    request = FitRequest(at=(11e9,), n_boot=100)
+    assert run_tag(client, ids[0]) == fit_hash(used, request, source)
+    assert fit_hash(used, FitRequest(at=(11e9,), n_boot=200), source) != fit_hash(used, request, source)
+    run = client.get_run(ids[0])
     for cand in ("diff_v1", "diff_v2"):  # every candidate's ratios, named by their reference
         for ref in ("N_13.1B_largest", "N_3.11B_geomean", "N_11B"):
             assert {f"ratio/{cand}/{ref}/{k}" for k in ("ratio", "lo", "hi")} <= set(run.data.metrics)
