@@ -99,7 +99,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             s = status(sweep, tmp_path, store)
             return s if s["counts"] == {"pending": 1, "running": 2} else None
 
-        held = rows(wait_for(two_running, 180, "two running, one pending"))[third]
+        held = rows(wait_for(two_running, 480, "two running, one pending"))[third]
         assert (held["state"], held["job_id"], held["detail"]) == ("pending", jobs[third], "JobHeldUser")
         table = cli("status", str(sweep), cwd=tmp_path, env=store).stdout
         assert re.search(rf"{re.escape(jobs[third])}\s*│\s*pending \(JobHeldUser\)", table), table
