@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.config import load_config
 from diffsweep.config.identity import run_key
 from diffsweep.sweep import expand, load_sweep
 
@@ -56,11 +57,17 @@ def test_table6_rows():
     assert {r.config.train.lr for r in runs.values()} == {1.5e-4}
 
 
-def test_token_scan_evaluates_every_40b_tokens():
-    runs = expand(load_sweep(REPO / "sweeps/fig3b-token-scan.yaml")).runs
-    for r in runs:
+def test_token_scan_and_3b_preset_agree():
+    """Fig. 3b's runs are §3.1's 3B models (paper §3.2): the sweep and the 3B preset train the same
+    length, 90K steps, and the sweep evaluates and checkpoints every 10K steps (nine points)."""
+    preset = load_config(None, ["model.size=3B"]).train
+    sweep = load_sweep(REPO / "sweeps/fig3b-token-scan.yaml")
+    assert sweep.set["train.max_steps"] == preset.max_steps == 90_000 and preset.max_tokens is None
+    for r in expand(sweep).runs:
         t = r.config.train
-        assert t.max_tokens == 360e9 and t.eval_every == t.checkpoint_every == 9537  # ceil(40e9 / 4,194,304)
+        assert (t.max_steps, t.max_tokens, t.batch_tokens) == (preset.max_steps, None, preset.batch_tokens)
+        assert t.eval_every == t.checkpoint_every == 10_000 and t.max_steps // t.eval_every == 9
+        assert r.tokens == 90_000 * 4_194_304  # 377.5B: the paper's "360B" counts 4M as 4e6
 
 
 def test_diff_versions_are_parameter_matched():
