@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 EXPECTED_RUNS = {"table6-ablation": 7, "fig3a-size-scan": 10, "fig3b-token-scan": 2, "diff-versions": 9,
-                 "lambda-init": 30, "demo-ladder": 15}
+                 "diff-v2-blog": 8, "lambda-init": 30, "demo-ladder": 15}
 
 
 def test_every_shipped_sweep_is_known():
@@ -76,3 +76,30 @@ def test_diff_versions_are_parameter_matched():
         counts = {r.kind: r.num_params for r in runs if r.size == size}
         assert abs(counts["diff_v2"] / counts["transformer"] - 1) < 1e-3
         assert abs(counts["diff_v1"] / counts["transformer"] - 1) < 1e-4
+
+
+def test_diff_versions_is_labelled_as_the_v1_recipe():
+    """diff-versions runs V2 at the V1 paper's Table 9 recipe; its file must say so and point to the
+    blog-regime sweep, so nobody reads it as a test of the V2 blog's claims."""
+    text = (REPO / "sweeps/diff-versions.yaml").read_text()
+    assert "Table 9 recipe (lr 1.5e-4" in text and "diff-v2-blog.yaml" in text
+    assert {r.config.train.lr for r in expand(load_sweep(REPO / "sweeps/diff-versions.yaml")).runs} == {1.5e-4}
+
+
+def test_v2_blog_sweep_is_in_the_blog_regime():
+    """V2 blog (seeds/002): lr 6e-4 and 1e-3, GQA (V2 doubles query heads, not K/V heads), V2 vs the
+    Transformer at parameter parity, more than one seed, and the spike and outlier metrics on."""
+    runs = expand(load_sweep(REPO / "sweeps/diff-v2-blog.yaml")).runs
+    assert {r.config.train.lr for r in runs} == {6e-4, 1e-3}
+    assert {r.kind for r in runs} == {"transformer", "diff_v2"}
+    cells: dict[tuple, dict[str, list]] = {}
+    for r in runs:
+        a = r.config.model.attention
+        assert a.num_kv_heads < a.num_heads  # GQA
+        cells.setdefault((r.config.train.lr, r.config.train.seed), {})[r.kind] = [r.num_params, a]
+        assert 0 < r.config.train.spike_threshold and r.config.train.eval_every < r.config.train.max_steps
+    assert len({seed for _, seed in cells}) >= 2
+    for kinds in cells.values():
+        (n_t, a_t), (n_v2, a_v2) = kinds["transformer"], kinds["diff_v2"]
+        assert abs(n_v2 / n_t - 1) < 1e-3  # parameter parity
+        assert a_v2.num_kv_heads == a_t.num_kv_heads and a_v2.num_heads == a_t.num_heads  # 2h query heads on the same K/V
