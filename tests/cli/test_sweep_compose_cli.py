@@ -106,18 +106,20 @@ def documented_table6_command() -> tuple[dict[str, str | None], list[str]]:
     return options, sets
 
 
-def test_the_documented_table6_command_plans_seven_tiny_runs(tmp_path):
+def test_the_documented_table6_command_plans_seven_tiny_rows_with_three_seeds(tmp_path):
     options, sets = documented_table6_command()
     r = cli("plan", "sweeps/table6-ablation.yaml", "--executor", options["--executor"], "--out", options["--out"],
             *(f"--set={s}" for s in sets), "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["out"] == str(REPO / "runs" / "table6-small") and data["executor"] == "local"
+    rows = ["transformer-tiny-m-hd_16", "transformer-tiny-m-hd_32", "transformer-tiny-m-hd_32-gn_on",
+            "diff_v1-tiny-m-hd_16", "diff_v1-tiny-m-hd_16-gn_off", "diff_v1-tiny-m-hd_16-lam_0.8",
+            "diff_v1-tiny-m-hd_16-lam_0.5"]
     assert [(run["name"], run["size"]) for run in data["runs"]] == [
-        ("transformer-tiny-m-hd_16-s0", "tiny-m"), ("transformer-tiny-m-hd_32-s0", "tiny-m"),
-        ("transformer-tiny-m-hd_32-gn_on-s0", "tiny-m"), ("diff_v1-tiny-m-hd_16-s0", "tiny-m"),
-        ("diff_v1-tiny-m-hd_16-gn_off-s0", "tiny-m"), ("diff_v1-tiny-m-hd_16-lam_0.8-s0", "tiny-m"),
-        ("diff_v1-tiny-m-hd_16-lam_0.5-s0", "tiny-m")]
+        (f"{row}-s{seed}", "tiny-m") for row in rows for seed in (0, 1, 2)]
+    # The README states the count it launches.
+    assert "21 runs" in (REPO / "sweeps" / "README.md").read_text()
 
 
 @pytest.mark.slow
@@ -131,7 +133,7 @@ def test_table6_scaled_down_runs_from_the_shipped_file(tmp_path, text_dataset, s
             "--set=model.size=tiny-xs", f"--set=data.path={text_dataset}", *TINY, "--set=train.max_steps=3",
             cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "launched 7 runs on the local queue" in r.stdout and "7 done" in r.stdout
+    assert "launched 21 runs on the local queue" in r.stdout and "21 done" in r.stdout
 
 
 def test_bad_set_on_sweep_commands(tmp_path, text_dataset):
