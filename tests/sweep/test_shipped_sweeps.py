@@ -108,3 +108,13 @@ def test_v2_blog_sweep_is_in_the_blog_regime():
         (n_t, a_t), (n_v2, a_v2) = kinds["transformer"], kinds["diff_v2"]
         assert abs(n_v2 / n_t - 1) < 1e-3  # parameter parity
         assert a_v2.num_kv_heads == a_t.num_kv_heads and a_v2.num_heads == a_t.num_heads  # 2h query heads on the same K/V
+
+
+def test_demo_ladder_evaluates_often_enough_for_trajectories():
+    """The UI's validation, λ and outlier charts have one point per evaluation: at least 10 per
+    demo run (600 steps, every 50), not the 2 of every 300. Evaluation cadence is not part of a
+    run's identity, so the golden keys (above) do not move."""
+    for r in expand(load_sweep(REPO / "sweeps/demo-ladder.yaml")).runs:
+        t = r.config.train
+        assert t.max_steps // t.eval_every >= 10 and t.max_steps % t.eval_every == 0
+        assert t.checkpoint_every % t.eval_every == 0  # every checkpoint step has a validation loss
