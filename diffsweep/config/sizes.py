@@ -11,8 +11,14 @@ Sources:
   (830M-2.8B) / 7.5e-5 (6.8B-13.1B), 375 warmup steps, linear decay, weight decay 0.05.
 - 3B: paper §3.1 and Table 8: d_model 3072, 28 layers, FFN 8192, 12 DIFF heads of d=128,
   seq 4096, batch 4M tokens, AdamW (0.9, 0.95), lr 3.2e-4, 1000 warmup steps, linear decay to
-  1.28e-5, weight decay 0.1, 350B tokens. The text calls this model "about 2.8B" parameters,
-  but Table 8's shape counts 3.48B with tied embeddings (3.17B non-embedding); we follow the table.
+  1.28e-5, weight decay 0.1. The text calls this model "about 2.8B" parameters, but Table 8's
+  shape counts 3.48B with tied embeddings (3.17B non-embedding); we follow the table.
+  Budget: 90K steps. §3.1 says "350B tokens", §3.2 says the same models were evaluated "every 40B
+  tokens (i.e., 10K steps) up to a total of 360B tokens (i.e., 90K steps)". The step counts are
+  the exact figures (the token ones are steps x a decimal "4M"; a 4M batch of whole 4096-token
+  sequences is 1024 x 4096 = 4,194,304, so 90K steps are 377.5B tokens), and the linear decay must
+  end where the last Fig. 3b point is read, so both the preset and sweeps/fig3b-token-scan.yaml
+  train 90K steps (tests/sweep/test_shipped_sweeps.py checks they agree).
 - tiny-*: CPU presets for tests and demos (ours). Byte-level BPE vocab of 4,096. Head dim 16 from
   tiny-2xs to tiny-m (DIFF V1: d_model / 32 heads; tiny-m had head dim 32 = two V1 heads, which trained
   0.04 nats worse on the demo ladder while the Transformer and DIFF V2 did not change).
@@ -98,8 +104,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "train": {
             "seq_len": 4096,
             "batch_tokens": 4_194_304,  # 4M tokens = 1024 sequences of 4096
-            "max_tokens": 350_000_000_000,
-            "max_steps": None,
+            "max_steps": 90_000,  # §3.2: "360B tokens (i.e., 90K steps)"; see the docstring
+            "max_tokens": None,
             "lr": 3.2e-4,
             "min_lr": 1.28e-5,
             "betas": [0.9, 0.95],

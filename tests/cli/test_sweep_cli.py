@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_plan_table_and_json(tmp_path):
     r = cli("plan", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "diff_v1-1.4B-hd_128-lam_0.8-s0" in r.stdout and "total: 7 runs" in r.stdout and "GPU-hours" in r.stdout
+    assert "diff_v1-1.4B-hd_128-lam_0.8-s0" in r.stdout and "total: 21 runs" in r.stdout and "GPU-hours" in r.stdout
     r = cli("plan", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", "--json", cwd=tmp_path)
     data = json.loads(r.stdout)
-    assert data["counts"] == {"new": 7} and len(data["runs"]) == 7
+    assert data["counts"] == {"new": 21} and len(data["runs"]) == 21  # 7 rows x 3 seeds
     row = data["runs"][0]
     for key in ("key", "name", "arch", "size", "params", "tokens", "flops", "gpu_hours", "gpus", "time_min", "state"):
         assert key in row
@@ -53,7 +53,7 @@ def test_budget_refuses_the_launch(tmp_path):
     r = cli("launch", str(REPO / "sweeps/table6-ablation.yaml"), "--profile", "h100-example", "--budget", "100",
             "--dry-run", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.startswith("error: --budget: launching 7 runs needs about") and "over the budget of 100.0" in r.stderr
+    assert r.stderr.startswith("error: --budget: launching 21 runs needs about") and "over the budget of 100.0" in r.stderr
 
 
 def test_plan_gives_large_runs_several_gpus_from_the_memory_estimate(tmp_path):

@@ -39,10 +39,10 @@ def test_a_child_reuses_table6_rows_with_its_own_set(tmp_path):
     assert output_dir(spec, None) == tmp_path.resolve() / "runs" / "table6-tiny"
     assert spec.set == {"data.path": str(tmp_path.resolve() / "demo"), "model.size": "tiny-m", "data.tokenizer": "bpe"}
     runs = {r.name: r for r in expand(spec).runs}
-    assert list(runs) == ["transformer-tiny-m-hd_16-s0", "transformer-tiny-m-hd_32-s0",
-                          "transformer-tiny-m-hd_32-gn_on-s0", "diff_v1-tiny-m-hd_16-s0",
-                          "diff_v1-tiny-m-hd_16-gn_off-s0", "diff_v1-tiny-m-hd_16-lam_0.8-s0",
-                          "diff_v1-tiny-m-hd_16-lam_0.5-s0"]
+    rows = ["transformer-tiny-m-hd_16", "transformer-tiny-m-hd_32", "transformer-tiny-m-hd_32-gn_on",
+            "diff_v1-tiny-m-hd_16", "diff_v1-tiny-m-hd_16-gn_off", "diff_v1-tiny-m-hd_16-lam_0.8",
+            "diff_v1-tiny-m-hd_16-lam_0.5"]
+    assert list(runs) == [f"{row}-s{seed}" for row in rows for seed in (0, 1, 2)]  # 3 seeds per row
     heads = {n: r.config.model.attention.num_heads for n, r in runs.items()}
     assert heads["transformer-tiny-m-hd_16-s0"] == 8 and heads["transformer-tiny-m-hd_32-s0"] == 4  # 8x16, 4x32
     assert heads["diff_v1-tiny-m-hd_16-s0"] == 4  # DIFF: d_model / 2d, half the baseline's heads
