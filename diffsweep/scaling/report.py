@@ -32,6 +32,8 @@ def sentence(r: dict[str, Any], row: dict[str, Any]) -> str:
         notes.append("extrapolated")
     if row["undefined_share"] > 0:
         notes.append(f"undefined in {row['undefined_share']:.1%} of draws")
+    if r.get("noise", {}).get("ci_scope") == "curve_fit_only":
+        notes.append("CI is curve-fit only: one run per architecture, so it excludes run-to-run variance")
     return text + (f" [{'; '.join(notes)}]." if notes else ".")
 
 

@@ -36,16 +36,21 @@ def test_noise_from_seeds_is_the_pooled_within_size_sd():
     assert noise.warning is None
 
 
-def test_noise_from_residuals_warns_that_it_under_covers():
+def test_noise_from_residuals_warns_the_right_way():
+    """5 sizes x 1 seed: the residual-based intervals are widened for the estimate's few degrees of
+    freedom and measured to over-cover; the warning says so (it used to say "under-cover")."""
     r = analyse(ladder(noise_sd=0.003, seeds=1), FitRequest(n_boot=100))
     assert r["noise"]["source"] == "residuals" and r["noise"]["dof"] == 10 - 6
-    assert any("under-cover" in w for w in r["warnings"])
+    warning = next(w for w in r["warnings"] if "no seed replicates" in w)
+    assert "under-cover" not in warning and "over-cover" in warning and "t/z = 1.42" in warning
 
 
 def test_given_noise_is_used_as_is():
     r = analyse(ladder(noise_sd=0.0, seeds=1), FitRequest(n_boot=100, noise_sd=0.004))
-    assert r["noise"] == {"source": "given", "sd": 0.004, "dof": None, "between_sd": 0.0, "between_dof": 0.0,
-                          "warning": None}
+    assert {k: v for k, v in r["noise"].items() if k != "description"} == {
+        "source": "given", "sd": 0.004, "dof": None, "between_sd": 0.0, "between_dof": 0.0, "warning": None,
+        "run_sd": 0.0, "run_dof": 0.0, "ci_scope": "full"}
+    assert r["noise"]["description"] == "a given run-to-run sd of 0.004 of log loss, independent per run"
     row = r["ratios"][0]
     assert row["lo"] < TRUE_RATIO < row["hi"] and row["ratio"] == pytest.approx(TRUE_RATIO, abs=1e-6)
 
