@@ -125,8 +125,8 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
     noise = _noise(archs, main, objective, req)
     rng = np.random.default_rng(req.seed)
-    scales = scale_draws(noise, req.level)
-    z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, req.n_boot, arch.run)
+    scales = scale_draws(rng, noise, req.n_boot)
+    z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, arch.run)
          for a, arch in archs.items()}
     curves = _bootstrap(archs, main, z)
     pure_curves = _bootstrap(archs, comparison, z) if comparison else None

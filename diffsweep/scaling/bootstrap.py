@@ -19,13 +19,12 @@ in order of preference:
    run offset is confounded with the curve: the interval is then curve-fit only
    (``ci_scope = "curve_fit_only"``) and says so, unless ``--run-sd`` gives the offset's sd.
 
-Every estimated sd is itself uncertain. A draw uses σ̂·t_ν/z (ν its degrees of freedom, t and z
-the two-sided quantiles at the CI level): for a quantity linear in the noise the percentile
-interval is then exactly the t interval. The former ν/χ²_ν scale mixture gives the same interval
-for linear quantities, but its heavy tail (infinite variance for ν ≤ 4) blows up the nonlinear
-ratio: on 5 sizes × 1 seed it covered 100% with 1.8× the width of the known-sd interval
-(analysis/benchmarks/RESULTS.md). One draw shares its noise scale across architectures, so ratios
-are computed from paired fits.
+Every estimated sd is itself uncertain: each draw scales it by ν/χ²_ν (ν its degrees of freedom),
+which for a quantity linear in the noise gives exactly the t_ν interval. With 5 sizes × 1 seed
+(ν = 4) that makes the intervals ~1.4× (t_4/z) as wide as with a known sd, and they are calibrated
+(95% coverage measured, analysis/benchmarks/RESULTS.md); a fixed t_ν/z scale instead was tried and
+measured no better (wider at the largest size), so the mixture stays. One draw shares its noise
+scales across architectures, so ratios are computed from paired fits.
 """
 
 from __future__ import annotations
@@ -151,9 +150,9 @@ def _one_point_per_run(groups: list[Group], given: float | None, run_sd: float |
     sd, n, dof = _residual_sd(groups)
     return Noise("residuals", sd, float(dof), warning=(
         f"no seed replicates: the noise (sd {sd:.2g} of log loss) is estimated from the residuals of {n} points "
-        f"with {dof} degrees of freedom; the intervals are widened by t/z = {_t_factor(dof, 0.95):.2f} (at 95%) for "
-        "that, and also hold any misfit of the law, so they tend to be wide (measured: over-cover); run seeds "
-        "for a direct noise estimate"))
+        f"with {dof} degrees of freedom, so the intervals are about {_t_factor(dof, 0.95):.2f}x as wide as a known "
+        "noise would give (the price of estimating it; calibrated on synthetic ladders, not too narrow) and assume "
+        "the law fits; run seeds for a direct noise estimate and narrower intervals"))
 
 
 def _residual_sd(groups: list[Group]) -> tuple[float, int, int]:
@@ -242,7 +241,8 @@ def _source_words(noise: Noise) -> str:
 
 
 def _t_factor(dof: float, level: float) -> float:
-    """t_ν / z at the two-sided ``level``: how much an sd with ν degrees of freedom widens a CI."""
+    """t_ν / z at the two-sided ``level``: how much wider a CI is when the sd is estimated with ν
+    degrees of freedom than when it is known."""
     if not np.isfinite(dof) or dof <= 0:
         return 1.0
     q = (1.0 + level) / 2.0
@@ -251,30 +251,35 @@ def _t_factor(dof: float, level: float) -> float:
 
 @dataclass(frozen=True)
 class Scales:
-    """The sds one draw uses: per evaluation, per size cell, per run."""
+    """The sds of each draw (B, 1): per evaluation, per size cell, per run."""
 
-    sd: float
-    between: float
-    run: float
-
-
-def scale_draws(noise: Noise, level: float) -> Scales:
-    """Each estimated sd widened by t_ν/z for its own uncertainty (see the module docstring)."""
-    return Scales(sd=noise.sd * _t_factor(noise.dof, level),
-                  between=noise.between_sd * _t_factor(noise.between_dof, level) if noise.between_dof > 0 else 0.0,
-                  run=noise.run_sd * _t_factor(noise.run_dof, level))
+    sd: np.ndarray
+    between: np.ndarray
+    run: np.ndarray
 
 
-def draw_targets(rng: np.random.Generator, fitted: np.ndarray, cell: np.ndarray, scales: Scales, n_boot: int,
+def scale_draws(rng: np.random.Generator, noise: Noise, n_boot: int) -> Scales:
+    """Per-draw sds, each estimated one scaled by ν/χ²_ν for its own uncertainty."""
+    def mix(sd: float, dof: float) -> np.ndarray:
+        if sd <= 0 or dof <= 0:
+            return np.zeros((n_boot, 1))
+        if np.isinf(dof):
+            return np.full((n_boot, 1), sd)
+        return (sd * np.sqrt(dof / rng.chisquare(dof, n_boot)))[:, None]
+
+    return Scales(sd=mix(noise.sd, noise.dof), between=mix(noise.between_sd, noise.between_dof),
+                  run=mix(noise.run_sd, noise.run_dof))
+
+
+def draw_targets(rng: np.random.Generator, fitted: np.ndarray, cell: np.ndarray, scales: Scales,
                  run: np.ndarray | None = None) -> np.ndarray:
     """Simulated log losses (B, n): fitted curve + a size-level effect per cell + a per-run offset
     (shared by the run's evaluations) + noise per evaluation."""
-    n = len(fitted)
+    n_boot, n = len(scales.sd), len(fitted)
     cells = np.unique(cell, return_inverse=True)[1].ravel()
-    out = fitted[None, :] + rng.standard_normal((n_boot, n)) * scales.sd
-    if scales.between > 0:
-        out += rng.standard_normal((n_boot, cells.max() + 1))[:, cells] * scales.between
-    if scales.run > 0 and run is not None:
+    size_effect = rng.standard_normal((n_boot, cells.max() + 1))[:, cells] * scales.between
+    out = fitted[None, :] + size_effect + rng.standard_normal((n_boot, n)) * scales.sd
+    if np.any(scales.run > 0) and run is not None:
         runs = np.unique(run, return_inverse=True)[1].ravel()
         out += rng.standard_normal((n_boot, runs.max() + 1))[:, runs] * scales.run
     return out
