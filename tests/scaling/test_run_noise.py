@@ -79,3 +79,33 @@ def test_size_ladder_stays_parametric_per_point():
     r = analyse(ladder(noise_sd=0.004, seeds=2, rng=np.random.default_rng(5)), FitRequest(n_boot=100))
     assert r["resampling"]["method"] == "parametric" and r["resampling"]["unit"] == "point"
     assert r["noise"]["ci_scope"] == "full" and "seed replicates" in r["noise"]["description"]
+
+
+def test_fit_csv_of_a_token_scan_with_a_given_run_sd(tmp_path):
+    """Through the CLI as a user runs it: a one-run-per-architecture scan is curve-fit only until
+    --run-sd gives the run-level sd; then the draws are hierarchical and the sentence drops the note."""
+    import json
+
+    from tests.launch.conftest import cli
+
+    token_scan(runs=1, rng=np.random.default_rng(1)).drop(columns=["run_id"]).to_csv(tmp_path / "scan.csv", index=False)
+    bare = cli("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "a",
+               cwd=tmp_path)
+    given = cli("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "b",
+                "--run-sd", "0.005", cwd=tmp_path)
+    assert bare.returncode == 0 and given.returncode == 0, bare.stderr + given.stderr
+    bare, given = json.loads(bare.stdout), json.loads(given.stdout)
+    assert bare["noise"]["ci_scope"] == "curve_fit_only" and given["noise"]["ci_scope"] == "full"
+    assert given["resampling"]["method"] == "hierarchical" and given["noise"]["run_sd"] == 0.005
+    assert "curve-fit only" in (tmp_path / "a" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("value", ["0", "nan"])
+def test_a_bad_run_sd_is_one_line_exit_2(tmp_path, value):
+    from tests.launch.conftest import cli
+    from tests.scaling.conftest import one_line_error
+
+    token_scan(runs=1).to_csv(tmp_path / "scan.csv", index=False)
+    r = cli("fit", "--csv", "scan.csv", "--no-log", "--run-sd", value, "--out", "out", cwd=tmp_path)
+    one_line_error(r, "--run-sd", "positive sd of log loss")
+    assert not (tmp_path / "out").exists()
