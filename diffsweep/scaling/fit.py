@@ -68,10 +68,25 @@ class LawFit:
             extra = np.repeat(basins[None], b, axis=0)
         starts = np.concatenate([np.repeat(self.theta[None, None, :], b, axis=0), extra], axis=1)
         k = starts.shape[1]
-        theta, value = solve_batch(self.law, self.data, starts.reshape(b * k, -1), self.objective,
-                                   y=np.repeat(targets, k, axis=0), max_iter=100)
+        data, weight = self.data, None
+        if self.objective is Objective.L2:  # replicate points (seeds) -> their means, weighted: same minimiser
+            data, weight, targets = self._collapsed(targets)
+        theta, value = solve_batch(self.law, data, starts.reshape(b * k, -1), self.objective,
+                                   y=np.repeat(targets, k, axis=0), max_iter=100, weight=weight)
         value = np.where(np.isfinite(value), value, np.inf).reshape(b, k)
         return theta.reshape(b, k, -1)[np.arange(b), np.argmin(value, axis=1)]
+
+    def _collapsed(self, targets: np.ndarray) -> tuple[Data, np.ndarray, np.ndarray]:
+        """The data with replicate points (same u, v, group) merged: means and counts."""
+        d = self.data
+        keys = np.column_stack([d.u, np.zeros_like(d.u) if d.v is None else d.v,
+                                np.zeros_like(d.u) if d.group is None else d.group])
+        uniq, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inv = inv.ravel()
+        counts = np.bincount(inv).astype(float)
+        merged = Data(u=d.u[first], y=np.bincount(inv, d.y) / counts, v=None if d.v is None else d.v[first],
+                      group=None if d.group is None else d.group[first])
+        return merged, counts, (targets @ np.eye(len(uniq))[inv]) / counts
 
     def _grid_best(self, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
         """The offset law's start grid (as ``Law.starts``) for each draw, vectorised: (B, p), the

@@ -67,17 +67,20 @@ def objective_value(law: Law, data: Data, theta: np.ndarray, objective: Objectiv
 
 
 def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y: np.ndarray | None = None,
-                max_iter: int = 200, tol: float = 1e-13) -> tuple[np.ndarray, np.ndarray]:
+                max_iter: int = 200, tol: float = 1e-13, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Refine each row of ``theta`` (B, p) against ``y`` (n,) or per-row targets (B, n).
 
+    ``weight`` (n,) counts each point that many times (least squares on the means of replicate
+    points, weighted by their number, has the same minimiser as on the points).
     Returns the refined parameters and their objective values (B,)."""
     target = data.y if y is None else y
+    weight = np.ones(len(data.u)) if weight is None else np.asarray(weight, float)
     lo, hi = law.bounds()
     theta = np.clip(np.array(theta, float), lo, hi)
     batch, p = theta.shape
     log_loss, jac = data.predict(law, theta)
     r = log_loss - target
-    f = penalty(objective, r).sum(axis=1)
+    f = (penalty(objective, r) * weight).sum(axis=1)
     damping = np.full(batch, 1e-3)
     active = np.ones(batch, bool)
     eye = np.eye(p)
@@ -85,7 +88,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
-        w = _weight(objective, r[idx])
+        w = _weight(objective, r[idx]) * weight
         jw = jac[idx] * w[:, :, None]
         jw_t = jw.transpose(0, 2, 1)
         grad = (jw_t @ r[idx][:, :, None])[:, :, 0]
@@ -99,7 +102,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         trial = np.clip(theta[idx] + step, lo, hi)
         t_log_loss, t_jac = data.predict(law, trial)
         t_r = t_log_loss - (target if target.ndim == 1 else target[idx])
-        t_f = penalty(objective, t_r).sum(axis=1)
+        t_f = (penalty(objective, t_r) * weight).sum(axis=1)
         better = np.isfinite(t_f) & (t_f <= f[idx])
         gain = np.where(better, f[idx] - t_f, 0.0)
         moved = np.abs(trial - theta[idx]).max(axis=1)
