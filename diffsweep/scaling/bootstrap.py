@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import f as f_dist
-from scipy.stats import norm, t as t_dist
+from scipy.stats import norm
+from scipy.stats import t as t_dist
 
 LACK_OF_FIT_P = 0.05  # size-level scatter is modelled when the lack-of-fit F-test rejects at 5%
 

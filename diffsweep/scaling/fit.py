@@ -9,7 +9,6 @@ import numpy as np
 from diffsweep.scaling.forms import Form, Law
 from diffsweep.scaling.optimize import Data, Objective, Solution, multistart, penalty, solve_batch
 
-
 # the offset law's start grid (Law.starts): floor fractions for E, then a line in log-log space
 START_FRACTIONS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 START_ALPHAS = (0.05, 0.15, 0.3, 0.5, 1.0)
