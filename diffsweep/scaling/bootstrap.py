@@ -29,7 +29,7 @@ scales across architectures, so ratios are computed from paired fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.stats import f as f_dist
@@ -116,8 +116,6 @@ def estimate_noise(groups: list[Group], given: float | None = None, run_sd: floa
 
 
 def _with(noise: Noise, **kw) -> Noise:
-    from dataclasses import replace
-
     return replace(noise, **kw)
 
 
