@@ -70,8 +70,14 @@ def fit(
     boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Confidence level.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
-    noise_sd: Annotated[float | None, typer.Option("--noise-sd", help="Known run-to-run sd of log loss "
-                                                   "(default: from seeds, else residuals).", show_default=False)] = None,
+    noise_sd: Annotated[float | None, typer.Option("--noise-sd", help="Known sd of log loss of one evaluation, "
+                                                   "independent per point; on a size ladder (one point per run) the "
+                                                   "run-to-run sd (default: from seeds, else residuals).",
+                                                   show_default=False)] = None,
+    run_sd: Annotated[float | None, typer.Option("--run-sd", help="Known sd of log loss of a per-run offset shared "
+                                                 "by all evaluations of one run (a token scan of checkpoints; default: "
+                                                 "from >= 2 runs per architecture, else the CI is curve-fit only).",
+                                                 show_default=False)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: fits/<sweep>-<axis>).",
                                              show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="Do not log the fit as an MLflow run.")] = False,
@@ -93,12 +99,14 @@ def fit(
         raise ConfigError("--holdout", f"expected 'largest', got '{holdout}'")
     if noise_sd is not None and not 0 < noise_sd <= MAX_NOISE_SD:
         raise ConfigError("--noise-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {noise_sd}")
+    if run_sd is not None and not 0 < run_sd <= MAX_NOISE_SD:
+        raise ConfigError("--run-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {run_sd}")
     request = FitRequest(
         baseline=baseline, candidates=tuple(candidate or ()), axis=_choice(Axis, axis, "--axis"),
         form=_choice(Form, form, "--form"), objective=_choice(Objective, objective, "--objective") if objective else None,
         count=_choice(Count, count, "--count"), at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
         holdout=holdout == "largest", token_points=_choice(TokenPoints, token_points, "--token-points"),
-        n_boot=boot, level=level, seed=seed, noise_sd=noise_sd)
+        n_boot=boot, level=level, seed=seed, noise_sd=noise_sd, run_sd=run_sd)
     outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets), request, out,
                       log=not no_log)
     if json_out:

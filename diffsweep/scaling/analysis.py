@@ -77,7 +77,8 @@ class FitRequest:
     n_boot: int = 1000
     level: float = 0.95
     seed: int = 0
-    noise_sd: float | None = None
+    noise_sd: float | None = None  # sd of log loss of one evaluation, independent per point
+    run_sd: float | None = None  # sd of a per-run offset shared by all evaluations of one run
 
     @property
     def resolved_objective(self) -> Objective:
@@ -88,12 +89,13 @@ class FitRequest:
 
 @dataclass
 class _Arch:
-    """One architecture's points on the chosen axis."""
+    """One architecture's points on the chosen axis, and the run each point comes from."""
 
     name: str
     x: np.ndarray  # N or D per point (the Chinchilla form: N)
     loss: np.ndarray
     other: np.ndarray  # D per point for the Chinchilla form, else unused
+    run: np.ndarray | None = None  # run index per point (see _run_index); None: one run per point
     cell: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:  # a cell is one (x, other) pair: seeds of one size share it
@@ -127,8 +129,9 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
     noise = _noise(archs, main, objective, req)
     rng = np.random.default_rng(req.seed)
-    sd, between = scale_draws(rng, noise, req.n_boot)
-    z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, sd, between) for a, arch in archs.items()}
+    scales = scale_draws(rng, noise, req.n_boot)
+    z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, arch.run)
+         for a, arch in archs.items()}
     curves = _bootstrap(archs, main, z)
     pure_curves = _bootstrap(archs, comparison, z) if comparison else None
 
@@ -181,6 +184,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
         "n_boot": req.n_boot,
         "seed": req.seed,
         "noise": noise.to_dict(),
+        "resampling": noise.resampling(),
         "measured_range": list(measured),
         "other_ref": other_ref,
         "fits": {a: _fit_summary(archs[a], main[a], curves[a], req, x_axis, other_ref) for a in archs},
@@ -292,7 +296,7 @@ def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[st
         rows = used[used["arch"] == name]
         x = rows[_x_column(req)].to_numpy(float) if axis is Axis.N or req.form is Form.CHINCHILLA else rows["tokens"].to_numpy(float)
         other = rows["tokens"].to_numpy(float) if req.form is Form.CHINCHILLA else np.zeros(len(rows))
-        arch = _Arch(name, x, rows["loss"].to_numpy(float), other)
+        arch = _Arch(name, x, rows["loss"].to_numpy(float), other, _run_index(rows))
         distinct = len(np.unique(arch.cell))
         needed = per_arch + (1 if req.shared_e else 0)
         if distinct < needed:
@@ -301,6 +305,22 @@ def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[st
                               f"{needed} parameters: need at least {needed} (or a law with fewer, e.g. --form pure)")
         archs[name] = arch
     return archs
+
+
+def _run_index(rows: pd.DataFrame) -> np.ndarray:
+    """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
+
+    A point's run is its MLflow ``run_id``, else its ``run_key``. A CSV with neither: the
+    evaluations of a token scan read from checkpoints (``point`` = checkpoint rows among them) are
+    one run per (arch, num_params, seed) (a CSV without ``seed`` has seed 0: one run per
+    architecture and size), and every other row (a final evaluation) is a run of its own."""
+    ids = rows["run_id"].astype(str).where(rows["run_id"].astype(str) != "", rows["run_key"].astype(str))
+    if (rows["point"] != "final").any():
+        fallback = rows["arch"].astype(str) + "|" + rows["num_params"].astype(str) + "|" + rows["seed"].astype(str)
+    else:
+        fallback = pd.Series([f"row {i}" for i in range(len(rows))], index=rows.index)
+    ids = ids.where(ids != "", fallback)
+    return np.unique(ids.to_numpy(str), return_inverse=True)[1].ravel()
 
 
 def _references(base: _Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
@@ -426,9 +446,10 @@ def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objectiv
         fitted = fit.fitted if not req.shared_e else fit.fitted[fit.data.group == g]
         # a joint fit's shared E is counted once, with the first architecture
         num_params = fit.law.num_params if not req.shared_e else 2 + (g == 0)
-        groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is Objective.HUBER))
+        groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is Objective.HUBER,
+                            run=arch.run))
     try:
-        noise = estimate_noise(groups, req.noise_sd)
+        noise = estimate_noise(groups, req.noise_sd, req.run_sd)
     except ValueError as exc:
         raise ConfigError("points", f"{exc}: add sizes or seeds, or give the noise with --noise-sd") from None
     if noise.warning:

@@ -1,35 +1,48 @@
-"""Noise model and parametric bootstrap draws for scaling fits.
+"""Noise model and parametric (hierarchical) bootstrap draws for scaling fits.
 
 Row resampling is useless on a five-size ladder (a resample has ≤ 3 distinct sizes 58% of the
 time; ../shared/notes/SCALING_FITS.md §4), so the bootstrap is parametric: each draw adds noise to
-the fitted curve and refits. The noise is measured, in order of preference:
+the fitted curve and refits. The run is the unit of noise: every draw gives each run a random
+offset shared by all of its evaluations (a token scan reads one run at 40B, 80B, … tokens; those
+evaluations share the run's seed and data order) plus independent noise per evaluation. Where
+every run gives one point (a size ladder) the two are one per-point noise. The noise is measured,
+in order of preference:
 
-1. ``given``: a known sd of log loss (``--noise-sd``).
-2. ``seeds``: seed replicates (runs that differ only in seed). The pooled within-size variance is
-   the run-to-run noise; when the size means scatter around the curve more than that explains
-   (a lack-of-fit F-test at 5%), the excess is a second, size-level component (the hierarchical
-   part: sizes, then seeds within sizes).
-3. ``residuals``: the fit's residual variance. With few points this under-covers (≈86% for a
-   nominal 95% with 5 sizes), which the report says.
+1. ``given``: a known sd of log loss per evaluation (``--noise-sd``) and/or per run (``--run-sd``).
+2. ``seeds``: seed replicates (runs that differ only in seed). On a size ladder the pooled
+   within-size variance is the run-to-run noise; when the size means scatter around the curve more
+   than that explains (a lack-of-fit F-test at 5%), the excess is a second, size-level component.
+   When runs give several points (a token scan with ≥ 2 runs per architecture) a two-way
+   decomposition (evaluation point × run) separates the per-run offset from the per-evaluation
+   noise (Henderson's method III: unbiased for unbalanced designs too).
+3. ``residuals``: the fit's residual variance. With one run per architecture on a token scan the
+   run offset is confounded with the curve: the interval is then curve-fit only
+   (``ci_scope = "curve_fit_only"``) and says so, unless ``--run-sd`` gives the offset's sd.
 
-Every estimated variance is itself uncertain: each draw scales it by ν/χ²_ν (ν its degrees of
-freedom), which widens the intervals by what small ν warrants instead of trusting σ̂.
-One draw shares its variance draws across architectures, so ratios are computed from paired fits.
+Every estimated sd is itself uncertain: each draw scales it by ν/χ²_ν (ν its degrees of freedom),
+which for a quantity linear in the noise gives exactly the t_ν interval. With 5 sizes × 1 seed
+(ν = 4) that makes the intervals ~1.4× (t_4/z) as wide as with a known sd, and they are calibrated
+(95% coverage measured, analysis/benchmarks/RESULTS.md); a fixed t_ν/z scale instead was tried and
+measured no better (wider at the largest size), so the mixture stays. One draw shares its noise
+scales across architectures, so ratios are computed from paired fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.stats import f as f_dist
+from scipy.stats import norm
+from scipy.stats import t as t_dist
 
 LACK_OF_FIT_P = 0.05  # size-level scatter is modelled when the lack-of-fit F-test rejects at 5%
 
 
 @dataclass(frozen=True)
 class Noise:
-    """Run-to-run sd of log loss (``sd``, with ``dof``) and the size-level sd (``between_sd``)."""
+    """Per-evaluation sd of log loss (``sd``, with ``dof``), the size-level sd (``between_sd``) and
+    the sd of a per-run offset shared by all evaluations of one run (``run_sd``)."""
 
     source: str  # given | seeds | residuals
     sd: float
@@ -37,27 +50,79 @@ class Noise:
     between_sd: float = 0.0
     between_dof: float = 0.0
     warning: str | None = None
+    run_sd: float = 0.0
+    run_dof: float = 0.0  # inf when given
+    runs_per_arch: float = 1.0  # median runs per architecture
+    multi_point_runs: bool = False  # some run gives several points (a token scan's evaluations)
+    description: str = ""
+
+    @property
+    def ci_scope(self) -> str:
+        """``curve_fit_only`` when runs give several points and the run offset is unknown."""
+        return "curve_fit_only" if self.multi_point_runs and self.run_dof == 0 else "full"
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.multi_point_runs and self.run_dof > 0
+
+    def resampling(self) -> dict:
+        if self.hierarchical:
+            return {"method": "hierarchical", "unit": "run", "why": (
+                "each run gives several evaluations, which share the run's offset (seed, data order): every draw "
+                "gives each run one random offset plus independent noise per evaluation, then refits")}
+        if self.ci_scope == "curve_fit_only":
+            return {"method": "parametric", "unit": "point", "why": (
+                "one run per architecture: the run offset cannot be told from the curve, so draws add "
+                "per-evaluation noise only (curve-fit uncertainty)")}
+        return {"method": "parametric", "unit": "point", "why": (
+            "one point per run on a small design (a case resample of a few sizes would drop sizes): every draw "
+            "adds the measured noise to the fitted curve and refits")}
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "sd": self.sd, "dof": None if np.isinf(self.dof) else self.dof,
-                "between_sd": self.between_sd, "between_dof": self.between_dof, "warning": self.warning}
+        return {"source": self.source, "sd": self.sd, "dof": _dof(self.dof),
+                "between_sd": self.between_sd, "between_dof": self.between_dof, "warning": self.warning,
+                "run_sd": self.run_sd, "run_dof": _dof(self.run_dof), "description": self.description,
+                "ci_scope": self.ci_scope}
+
+
+def _dof(v: float) -> float | None:
+    return None if np.isinf(v) else float(v)
 
 
 @dataclass(frozen=True)
 class Group:
-    """One architecture's points for the noise estimate: log losses, fitted values, size cells."""
+    """One architecture's points for the noise estimate: log losses, fitted values, size cells, runs."""
 
     y: np.ndarray
     fitted: np.ndarray
     cell: np.ndarray  # index of the point's size (same x) within the group
     num_params: int
     robust: bool = False  # Huber fits: a MAD-based scale instead of the RMS
+    run: np.ndarray | None = None  # index of the point's run within the group (None: one run per point)
+
+    @property
+    def runs(self) -> np.ndarray:
+        return np.arange(len(self.y)) if self.run is None else np.unique(self.run, return_inverse=True)[1].ravel()
 
 
-def estimate_noise(groups: list[Group], given: float | None = None) -> Noise:
+def estimate_noise(groups: list[Group], given: float | None = None, run_sd: float | None = None) -> Noise:
     """Pool the noise over architectures (same data, same code: same noise level)."""
-    if given is not None:
-        return Noise("given", float(given), np.inf)
+    multi = any(np.bincount(g.runs).max() > 1 for g in groups)
+    runs = float(np.median([len(np.unique(g.runs)) for g in groups]))
+    if not multi:
+        noise = _one_point_per_run(groups, given, run_sd)
+        return _describe(_with(noise, runs_per_arch=runs))
+    return _describe(_multi_point(groups, given, run_sd, runs))
+
+
+def _with(noise: Noise, **kw) -> Noise:
+    return replace(noise, **kw)
+
+
+def _one_point_per_run(groups: list[Group], given: float | None, run_sd: float | None) -> Noise:
+    """Every run gives one point: the run offset and the evaluation noise are one per-point noise."""
+    if given is not None or run_sd is not None:
+        return Noise("given", float(np.hypot(given or 0.0, run_sd or 0.0)), np.inf)
     within_ss, within_dof, cell_means, means_dof = 0.0, 0, [], 0
     for g in groups:
         for c in np.unique(g.cell):
@@ -81,6 +146,15 @@ def estimate_noise(groups: list[Group], given: float | None = None) -> Noise:
                 between_var = float((r ** 2).sum() / means_dof - sd ** 2 * np.mean(1.0 / counts))
                 between_sd, between_dof = float(np.sqrt(max(between_var, 0.0))), float(means_dof)
         return Noise("seeds", sd, float(within_dof), between_sd, between_dof)
+    sd, n, dof = _residual_sd(groups)
+    return Noise("residuals", sd, float(dof), warning=(
+        f"no seed replicates: the noise (sd {sd:.2g} of log loss) is estimated from the residuals of {n} points "
+        f"with {dof} degrees of freedom, so the intervals are about {_t_factor(dof, 0.95):.2f}x as wide as a known "
+        "noise would give (the price of estimating it; calibrated on synthetic ladders, not too narrow) and assume "
+        "the law fits; run seeds for a direct noise estimate and narrower intervals"))
+
+
+def _residual_sd(groups: list[Group]) -> tuple[float, int, int]:
     n = sum(len(g.y) for g in groups)
     dof = n - sum(g.num_params for g in groups)
     if dof <= 0:
@@ -90,29 +164,124 @@ def estimate_noise(groups: list[Group], given: float | None = None) -> Noise:
         sd = float(1.4826 * np.median(np.abs(residuals)) * np.sqrt(n / dof))
     else:
         sd = float(np.sqrt((residuals ** 2).sum() / dof))
-    return Noise("residuals", max(sd, 1e-12), float(dof), warning=(
-        f"no seed replicates: the noise (sd {sd:.2g} of log loss) is estimated from the residuals of "
-        f"{n} points with {dof} degrees of freedom, so intervals can under-cover; run seeds for honest CIs"))
+    return max(sd, 1e-12), n, dof
 
 
-def scale_draws(rng: np.random.Generator, noise: Noise, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-draw run-level and size-level sds (each scaled by ν/χ²_ν for its uncertainty)."""
-    sd = np.full(n_boot, noise.sd)
-    if np.isfinite(noise.dof):
-        sd = noise.sd * np.sqrt(noise.dof / rng.chisquare(noise.dof, n_boot))
-    between = np.zeros(n_boot)
-    if noise.between_sd > 0 and noise.between_dof > 0:
-        between = noise.between_sd * np.sqrt(noise.between_dof / rng.chisquare(noise.between_dof, n_boot))
-    return sd, between
+def _multi_point(groups: list[Group], given: float | None, run_sd: float | None, runs: float) -> Noise:
+    """Runs with several points: a per-run offset and per-evaluation noise, separated by a two-way
+    (cell × run) decomposition when some architecture has ≥ 2 runs."""
+    ss_e = dof_e = ss_r = dof_r = trace = 0.0
+    for g in groups:
+        n = len(g.y)
+        x = np.eye(len(np.unique(g.cell)))[g.cell]
+        z = np.eye(len(np.unique(g.runs)))[g.runs]
+        xz = np.hstack([x, z])
+        res_x, res_xz = _residual_maker(x), _residual_maker(xz)
+        rank_x, rank_xz = np.linalg.matrix_rank(x), np.linalg.matrix_rank(xz)
+        ss_e += float(g.y @ res_xz @ g.y)
+        dof_e += n - rank_xz
+        ss_r += float(g.y @ (res_x - res_xz) @ g.y)
+        dof_r += rank_xz - rank_x
+        trace += float(np.trace(z.T @ res_x @ z))
+    source = "seeds" if dof_r > 0 else "residuals"
+    if given is not None:
+        sd, e_dof, source = float(given), np.inf, "given"
+    elif dof_e > 0:
+        sd, e_dof = float(np.sqrt(ss_e / dof_e)), dof_e
+    else:
+        sd, _, e_dof = _residual_sd(groups)
+    if run_sd is not None:
+        return Noise(source, sd, e_dof, run_sd=float(run_sd), run_dof=np.inf, runs_per_arch=runs,
+                     multi_point_runs=True)
+    if dof_r > 0:
+        var_run = (ss_r - dof_r * sd ** 2) / trace
+        # a run-level sd estimated at 0 (its sum of squares below what evaluation noise explains)
+        # would leave the offsets out of every draw; it is kept at the smallest value consistent
+        # with the data instead: what one sd of the sum of squares would allow (never 0).
+        floor = np.sqrt(2.0 / dof_r) * dof_r * sd ** 2 / trace
+        return Noise(source, sd, e_dof, run_sd=float(np.sqrt(max(var_run, floor))), run_dof=float(dof_r),
+                     runs_per_arch=runs, multi_point_runs=True)
+    return Noise(source, sd, e_dof, runs_per_arch=runs, multi_point_runs=True, warning=(
+        "one run per architecture on a scan of its evaluations: the evaluations share the run's offset (seed, data "
+        "order), which one run cannot measure, so the CI is curve-fit only and excludes run-to-run variance; run "
+        "≥ 2 seeds per architecture or give the run-level sd with --run-sd"))
 
 
-def draw_targets(rng: np.random.Generator, fitted: np.ndarray, cell: np.ndarray, sd: np.ndarray,
-                 between: np.ndarray) -> np.ndarray:
-    """Simulated log losses (B, n): fitted curve + a size-level effect per cell + run-level noise."""
-    n_boot, n = len(sd), len(fitted)
-    cells = np.unique(cell, return_inverse=True)[1]
-    size_effect = rng.standard_normal((n_boot, cells.max() + 1))[:, cells] * between[:, None]
-    return fitted[None, :] + size_effect + rng.standard_normal((n_boot, n)) * sd[:, None]
+def _residual_maker(x: np.ndarray) -> np.ndarray:
+    return np.eye(len(x)) - x @ np.linalg.pinv(x)
+
+
+def _describe(noise: Noise) -> Noise:
+    runs = f"{noise.runs_per_arch:g} run{'s' if noise.runs_per_arch != 1 else ''} per architecture"
+    if noise.multi_point_runs:
+        if noise.hierarchical:
+            how = "given (--run-sd)" if np.isinf(noise.run_dof) else f"estimated from {runs}"
+            text = (f"a per-run offset (sd {noise.run_sd:.2g} of log loss, {how}) shared by all evaluations of a "
+                    f"run, plus independent noise per evaluation (sd {noise.sd:.2g}, {_source_words(noise)})")
+        else:
+            text = (f"noise per evaluation only (sd {noise.sd:.2g}, {_source_words(noise)}): with {runs} the offset "
+                    "shared by a run's evaluations is not measured, so the CI is curve-fit only and excludes "
+                    "run-to-run variance")
+    elif noise.source == "given":
+        text = f"a given run-to-run sd of {noise.sd:.2g} of log loss, independent per run"
+    elif noise.source == "seeds":
+        text = f"run-to-run noise (sd {noise.sd:.2g} of log loss) from seed replicates ({noise.dof:g} degrees of freedom)"
+        if noise.between_sd > 0:
+            text += f", plus a size-level scatter around the law (sd {noise.between_sd:.2g})"
+    else:
+        text = (f"noise (sd {noise.sd:.2g} of log loss) estimated from the residuals around the fitted laws "
+                f"({noise.dof:g} degrees of freedom; no seed replicates), so it also holds any misfit of the law")
+    return _with(noise, description=text)
+
+
+def _source_words(noise: Noise) -> str:
+    return {"given": "given (--noise-sd)", "seeds": "from the spread between runs at the same point",
+            "residuals": "from the residuals around the fitted law"}[noise.source]
+
+
+def _t_factor(dof: float, level: float) -> float:
+    """t_ν / z at the two-sided ``level``: how much wider a CI is when the sd is estimated with ν
+    degrees of freedom than when it is known."""
+    if not np.isfinite(dof) or dof <= 0:
+        return 1.0
+    q = (1.0 + level) / 2.0
+    return float(t_dist.ppf(q, dof) / norm.ppf(q))
+
+
+@dataclass(frozen=True)
+class Scales:
+    """The sds of each draw (B, 1): per evaluation, per size cell, per run."""
+
+    sd: np.ndarray
+    between: np.ndarray
+    run: np.ndarray
+
+
+def scale_draws(rng: np.random.Generator, noise: Noise, n_boot: int) -> Scales:
+    """Per-draw sds, each estimated one scaled by ν/χ²_ν for its own uncertainty."""
+    def mix(sd: float, dof: float) -> np.ndarray:
+        if sd <= 0 or dof <= 0:
+            return np.zeros((n_boot, 1))
+        if np.isinf(dof):
+            return np.full((n_boot, 1), sd)
+        return (sd * np.sqrt(dof / rng.chisquare(dof, n_boot)))[:, None]
+
+    return Scales(sd=mix(noise.sd, noise.dof), between=mix(noise.between_sd, noise.between_dof),
+                  run=mix(noise.run_sd, noise.run_dof))
+
+
+def draw_targets(rng: np.random.Generator, fitted: np.ndarray, cell: np.ndarray, scales: Scales,
+                 run: np.ndarray | None = None) -> np.ndarray:
+    """Simulated log losses (B, n): fitted curve + a size-level effect per cell + a per-run offset
+    (shared by the run's evaluations) + noise per evaluation."""
+    n_boot, n = len(scales.sd), len(fitted)
+    cells = np.unique(cell, return_inverse=True)[1].ravel()
+    size_effect = rng.standard_normal((n_boot, cells.max() + 1))[:, cells] * scales.between
+    out = fitted[None, :] + size_effect + rng.standard_normal((n_boot, n)) * scales.sd
+    if np.any(scales.run > 0) and run is not None:
+        runs = np.unique(run, return_inverse=True)[1].ravel()
+        out += rng.standard_normal((n_boot, runs.max() + 1))[:, runs] * scales.run
+    return out
 
 
 def interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -40,7 +40,7 @@ def sentence(r: dict[str, Any], row: dict[str, Any]) -> str:
     if row["undefined_share"] > 0:
         notes.append(f"undefined in {row['undefined_share']:.1%} of draws")
     if _curve_fit_only(r):
-        notes.append("the CI excludes run-to-run variance")
+        notes.append("curve-fit only: one run per architecture, so the CI excludes run-to-run variance")
     return text + (f" [{'; '.join(notes)}]." if notes else ".")
 
 
