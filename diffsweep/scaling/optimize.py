@@ -27,6 +27,9 @@ class Objective(StrEnum):
 
     L2 = "l2"  # r²/2: least squares in log space (default for designed sweeps)
     HUBER = "huber"  # Huber_δ(r), δ = 1e-3: Hoffmann et al. / Epoch AI's approach 3
+    # Epoch AI's final estimator: the Huber likelihood with a free scale σ (diffsweep.scaling.mle);
+    # bootstrap refits use the summed Huber loss, as Epoch's bootstrap does
+    HUBER_MLE = "huber_mle"
 
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, approach 3
@@ -66,17 +69,21 @@ def objective_value(law: Law, data: Data, theta: np.ndarray, objective: Objectiv
 
 
 def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y: np.ndarray | None = None,
-                max_iter: int = 200, tol: float = 1e-13) -> tuple[np.ndarray, np.ndarray]:
+                max_iter: int = 200, tol: float = 1e-13,
+                weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Refine each row of ``theta`` (B, p) against ``y`` (n,) or per-row targets (B, n).
 
-    Returns the refined parameters and their objective values (B,)."""
+    ``weights`` (B, n) multiply each point's penalty: a case-resampling draw is the data with each
+    point counted as often as it was drawn. Returns the refined parameters and their objective
+    values (B,)."""
     target = data.y if y is None else y
     lo, hi = law.bounds()
     theta = np.clip(np.array(theta, float), lo, hi)
     batch, p = theta.shape
     log_loss, jac = data.predict(law, theta)
     r = log_loss - target
-    f = penalty(objective, r).sum(axis=1)
+    count = np.ones((batch, len(data.u))) if weights is None else np.asarray(weights, float)
+    f = (count * penalty(objective, r)).sum(axis=1)
     damping = np.full(batch, 1e-3)
     active = np.ones(batch, bool)
     eye = np.eye(p)
@@ -84,7 +91,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
-        w = _weight(objective, r[idx])
+        w = _weight(objective, r[idx]) * count[idx]
         jw = jac[idx] * w[:, :, None]
         jw_t = jw.transpose(0, 2, 1)
         grad = (jw_t @ r[idx][:, :, None])[:, :, 0]
@@ -98,7 +105,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         trial = np.clip(theta[idx] + step, lo, hi)
         t_log_loss, t_jac = data.predict(law, trial)
         t_r = t_log_loss - (target if target.ndim == 1 else target[idx])
-        t_f = penalty(objective, t_r).sum(axis=1)
+        t_f = (count[idx] * penalty(objective, t_r)).sum(axis=1)
         better = np.isfinite(t_f) & (t_f <= f[idx])
         gain = np.where(better, f[idx] - t_f, 0.0)
         moved = np.abs(trial - theta[idx]).max(axis=1)

@@ -132,4 +132,43 @@ def markdown(r: dict[str, Any], source: str) -> str:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
     lines += ["", "## Plots", "", "![loss vs size](plots/loss.png)", "", "![residuals](plots/residuals.png)", "",
               "![ratio vs size](plots/ratio.png)", ""]
+    lines += models_markdown(r)
     return "\n".join(lines)
+
+
+def models_markdown(r: dict[str, Any]) -> list[str]:
+    """The joint size-multiplier test and the Chinchilla law's compute-optimal allocation."""
+    from diffsweep.config.units import human
+
+    level = f"{100 * r['level']:.0f}% CI"
+    lines: list[str] = []
+    if r.get("shift_model"):
+        lines += ["## One size multiplier for every size?", "",
+                  "The joint model L_cand(N) = L_base(N/ρ) shares E and α and fits one ρ for all sizes (4 parameters "
+                  "against 6 for separate fits). If the test rejects it, the curves are not parallel and no single "
+                  "number summarises the ladder: read the ratios at stated sizes instead.", "",
+                  f"| candidate | one ρ | {level} | test statistic (df) | p | AIC one ρ / separate | one ρ supported |",
+                  "|---|---|---|---|---|---|---|"]
+        for cand, m in r["shift_model"].items():
+            lines.append(f"| {arch_name(cand)} | {pct(m['rho'])} | {pct(m['lo'])}–{pct(m['hi'])} | "
+                         f"{m['lr_stat']:.3g} ({m['df']}) | {m['p_value']:.3g} | {m['aic_shift']:.1f} / "
+                         f"{m['aic_separate']:.1f} | {'yes' if m['supported'] else 'no (p < 0.05)'} |")
+        lines.append("")
+    if r.get("compute_optimal"):
+        lines += ["## Compute-optimal allocation of the fitted law", "",
+                  "With C ≈ 6ND: N_opt = G·(C/6)^a and D_opt = G⁻¹·(C/6)^b, a = β/(α+β), b = α/(α+β) "
+                  "(Hoffmann et al. 2022).", "",
+                  f"| architecture | a [{level}] | b [{level}] | budget | N_opt [{level}] | D_opt [{level}] |",
+                  "|---|---|---|---|---|---|"]
+
+        def cell(v: dict, fmt) -> str:
+            show = (lambda x: "—" if x is None else fmt(x))
+            return f"{show(v['value'])} [{show(v['lo'])}, {show(v['hi'])}]"
+
+        for arch, c in r["compute_optimal"].items():
+            for i, b in enumerate(c["budgets"]):
+                exps = (cell(c["a"], lambda x: f"{x:.3f}"), cell(c["b"], lambda x: f"{x:.3f}")) if i == 0 else ("", "")
+                lines.append(f"| {arch_name(arch) if i == 0 else ''} | {exps[0]} | {exps[1]} | {b['label']} | "
+                             f"{cell(b['N_opt'], human)} | {cell(b['D_opt'], human)} |")
+        lines.append("")
+    return lines
