@@ -82,8 +82,8 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
     batch, p = theta.shape
     log_loss, jac = data.predict(law, theta)
     r = log_loss - target
-    count = np.ones((batch, len(data.u))) if weights is None else np.asarray(weights, float)
-    f = (count * penalty(objective, r)).sum(axis=1)
+    count = None if weights is None else np.asarray(weights, float)
+    f = _weighted(penalty(objective, r), count).sum(axis=1)
     damping = np.full(batch, 1e-3)
     active = np.ones(batch, bool)
     eye = np.eye(p)
@@ -91,7 +91,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
-        w = _weight(objective, r[idx]) * count[idx]
+        w = _weighted(_weight(objective, r[idx]), None if count is None else count[idx])
         jw = jac[idx] * w[:, :, None]
         jw_t = jw.transpose(0, 2, 1)
         grad = (jw_t @ r[idx][:, :, None])[:, :, 0]
@@ -105,7 +105,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         trial = np.clip(theta[idx] + step, lo, hi)
         t_log_loss, t_jac = data.predict(law, trial)
         t_r = t_log_loss - (target if target.ndim == 1 else target[idx])
-        t_f = (count[idx] * penalty(objective, t_r)).sum(axis=1)
+        t_f = _weighted(penalty(objective, t_r), None if count is None else count[idx]).sum(axis=1)
         better = np.isfinite(t_f) & (t_f <= f[idx])
         gain = np.where(better, f[idx] - t_f, 0.0)
         moved = np.abs(trial - theta[idx]).max(axis=1)
@@ -115,6 +115,10 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         converged = (better & ((gain <= tol * np.maximum(f[idx], 1e-300)) | (moved < 1e-12))) | (damping[idx] > 1e12)
         active[idx[converged]] = False
     return theta, f
+
+
+def _weighted(values: np.ndarray, count: np.ndarray | None) -> np.ndarray:
+    return values if count is None else values * count
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from scipy.stats import f as f_dist
 from diffsweep.scaling.bootstrap import interval
 from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.forms import _EXPONENT, _LOG_COEF, _LOG_E, Form, Law
-from diffsweep.scaling.optimize import Data, Objective, multistart, solve_batch
+from diffsweep.scaling.optimize import Data, Objective, solve_batch
 
 SUPPORT_P = 0.05  # a single ρ is "supported" unless the test rejects it at 5%
 _LOG_RHO = (-12.0, 12.0)
@@ -65,20 +65,36 @@ def shift_model(base: LawFit, cand: LawFit, noise: dict, z_base: np.ndarray | No
     """Fit the shift model to two separate least-squares offset fits' data and test it against them.
 
     Draws: parametric noise ``z_*`` (B, n) added to the shift model's fitted values (the same draws
-    as the separate fits), or case/cluster weights ``w_*`` (B, n). Returns the contract's dict."""
+    as the separate fits), or case/cluster weights ``w_*`` (B, n). Returns the contract's dict.
+    Least squares on the points equals least squares on each size's mean weighted by its count plus
+    the within-size sum, so the model is fitted to the (few) size means: seeds cost nothing."""
     law = ShiftLaw()
-    data = Data(u=np.concatenate([base.data.u, cand.data.u]), y=np.concatenate([base.data.y, cand.data.y]),
-                group=np.concatenate([np.zeros(len(base.data.u), int), np.ones(len(cand.data.u), int)]))
-    sol = multistart(law, data, Objective.L2)
-    rss_shift = 2.0 * sol.value
+    u = np.concatenate([base.data.u, cand.data.u])
+    y = np.concatenate([base.data.y, cand.data.y])
+    group = np.concatenate([np.zeros(len(base.data.u), int), np.ones(len(cand.data.u), int)])
+    keys, cell = np.unique(np.column_stack([u, group]), axis=0, return_inverse=True)
+    cell = cell.ravel()
+    k = len(keys)
+    count = np.bincount(cell, minlength=k).astype(float)
+    mean = np.bincount(cell, weights=y, minlength=k) / count
+    data = Data(u=keys[:, 0], y=mean, group=keys[:, 1].astype(int))
+    within = float(((y - mean[cell]) ** 2).sum())
+
+    starts = law.starts(data.u, data.y, group=data.group)
+    refined, values = solve_batch(law, data, starts, Objective.L2, max_iter=200,
+                                  weights=np.broadcast_to(count, (len(starts), k)))
+    theta = refined[int(np.nanargmin(np.where(np.isfinite(values), values, np.inf)))]
+    theta, value = solve_batch(law, data, theta[None, :], Objective.L2, max_iter=500, tol=1e-15,
+                               weights=count[None, :])
+    theta = theta[0]
+    rss_shift = 2.0 * float(value[0]) + within
     rss_sep = 2.0 * (base.solution.value + cand.solution.value)
-    n, k_shift, k_sep = len(data.y), law.num_params, base.law.num_params + cand.law.num_params
+    n, k_shift, k_sep = len(y), law.num_params, base.law.num_params + cand.law.num_params
     df = k_sep - k_shift
     extra = max(rss_shift - rss_sep, 0.0)
     # The variance the extra residual sum carries: run-to-run, plus a size-level component counted
     # once per run of a size (it moves all seeds of a size together).
-    per_cell = n / len(np.unique(np.column_stack([data.u, data.group]), axis=0))
-    sigma2 = noise["sd"] ** 2 + per_cell * noise.get("between_sd", 0.0) ** 2
+    sigma2 = noise["sd"] ** 2 + (n / k) * noise.get("between_sd", 0.0) ** 2
     stat = extra / max(sigma2, 1e-300)
     if noise["source"] == "given" or noise.get("dof") is None:
         p_value = float(chi2.sf(stat, df))
@@ -87,19 +103,22 @@ def shift_model(base: LawFit, cand: LawFit, noise: dict, z_base: np.ndarray | No
     aic_shift = n * np.log(max(rss_shift, 1e-300) / n) + 2 * k_shift
     aic_sep = n * np.log(max(rss_sep, 1e-300) / n) + 2 * k_sep
 
-    fitted = data.predict(law, sol.theta[None, :])[0][0]
-    if w_base is not None and w_cand is not None:
-        weights = np.concatenate([w_base, w_cand], axis=1)
-        start = np.repeat(sol.theta[None, :], weights.shape[0], axis=0)
-        draws, _ = solve_batch(law, data, start, Objective.L2, max_iter=200, weights=weights)
+    fitted = data.predict(law, theta[None, :])[0][0]
+    if w_base is not None and w_cand is not None:  # case/cluster: a draw's count and mean per size
+        w = np.concatenate([w_base, w_cand], axis=1)
+        weights = np.stack([np.bincount(cell, weights=row, minlength=k) for row in w])
+        sums = np.stack([np.bincount(cell, weights=row * y, minlength=k) for row in w])
+        targets = np.where(weights > 0, sums / np.maximum(weights, 1e-300), fitted[None, :])
     else:
         assert z_base is not None and z_cand is not None
-        targets = fitted[None, :] + np.concatenate([z_base, z_cand], axis=1)
-        start = np.repeat(sol.theta[None, :], targets.shape[0], axis=0)
-        draws, _ = solve_batch(law, data, start, Objective.L2, y=targets, max_iter=200)
+        z = np.concatenate([z_base, z_cand], axis=1)
+        weights = np.broadcast_to(count, (z.shape[0], k))
+        targets = fitted[None, :] + np.stack([np.bincount(cell, weights=row, minlength=k) for row in z]) / count
+    start = np.repeat(theta[None, :], targets.shape[0], axis=0)
+    draws, _ = solve_batch(law, data, start, Objective.L2, y=targets, max_iter=200, weights=weights)
     lo, hi, _ = interval(np.exp(draws[:, 3:4]), level)
-    return {"rho": float(np.exp(sol.theta[3])), "lo": float(lo[0]), "hi": float(hi[0]),
+    return {"rho": float(np.exp(theta[3])), "lo": float(lo[0]), "hi": float(hi[0]),
             "lr_stat": float(stat), "df": int(df), "p_value": p_value,
             "aic_shift": float(aic_shift), "aic_separate": float(aic_sep),
             "supported": bool(p_value >= SUPPORT_P),
-            "params": {"E": float(np.exp(sol.theta[0])), "A": float(np.exp(sol.theta[1])), "alpha": float(sol.theta[2])}}
+            "params": {"E": float(np.exp(theta[0])), "A": float(np.exp(theta[1])), "alpha": float(theta[2])}}
