@@ -56,7 +56,8 @@ def token_ratios(base: Curve, cand: Curve, name: str, d_base: np.ndarray, d_cand
     measured D and the geometric mean of its D values, as ρ_N is read at the largest D."""
     distinct = np.unique(d_base)
     refs = np.array([float(distinct.max()), float(np.exp(np.log(distinct).mean()))])
-    labels = [f"{human(refs[0])} tokens (largest measured)", f"{human(refs[1])} tokens (geometric mean)"]
+    at_n = f"at N = {human(n_ref)}"
+    labels = [f"{human(refs[0])} tokens (largest measured, {at_n})", f"{human(refs[1])} tokens (geometric mean, {at_n})"]
     point = ratio(base, cand, refs, n_ref, "D")
     lo, hi, undefined = interval(ratio(base, cand, refs, n_ref, "D", boot=True), level)
     rows = []

@@ -79,6 +79,8 @@ def print_terminal(r: dict[str, Any], outputs: dict[str, str] | None = None) -> 
     console.print(ratios)
     for row in r["ratios"]:
         console.print(sentence(r, row), markup=False)
+    for line in models_terminal(r):
+        console.print(line, markup=False)
     if "holdout" in r:
         for arch, p in r["holdout"]["predictions"].items():
             console.print(f"held out {arch_name(arch)} at {p['x']:.3g}: predicted {p['predicted']:.4f} "
@@ -173,4 +175,19 @@ def models_markdown(r: dict[str, Any]) -> list[str]:
                 lines.append(f"| {arch_name(arch) if i == 0 else ''} | {exps[0]} | {exps[1]} | {b['label']} | "
                              f"{cell(b['N_opt'], human)} | {cell(b['D_opt'], human)} |")
         lines.append("")
+    return lines
+
+
+def models_terminal(r: dict[str, Any]) -> list[str]:
+    """One line per candidate for the shift model, one per architecture for the compute-optimal a."""
+    level = f"{100 * r['level']:.0f}% CI"
+    lines = [f"One ρ for all sizes, {arch_name(c)}: {pct(m['rho'])} ({level} {pct(m['lo'])}–{pct(m['hi'])}); "
+             f"test against separate fits p = {m['p_value']:.2g}: "
+             + ("not rejected (weak evidence: the test has little power at typical noise)." if m["supported"]
+                else "rejected, the curves are not parallel: no single ratio describes the ladder.")
+             for c, m in (r.get("shift_model") or {}).items()]
+    for arch, c in (r.get("compute_optimal") or {}).items():
+        a = c["a"]
+        lines.append(f"Compute-optimal {arch_name(arch)}: N_opt ∝ C^{a['value']:.3f} ({level} {a['lo']:.3f}–"
+                     f"{a['hi']:.3f}), D_opt ∝ C^{c['b']['value']:.3f} (report.md has N_opt, D_opt per budget).")
     return lines

@@ -60,10 +60,10 @@ def choose(cells: dict[str, int], runs: dict[str, np.ndarray], joint: bool) -> R
         if n_runs < CLUSTER_MIN_RUNS:  # a resample of 3 runs is one run thrice 1 time in 9
             return None
         return Resampling("cluster", "run", (
-            f"{smallest}+ distinct points per architecture, and some runs gave several evaluations: whole runs "
+            f"at least {smallest} distinct points per architecture, and some runs gave several evaluations: whole runs "
             f"(at least {n_runs} per architecture) are drawn with replacement so a run's evaluations move together"))
     return Resampling("case", "point", (
-        f"{smallest}+ distinct points per architecture (at least {CASE_MIN_POINTS} needed): points are drawn with "
+        f"at least {smallest} distinct points per architecture ({CASE_MIN_POINTS} needed): points are drawn with "
         "replacement, so the CIs rest on the data's own scatter rather than on a noise model"))
 
 
