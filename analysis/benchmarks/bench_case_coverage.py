@@ -20,26 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from diffsweep.scaling.analysis import FitRequest, analyse  # noqa: E402
-from diffsweep.scaling.forms import Form  # noqa: E402
-from diffsweep.scaling.optimize import Objective  # noqa: E402
-from tests.scaling.test_chinchilla import HOFFMANN, chinchilla_table  # noqa: E402
-
-TRUE_A = HOFFMANN["beta"] / (HOFFMANN["alpha"] + HOFFMANN["beta"])
-
-
-def coverage(reps: int, boot: int, noise_sd: float = 0.005, start: int = 0) -> dict[str, list]:
-    out: dict[str, list] = {"rho_largest": [], "rho_geomean": [], "a": []}
-    for i in range(start, start + reps):
-        r = analyse(chinchilla_table({"N": 0.62}, noise_sd=noise_sd, seed=i),
-                    FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=boot, seed=i))
-        assert r["resampling"]["method"] == "case"
-        rows = [row for row in r["ratios"] if row["axis"] == "N"]
-        for key, row in zip(("rho_largest", "rho_geomean"), rows):
-            out[key].append((row["lo"] <= 0.62 <= (row["hi"] or np.inf), (row["hi"] or np.inf) - row["lo"]))
-        a = r["compute_optimal"]["transformer"]["a"]
-        out["a"].append((a["lo"] <= TRUE_A <= a["hi"], a["hi"] - a["lo"]))
-    return out
+from tests.scaling.test_chinchilla import case_coverage as coverage  # noqa: E402
 
 
 def main() -> None:

@@ -125,12 +125,15 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
 
     main = _fit_all(archs, req.form, objective, req.shared_e)
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
-    noise = _noise(archs, main, objective, req)
+    runs = {a: resample.run_ids(used[used["used"] & (used["arch"] == a)]) for a in archs}
+    resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
+    with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
+        if resampling is not None:
+            warnings.simplefilter("ignore", FitWarning)
+        noise = _noise(archs, main, objective, req)
     rng = np.random.default_rng(req.seed)
     sd, between = scale_draws(rng, noise, req.n_boot)
     z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, sd, between) for a, arch in archs.items()}
-    runs = {a: resample.run_ids(used[used["used"] & (used["arch"] == a)]) for a in archs}
-    resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
     w = None
     if resampling is not None:  # ≥ 30 distinct points per architecture: case (or cluster) resampling
         w = {a: resample.weights(rng, runs[a] if resampling.unit == "run" else np.arange(len(arch.x)), req.n_boot)
