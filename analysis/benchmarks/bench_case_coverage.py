@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.scaling.test_chinchilla import case_coverage as coverage  # noqa: E402
+from tests.scaling.test_chinchilla import case_coverage as coverage
 
 
 def main() -> None:

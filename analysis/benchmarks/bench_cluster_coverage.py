@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.scaling.test_chinchilla_cluster import coverage  # noqa: E402
+from tests.scaling.test_chinchilla_cluster import coverage
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from diffsweep.scaling.analysis import FitRequest, analyse  # noqa: E402
-from tests.scaling.synthetic import TRUE_RATIO, ladder  # noqa: E402
-from tests.scaling.test_shift import non_parallel  # noqa: E402
+from diffsweep.scaling.analysis import FitRequest, analyse
+from tests.scaling.synthetic import TRUE_RATIO, ladder
+from tests.scaling.test_shift import non_parallel
 
 
 def run(label: str, make, reps: int, boot: int, noise_sd: float | None, truth: float | None) -> None:

@@ -35,7 +35,7 @@ def compute_optimal(curve: Curve, largest_compute: float, level: float) -> dict:
     draws = allocation(curve.law.natural(curve.draws, curve.group), budgets)
 
     def summary(est: np.ndarray, d: np.ndarray) -> dict:
-        lo, hi, undefined = interval(d[:, None], level)
+        lo, hi, _ = interval(d[:, None], level)
         finite = d[np.isfinite(d)]
         return {"value": _f(est), "lo": _f(lo[0]), "hi": _f(hi[0]),
                 "se": float(np.std(finite)) if finite.size > 1 else None}

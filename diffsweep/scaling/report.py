@@ -146,12 +146,12 @@ def models_markdown(r: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if r.get("shift_model"):
         lines += ["## One size multiplier for every size?", "",
-                  "The joint model L_cand(N) = L_base(N/ρ) shares E and α and fits one ρ for all sizes (4 parameters "
-                  "against 6 for separate fits). If the test rejects it, the curves are not parallel and no single "
-                  "number summarises the ladder: read the ratios at stated sizes instead. Not rejecting it is weak "
-                  "evidence: with 5 sizes and noise sd 0.005 of log loss the test caught exponents 0.38 against 0.34 "
-                  "in 8% (1 seed) to 25% (3 seeds) of simulated ladders (analysis/benchmarks/RESULTS.md).", "",
-                  f"| candidate | one ρ | {level} | test statistic (df) | p | AIC one ρ / separate | one ρ supported |",
+                  ("The joint model L_cand(N) = L_base(N/ρ) shares E and α and fits one ρ for all sizes (4 parameters "
+                   "against 6 for separate fits). If the test rejects it, the curves are not parallel and no single "
+                   "number summarises the ladder: read the ratios at stated sizes instead. Not rejecting it is weak "
+                   "evidence: with 5 sizes and noise sd 0.005 of log loss the test caught exponents 0.38 against 0.34 "
+                   "in 8% (1 seed) to 25% (3 seeds) of simulated ladders (analysis/benchmarks/RESULTS.md)."), "",
+                  f"| candidate | one ρ | {level} | test statistic (df) | p | AIC one ρ / separate | one ρ for all sizes |",
                   "|---|---|---|---|---|---|---|"]
         for cand, m in r["shift_model"].items():
             lines.append(f"| {arch_name(cand)} | {pct(m['rho'])} | {pct(m['lo'])}–{pct(m['hi'])} | "
@@ -160,8 +160,8 @@ def models_markdown(r: dict[str, Any]) -> list[str]:
         lines.append("")
     if r.get("compute_optimal"):
         lines += ["## Compute-optimal allocation of the fitted law", "",
-                  "With C ≈ 6ND: N_opt = G·(C/6)^a and D_opt = G⁻¹·(C/6)^b, a = β/(α+β), b = α/(α+β) "
-                  "(Hoffmann et al. 2022).", "",
+                  ("With C ≈ 6ND: N_opt = G·(C/6)^a and D_opt = G⁻¹·(C/6)^b, a = β/(α+β), b = α/(α+β) "
+                   "(Hoffmann et al. 2022)."), "",
                   f"| architecture | a [{level}] | b [{level}] | budget | N_opt [{level}] | D_opt [{level}] |",
                   "|---|---|---|---|---|---|"]
 

@@ -131,7 +131,8 @@ def test_case_resampling_covers_on_a_chinchilla_grid():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffsweep", "fit", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "diffsweep", "fit", *args], capture_output=True, text=True, timeout=600,
+                          check=False)
 
 
 def test_fit_of_a_single_architecture_reports_its_law(tmp_path):
