@@ -43,7 +43,7 @@ def compute_optimal(curve: Curve, largest_compute: float, level: float) -> dict:
     out = {k: summary(point[k][0], draws[k]) for k in ("a", "b", "G")}
     out["budgets"] = []
     for i, (c, m) in enumerate(zip(budgets, BUDGET_MULTIPLES)):
-        label = f"{human(c)} FLOPs" + (" (largest measured run)" if m == 1 else f" ({m:g}x the largest run)")
+        label = f"{c:.2g} FLOPs" + (" (largest measured run)" if m == 1 else f" ({m:g}x the largest run)")
         out["budgets"].append({"C": float(c), "label": label,
                                "N_opt": summary(point["N_opt"][0, i], draws["N_opt"][:, i]),
                                "D_opt": summary(point["D_opt"][0, i], draws["D_opt"][:, i])})
