@@ -56,8 +56,10 @@ def fit(
     axis: Annotated[str, typer.Option("--axis", help="auto | N (parameters) | D (tokens).")] = "auto",
     form: Annotated[str, typer.Option("--form", help="offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
                                       "chinchilla: E + A/N^α + B/D^β.")] = "offset",
-    objective: Annotated[str | None, typer.Option("--objective", help="l2 | huber (δ=1e-3) on log loss "
-                                                  "(default: huber for chinchilla, else l2).", show_default=False)] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="l2 | huber (δ=1e-3) on log loss | "
+                                                  "huber_mle: Epoch AI's Huber likelihood with a free scale (its final "
+                                                  "Chinchilla estimate) (default: huber for chinchilla, else l2).",
+                                                  show_default=False)] = None,
     count: Annotated[str, typer.Option("--count", help="N counts: total | non_embedding parameters.")] = "total",
     at: Annotated[list[str] | None, typer.Option("--at", help="Extra reference size for the ratios, e.g. 11B "
                                                  "(repeatable).", show_default=False)] = None,

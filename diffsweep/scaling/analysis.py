@@ -17,12 +17,22 @@ from scipy.stats import t as t_dist
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
-from diffsweep.scaling.bootstrap import Group, draw_targets, estimate_noise, interval, scale_draws
+from diffsweep.scaling import resample
+from diffsweep.scaling.bootstrap import (
+    Group,
+    draw_targets,
+    estimate_noise,
+    interval,
+    scale_draws,
+)
+from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
 from diffsweep.scaling.fit import LawFit, fit_law
 from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.mle import fit_huber_mle
 from diffsweep.scaling.optimize import Data, Objective
 from diffsweep.scaling.ratio import Curve, per_point, ratio
 from diffsweep.scaling.report import arch_name
+from diffsweep.scaling.shift import shift_model
 
 
 class Axis(StrEnum):
@@ -127,13 +137,26 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
     main = _fit_all(archs, req.form, objective, req.shared_e)
     _diagnostic_warnings(main)
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
-    noise = _noise(archs, main, objective, req)
+    runs = {a: resample.run_ids(used[used["used"] & (used["arch"] == a)]) for a in archs}
+    resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
+    with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
+        if resampling is not None:
+            warnings.simplefilter("ignore", FitWarning)
+        noise = _noise(archs, main, objective, req)
     rng = np.random.default_rng(req.seed)
     scales = scale_draws(rng, noise, req.n_boot)
     z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, arch.run)
          for a, arch in archs.items()}
-    curves = _bootstrap(archs, main, z)
-    pure_curves = _bootstrap(archs, comparison, z) if comparison else None
+    w = None
+    if resampling is not None:  # ≥ 30 distinct points per architecture: case (or cluster) resampling
+        w = {a: resample.weights(rng, runs[a] if resampling.unit == "run" else np.arange(len(arch.x)), req.n_boot)
+             for a, arch in archs.items()}
+        curves = {a: Curve(main[a].law, main[a].theta, resample.refit(main[a], w[a])) for a in archs}
+        pure_curves = ({a: Curve(comparison[a].law, comparison[a].theta, resample.refit(comparison[a], w[a]))
+                        for a in archs} if comparison else None)
+    else:
+        curves = _bootstrap(archs, main, z)
+        pure_curves = _bootstrap(archs, comparison, z) if comparison else None
 
     x_axis = "N" if axis is Axis.N or req.form is Form.CHINCHILLA else "D"
     measured = (float(archs[base_name].x.min()), float(archs[base_name].x.max()))
@@ -170,6 +193,11 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
             m = per_point(curves[base_name], np.array([x]), np.array([loss]), other_ref, x_axis)[0]
             multipliers.append({"candidate": cand, "x": x, "loss": loss, "multiplier": _f(m)})
 
+    if req.form is Form.CHINCHILLA:  # ρ_D along tokens at the largest N, as ρ_N is read at the largest D
+        n_ref = float(archs[base_name].x.max())
+        for cand in (c for c in archs if c != base_name):
+            ratios += token_ratios(curves[base_name], curves[cand], cand, archs[base_name].other,
+                                   archs[cand].other, n_ref, req.level)
     paper = _paper_reading(curves if req.form is Form.PURE else pure_curves, curves, base_name, x_axis, measured,
                            req) if req.form is not Form.CHINCHILLA else None
     result = {
@@ -199,9 +227,26 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
             comparison[a].theta[None, :], 0).items()} for a in archs}
     if req.holdout:
         result["holdout"] = _holdout(points, req, axis)
+    _chinchilla_and_shift(result, archs, main, curves, noise, z, w, resampling, req)
     result["points"] = used
     result["_curves"] = curves
     return result
+
+
+def _chinchilla_and_shift(result: dict, archs: dict[str, _Arch], main: dict[str, LawFit], curves: dict[str, Curve],
+                          noise, z: dict, w: dict | None, resampling, req: FitRequest) -> None:
+    """The resampling method (case/cluster), compute-optimal outputs and the joint shift model."""
+    if resampling is not None:
+        result["resampling"] = resampling.to_dict()
+    if req.form is Form.CHINCHILLA:
+        result["compute_optimal"] = {a: compute_optimal(curves[a], float((6 * arch.x * arch.other).max()), req.level)
+                                     for a, arch in archs.items()}
+    if req.form is Form.OFFSET and not req.shared_e and req.resolved_objective is Objective.L2 and len(archs) > 1:
+        base = req.baseline
+        result["shift_model"] = {
+            c: shift_model(main[base], main[c], noise.to_dict(), z[base], z[c], req.level,
+                           *((w[base], w[c]) if w is not None else (None, None)))
+            for c in archs if c != base}
 
 
 # -- points -----------------------------------------------------------------------------------
@@ -287,8 +332,7 @@ def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[st
     for c in candidates:
         if c not in present:
             raise ConfigError("--candidate", f"no finished runs of '{c}' match; architectures found: {', '.join(present)}")
-    if not candidates:
-        raise ConfigError("--candidate", f"only the baseline '{req.baseline}' has runs: nothing to compare it with")
+    # only the baseline: its law is fitted and reported, with no ratio (candidates == [])
     law = Law(req.form, n_groups=1 + len(candidates), shared_e=req.shared_e)
     per_arch = law.num_params if not req.shared_e else 2
     archs = {}
@@ -395,7 +439,10 @@ def _data(arch: _Arch) -> Data:
 
 def _fit_all(archs: dict[str, _Arch], form: Form, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
     if not shared_e:
-        return {a: fit_law(Law(form), _data(arch), objective) for a, arch in archs.items()}
+        fit = fit_huber_mle if objective is Objective.HUBER_MLE else (lambda law, data: fit_law(law, data, objective))
+        return {a: fit(Law(form), _data(arch)) for a, arch in archs.items()}
+    if objective is Objective.HUBER_MLE:
+        raise ConfigError("--objective", "huber_mle fits one law per architecture; drop --shared-e or use l2/huber")
     names = list(archs)
     law = Law(form, n_groups=len(names), shared_e=True)
     group = np.concatenate([np.full(len(archs[a].x), g) for g, a in enumerate(names)])
@@ -446,7 +493,7 @@ def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objectiv
         fitted = fit.fitted if not req.shared_e else fit.fitted[fit.data.group == g]
         # a joint fit's shared E is counted once, with the first architecture
         num_params = fit.law.num_params if not req.shared_e else 2 + (g == 0)
-        groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is Objective.HUBER,
+        groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is not Objective.L2,
                             run=arch.run))
     try:
         noise = estimate_noise(groups, req.noise_sd, req.run_sd)
@@ -484,7 +531,7 @@ def _fit_summary(arch: _Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: 
                       "loss": arch.loss[mask].tolist(), "fitted": float(fitted[mask][0]),
                       "residual": float(np.mean(np.log(arch.loss[mask]) - np.log(fitted[mask])))})
     return {"params": point, "ci": ci, "se": {k: float(np.std(v)) for k, v in draws.items()},
-            "n_points": int(len(arch.x)), "x_range": [float(arch.x.min()), float(arch.x.max())],
+            "n_points": len(arch.x), "x_range": [float(arch.x.min()), float(arch.x.max())],
             "diagnostics": fit.diagnostics(), "points": cells,
             "band": {"x": grid.tolist(), "loss": _list(curve.loss(grid, other, axis)), "lo": _list(b_lo), "hi": _list(b_hi)}}
 

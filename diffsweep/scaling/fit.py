@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from diffsweep.scaling.forms import Form, Law
-from diffsweep.scaling.optimize import Data, Objective, Solution, multistart, penalty, solve_batch
+from diffsweep.scaling.optimize import (
+    Data,
+    Objective,
+    Solution,
+    multistart,
+    penalty,
+    solve_batch,
+)
 
 # the offset law's start grid (Law.starts): floor fractions for E, then a line in log-log space
 START_FRACTIONS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
@@ -71,7 +78,7 @@ class LawFit:
         if self.objective is Objective.L2:  # replicate points (seeds) -> their means, weighted: same minimiser
             data, weight, targets = self._collapsed(targets)
         theta, value = solve_batch(self.law, data, starts.reshape(b * k, -1), self.objective,
-                                   y=np.repeat(targets, k, axis=0), max_iter=100, weight=weight)
+                                   y=np.repeat(targets, k, axis=0), max_iter=100, weights=weight)
         value = np.where(np.isfinite(value), value, np.inf).reshape(b, k)
         return theta.reshape(b, k, -1)[np.arange(b), np.argmin(value, axis=1)]
 

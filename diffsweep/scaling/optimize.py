@@ -27,6 +27,9 @@ class Objective(StrEnum):
 
     L2 = "l2"  # r²/2: least squares in log space (default for designed sweeps)
     HUBER = "huber"  # Huber_δ(r), δ = 1e-3: Hoffmann et al. / Epoch AI's approach 3
+    # Epoch AI's final estimator: the Huber likelihood with a free scale σ (diffsweep.scaling.mle);
+    # bootstrap refits use the summed Huber loss, as Epoch's bootstrap does
+    HUBER_MLE = "huber_mle"
 
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, approach 3
@@ -67,20 +70,22 @@ def objective_value(law: Law, data: Data, theta: np.ndarray, objective: Objectiv
 
 
 def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y: np.ndarray | None = None,
-                max_iter: int = 200, tol: float = 1e-13, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                max_iter: int = 200, tol: float = 1e-13,
+                weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Refine each row of ``theta`` (B, p) against ``y`` (n,) or per-row targets (B, n).
 
-    ``weight`` (n,) counts each point that many times (least squares on the means of replicate
-    points, weighted by their number, has the same minimiser as on the points).
+    ``weights`` (n,) or (B, n) multiply each point's penalty: least squares on the means of
+    replicate points weighted by their number has the same minimiser as on the points, and a
+    case-resampling draw is the data with each point counted as often as it was drawn.
     Returns the refined parameters and their objective values (B,)."""
     target = data.y if y is None else y
-    weight = np.ones(len(data.u)) if weight is None else np.asarray(weight, float)
     lo, hi = law.bounds()
     theta = np.clip(np.array(theta, float), lo, hi)
     batch, p = theta.shape
     log_loss, jac = data.predict(law, theta)
     r = log_loss - target
-    f = (penalty(objective, r) * weight).sum(axis=1)
+    count = None if weights is None else np.broadcast_to(np.asarray(weights, float), r.shape)
+    f = _weighted(penalty(objective, r), count).sum(axis=1)
     damping = np.full(batch, 1e-3)
     active = np.ones(batch, bool)
     eye = np.eye(p)
@@ -88,7 +93,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
-        w = _weight(objective, r[idx]) * weight
+        w = _weighted(_weight(objective, r[idx]), None if count is None else count[idx])
         jw = jac[idx] * w[:, :, None]
         jw_t = jw.transpose(0, 2, 1)
         grad = (jw_t @ r[idx][:, :, None])[:, :, 0]
@@ -102,7 +107,7 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         trial = np.clip(theta[idx] + step, lo, hi)
         t_log_loss, t_jac = data.predict(law, trial)
         t_r = t_log_loss - (target if target.ndim == 1 else target[idx])
-        t_f = (penalty(objective, t_r) * weight).sum(axis=1)
+        t_f = _weighted(penalty(objective, t_r), None if count is None else count[idx]).sum(axis=1)
         better = np.isfinite(t_f) & (t_f <= f[idx])
         gain = np.where(better, f[idx] - t_f, 0.0)
         moved = np.abs(trial - theta[idx]).max(axis=1)
@@ -112,6 +117,10 @@ def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y
         converged = (better & ((gain <= tol * np.maximum(f[idx], 1e-300)) | (moved < 1e-12))) | (damping[idx] > 1e12)
         active[idx[converged]] = False
     return theta, f
+
+
+def _weighted(values: np.ndarray, count: np.ndarray | None) -> np.ndarray:
+    return values if count is None else values * count
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
 from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
@@ -123,7 +124,7 @@ def _matches(run, filters: list[tuple[str, str, object]]) -> bool:
         if key.startswith("tags."):
             raw = run.data.tags.get(key[5:])
         else:
-            raw = run.data.params.get(key[7:] if key.startswith("params.") else key)
+            raw = run.data.params.get(key.removeprefix("params."))
         equal = raw is not None and _typed(raw) == value
         if equal != (op == "="):
             return False

@@ -105,4 +105,4 @@ def test_chinchilla_form_gives_the_parameter_ratio_at_the_largest_token_budget()
     r = analyse(_complete(pd.DataFrame(rows)), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50,
                                                           noise_sd=1e-4))
     assert r["axis"] == "N,D" and r["other_ref"] == 3e11
-    assert [row["ratio"] for row in r["ratios"]] == pytest.approx([TRUE_RATIO] * 2, abs=1e-5)
+    assert [row["ratio"] for row in r["ratios"] if row["axis"] == "N"] == pytest.approx([TRUE_RATIO] * 2, abs=1e-5)
