@@ -10,6 +10,7 @@ import typer
 
 from diffsweep import __version__
 from diffsweep.cli import bench as bench_cli
+from diffsweep.cli import compare as compare_cli
 from diffsweep.cli import config as config_cli
 from diffsweep.cli import data as data_cli
 from diffsweep.cli import fit as fit_cli
@@ -32,6 +33,7 @@ app.add_typer(bench_cli.app, name="bench")
 app.command("train")(train_cli.train)
 app.command("ui")(ui_cli.ui)
 app.command("fit")(fit_cli.fit)
+app.command("compare")(compare_cli.compare)
 for _name in ("plan", "launch", "status", "cancel", "logs", "reconcile"):
     app.command(_name)(getattr(sweep_cli, _name))
 

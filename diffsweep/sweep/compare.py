@@ -22,11 +22,18 @@ Coverage of these CIs is checked by a Monte Carlo test (tests/sweep/test_compare
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, ConfigWarning
+from diffsweep.config.identity import identity_fields
+from diffsweep.sweep.expand import SEED_KEY, PlannedRun
+from diffsweep.sweep.spec import SweepSpec
 
 WITHIN = "within seed noise"
 BEYOND = "beyond seed noise"
@@ -108,3 +115,149 @@ def compare_rows(values: Mapping[str, Sequence[float]], baseline: str, level: fl
 
 def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
+
+
+# -- a launched sweep's rows, read from the MLflow store -----------------------------------------------
+
+SEED_TOKEN = re.compile(r"-s\d+(?:-[0-9a-f]{6})?$")  # a run name's seed (and a disambiguating key prefix)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRow:
+    """One row of a sweep: its runs that differ only in ``train.seed``, in the sweep's order."""
+
+    label: str  # the runs' name without the seed, e.g. diff_v1-1.4B-hd_128
+    runs: tuple[PlannedRun, ...]
+
+
+def sweep_rows(runs: Sequence[PlannedRun]) -> list[SweepRow]:
+    """Group a sweep's runs into rows (every config field of a run's identity but ``train.seed``
+    equal), in the order of each row's first run. Pure."""
+    groups: dict[str, list[PlannedRun]] = {}
+    for run in runs:
+        fields = {k: v for k, v in identity_fields(run.config).items() if k != SEED_KEY}
+        key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        groups.setdefault(key, []).append(run)
+    labels = {key: SEED_TOKEN.sub("", members[0].name) for key, members in groups.items()}
+    counts: dict[str, int] = {}
+    for label in labels.values():
+        counts[label] = counts.get(label, 0) + 1
+    return [SweepRow(label=labels[key] if counts[labels[key]] == 1 else f"{labels[key]}-{key[:6]}",
+                     runs=tuple(members)) for key, members in groups.items()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowRuns:
+    """A row's finished runs that logged the metric: run names, seeds and final values."""
+
+    label: str
+    planned: int  # runs of this row in the sweep
+    names: tuple[str, ...]
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepComparison:
+    """``compare_rows`` on a launched sweep's finished runs."""
+
+    sweep: str
+    experiment: str
+    metric: str
+    rows: tuple[RowRuns, ...]  # rows with at least one finished run, in the sweep's order
+    missing: tuple[str, ...]  # rows with none
+    comparison: RowComparison
+
+    @property
+    def noise(self) -> str:
+        """What the verdicts rest on, in one line."""
+        c = self.comparison
+        if c.pooled_sd is None:
+            return (f"{UNKNOWN}: one seed per row, so no difference can be told apart from seed-to-seed variation "
+                    "(give the sweep `seeds: [0, 1, 2]`)")
+        pooled = sum(len(r.values) > 1 for r in self.rows)
+        return (f"seed noise: pooled seed sd {c.pooled_sd:.4g} on {c.df} df (from the {pooled} row(s) with >= 2 "
+                f"seeds); {c.level:.0%} CIs are Student's t on the difference of row means")
+
+    def to_dict(self) -> dict:
+        c = self.comparison
+        by_row = {r.label: r for r in self.rows}
+        return {"sweep": self.sweep, "experiment": self.experiment, "metric": self.metric,
+                "baseline": c.baseline, "level": c.level, "pooled_sd": c.pooled_sd, "df": c.df, "noise": self.noise,
+                "rows": [{"row": d.row, "n": d.n, "planned": by_row[d.row].planned,
+                          "seeds": list(by_row[d.row].seeds), "runs": list(by_row[d.row].names),
+                          "values": list(by_row[d.row].values), "mean": d.mean, "sd": d.sd, "delta": d.delta,
+                          "lo": d.lo, "hi": d.hi, "verdict": d.verdict, "sentence": d.sentence} for d in c.rows],
+                "missing": list(self.missing)}
+
+
+def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric: str = "val/loss",
+                  baseline: str | None = None, level: float = 0.95) -> SweepComparison:
+    """The final value of ``metric`` in each finished run of ``runs`` (found in ``spec``'s
+    experiment by run key; a key trained twice: its later run), grouped into rows, compared with
+    ``compare_rows`` against ``baseline`` (default: the sweep's first row that has a finished run).
+    Rows without a finished run are listed as ``missing``. Raises ``ConfigError`` when no run has
+    finished, no finished run logged ``metric`` (naming the metrics they have) or ``baseline`` is
+    no row or has no finished run."""
+    from mlflow.tracking import MlflowClient
+
+    rows = sweep_rows(runs)
+    labels = [r.label for r in rows]
+    if baseline is not None and baseline not in labels:
+        raise ConfigError("--baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(spec.experiment)
+    found, token = [], None
+    if exp is not None:
+        while True:
+            page = client.search_runs([exp.experiment_id], f"tags.`diffsweep.sweep` = '{spec.name}'",
+                                      max_results=5000, page_token=token)
+            found.extend(page)
+            token = page.token
+            if not token:
+                break
+    keys = {run.key for run in runs}
+    latest = {}
+    for run in sorted(found, key=lambda r: r.info.end_time or 0):
+        key = run.data.tags.get("diffsweep.run_key")
+        if key in keys and run.info.status == "FINISHED":
+            latest[key] = run
+    if not latest:
+        raise ConfigError(str(spec.path), f"no finished run of sweep '{spec.name}' in experiment '{spec.experiment}' "
+                          f"of {uri} ({len(runs)} planned; launch it first, with the same --set)")
+    have = sorted({m for run in latest.values() for m in run.data.metrics})
+    if metric not in have:
+        shown = ", ".join(have[:40]) + (f", ... ({len(have) - 40} more)" if len(have) > 40 else "")
+        raise ConfigError("--metric", f"no finished run of {spec.name} logged '{metric}'; they have: {shown}")
+    read, missing = [], []
+    for row in rows:
+        names, seeds, values = [], [], []
+        for planned in row.runs:
+            run = latest.get(planned.key)
+            if run is None:
+                continue
+            value = run.data.metrics.get(metric)
+            if value is None or not math.isfinite(value):
+                warnings.warn(ConfigWarning(f"{planned.name}: left out, its final {metric} is "
+                                            f"{'not logged' if value is None else value}"))
+                continue
+            names.append(planned.name)
+            seeds.append(planned.config.train.seed)
+            values.append(float(value))
+        if values:
+            read.append(RowRuns(label=row.label, planned=len(row.runs), names=tuple(names), seeds=tuple(seeds),
+                                values=tuple(values)))
+        else:
+            missing.append(row.label)
+    if baseline is None:
+        baseline = read[0].label
+    elif baseline in missing:
+        raise ConfigError("--baseline", f"row {baseline} has no finished run with {metric}; rows that have: "
+                          f"[{', '.join(r.label for r in read)}]")
+    comparison = compare_rows({r.label: r.values for r in read}, baseline, level, unit=_unit(metric))
+    return SweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, rows=tuple(read),
+                           missing=tuple(missing), comparison=comparison)
+
+
+def _unit(metric: str) -> str:
+    return "nats" if metric.endswith("loss") else f"({metric})"

@@ -1,0 +1,84 @@
+"""``diffsweep compare``: a sweep's rows against a baseline row, judged against seed noise."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diffsweep.cli.common import JsonOpt, handle_errors, print_json
+from diffsweep.config import ConfigError
+
+
+@handle_errors
+def compare(
+    sweep: Annotated[Path, typer.Argument(help="Sweep YAML whose finished runs to compare.", show_default=False)],
+    sets: Annotated[list[str] | None, typer.Option("--set", help="The --set overrides the sweep was launched with "
+                                                   "(repeatable).", show_default=False)] = None,
+    metric: Annotated[str, typer.Option("--metric", help="The MLflow metric compared: each run's final value.")]
+    = "val/loss",
+    baseline: Annotated[str | None, typer.Option("--baseline", help="The row the others are compared with, as "
+                                                 "printed (default: the sweep's first row).", show_default=False)]
+    = None,
+    level: Annotated[float, typer.Option("--level", help="Confidence level of the differences' CIs.")] = 0.95,
+    json_out: JsonOpt = False,
+) -> None:
+    """Each row's mean over its seeds and its difference from the baseline row with a confidence
+    interval from the seed-to-seed spread: within or beyond seed noise."""
+    from diffsweep.sweep import expand, load_sweep
+    from diffsweep.sweep.compare import compare_sweep
+
+    if not 0.5 < level < 1:
+        raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")
+    spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
+    runs = expand(spec).runs
+    result = compare_sweep(_store(), spec, runs, metric=metric, baseline=baseline, level=level)
+    if json_out:
+        print_json(result.to_dict())
+        return
+    _print(result)
+
+
+def _store() -> str:
+    """The tracking store, checked as ``diffsweep fit`` checks it (nothing is created)."""
+    from diffsweep.train.store import check_tracking, init_store, tracking_uri
+
+    uri = tracking_uri()
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
+                          "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
+    check_tracking(uri)
+    init_store(uri)
+    return uri
+
+
+def _print(result) -> None:
+    data = result.to_dict()
+    level = f"{data['level']:.0%}"
+
+    def num(x: float | None, sign: str = "") -> str:
+        return "-" if x is None or not math.isfinite(x) else f"{x:{sign}.4f}"
+
+    header = ["row", "seeds", "mean", "seed sd", "Δ vs baseline", f"{level} CI", "verdict"]
+    table = [[r["row"] + (" (baseline)" if r["row"] == data["baseline"] else ""),
+              f"{r['n']}/{r['planned']}" if r["n"] < r["planned"] else str(r["n"]),
+              num(r["mean"]), num(r["sd"]), "-" if r["row"] == data["baseline"] else num(r["delta"], "+"),
+              "-" if r["lo"] is None else f"{r['lo']:+.4f} to {r['hi']:+.4f}",
+              "" if r["row"] == data["baseline"] else r["verdict"]] for r in data["rows"]]
+    table += [[label, "0", "-", "-", "-", "-", "missing: no finished run"] for label in data["missing"]]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    typer.echo(f"{data['sweep']}: final {data['metric']} of each row's finished runs (experiment {data['experiment']})")
+    for row in [header, *table]:
+        typer.echo("  ".join(cell.ljust(w) if i in (0, 6) else cell.rjust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    typer.echo("")
+    for r in data["rows"]:
+        typer.echo(r["sentence"])
+    if data["missing"]:
+        typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
+    typer.echo(data["noise"])
