@@ -58,7 +58,7 @@ def _copy(launched, tmp_path, fail: tuple[str, ...] = (), shift: dict[str, float
     added to the final val/loss of the runs whose names end in its keys (logged at a later step)."""
     from mlflow.tracking import MlflowClient
 
-    root, sweep, env = launched
+    _, sweep, env = launched
     names = _names(sweep)
     db = tmp_path / "mlflow.db"
     shutil.copy(env["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"), db)
