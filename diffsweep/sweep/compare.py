@@ -153,6 +153,7 @@ class RowRuns:
     label: str
     planned: int  # runs of this row in the sweep
     names: tuple[str, ...]
+    run_ids: tuple[str, ...]  # their MLflow runs
     seeds: tuple[int, ...]
     values: tuple[float, ...]
 
@@ -186,6 +187,7 @@ class SweepComparison:
                 "baseline": c.baseline, "level": c.level, "pooled_sd": c.pooled_sd, "df": c.df, "noise": self.noise,
                 "rows": [{"row": d.row, "n": d.n, "planned": by_row[d.row].planned,
                           "seeds": list(by_row[d.row].seeds), "runs": list(by_row[d.row].names),
+                          "run_ids": list(by_row[d.row].run_ids),
                           "values": list(by_row[d.row].values), "mean": d.mean, "sd": d.sd, "delta": d.delta,
                           "lo": d.lo, "hi": d.hi, "verdict": d.verdict, "sentence": d.sentence} for d in c.rows],
                 "missing": list(self.missing)}
@@ -231,7 +233,7 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
         raise ConfigError("--metric", f"no finished run of {spec.name} logged '{metric}'; they have: {shown}")
     read, missing = [], []
     for row in rows:
-        names, seeds, values = [], [], []
+        names, ids, seeds, values = [], [], [], []
         for planned in row.runs:
             run = latest.get(planned.key)
             if run is None:
@@ -242,10 +244,12 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
                                             f"{'not logged' if value is None else value}"))
                 continue
             names.append(planned.name)
+            ids.append(run.info.run_id)
             seeds.append(planned.config.train.seed)
             values.append(float(value))
         if values:
-            read.append(RowRuns(label=row.label, planned=len(row.runs), names=tuple(names), seeds=tuple(seeds),
+            read.append(RowRuns(label=row.label, planned=len(row.runs), names=tuple(names), run_ids=tuple(ids),
+                                seeds=tuple(seeds),
                                 values=tuple(values)))
         else:
             missing.append(row.label)

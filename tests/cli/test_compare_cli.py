@@ -150,6 +150,17 @@ def test_a_difference_far_beyond_the_seed_spread_is_beyond_seed_noise(launched, 
     assert "the CI excludes 0: diff_v1-tiny-xs is lower" in r.stdout
 
 
+def test_a_run_whose_final_metric_is_not_finite_is_left_out_with_a_warning(launched, tmp_path):
+    root, sweep, _ = launched
+    env = _copy(launched, tmp_path, shift={"diff_v1-tiny-xs-s1": math.nan})
+    r = _run("compare", str(sweep), "--json", cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "warning: diff_v1-tiny-xs-s1: left out, its final val/loss is nan" in r.stderr
+    diff = json.loads(r.stdout)["rows"][1]
+    assert diff["runs"] == ["diff_v1-tiny-xs-s0"] and diff["n"] == 1 and diff["planned"] == 2
+    assert len(diff["run_ids"]) == 1 and diff["verdict"] != "seed noise unknown"  # the baseline's 2 seeds: 1 df
+
+
 def test_a_row_without_finished_runs_is_listed_as_missing(launched, tmp_path):
     root, sweep, _ = launched
     env = _copy(launched, tmp_path, fail=("transformer-tiny-xs-s0", "transformer-tiny-xs-s1"))
