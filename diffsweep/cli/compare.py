@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -30,31 +29,17 @@ def compare(
     interval from the seed-to-seed spread: within or beyond seed noise."""
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.compare import compare_sweep
+    from diffsweep.train.store import existing_store, tracking_uri
 
     if not 0.5 < level < 1:
         raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")
     spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
     runs = expand(spec).runs
-    result = compare_sweep(_store(), spec, runs, metric=metric, baseline=baseline, level=level)
+    result = compare_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline, level=level)
     if json_out:
         print_json(result.to_dict())
         return
     _print(result)
-
-
-def _store() -> str:
-    """The tracking store, checked as ``diffsweep fit`` checks it (nothing is created)."""
-    from diffsweep.train.store import check_tracking, init_store, tracking_uri
-
-    uri = tracking_uri()
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
-                          "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
-    check_tracking(uri)
-    init_store(uri)
-    return uri
 
 
 def _print(result) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -127,19 +126,16 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
             csv: Path | None, log: bool, sets: list[str] | None = None):
     """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
-    from diffsweep.train.store import check_tracking, init_store, tracking_uri
+    from diffsweep.train.store import check_tracking, existing_store, fail_fast_http, tracking_uri
 
     uri, keys = tracking_uri(), None
-    # MLflow's HTTP client retries a lost server for minutes (7 retries, 120 s timeouts); the store
-    # is checked up front, so a failure later is reported within seconds instead.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     if sets and sweep is None:
         raise ConfigError("--set", "selects the runs of a sweep launched with these overrides; give the sweep file")
     if csv is not None:
         if sweep or experiment or sweep_name or where:
             raise ConfigError("--csv", "fits the CSV alone; drop the sweep, --experiment, --sweep and --where")
         if log:  # the fit run goes to the store
+            fail_fast_http()
             check_tracking(uri)
         return Source(uri=uri, csv=csv)
     if sweep is not None:
@@ -154,9 +150,5 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
         experiment = sweep_name  # a sweep's experiment defaults to its name
     if experiment is None:
         raise ConfigError("fit", "give a sweep file, --experiment NAME or --csv FILE")
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
-                          "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
-    check_tracking(uri)
-    init_store(uri)  # a store another MLflow version made: one line saying what to do
+    existing_store(uri)
     return Source(uri=uri, experiment=experiment, sweep=sweep_name, where=tuple(where or ()), keys=keys)

@@ -109,6 +109,25 @@ def init_store(uri: str) -> None:
     _READY.add(uri)
 
 
+def fail_fast_http() -> None:
+    """MLflow's HTTP client retries a lost server for minutes (7 retries, 120 s timeouts); commands
+    that check the store up front report a failure later within seconds instead."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def existing_store(uri: str) -> str:
+    """A store to read finished runs from (``fit``, ``compare``): it must exist already (nothing is
+    created), answer within seconds, and be of this MLflow's schema; returns ``uri``."""
+    fail_fast_http()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError("MLFLOW_TRACKING_URI", f"no MLflow store at {uri.removeprefix('sqlite:///')}: nothing has "
+                          "been trained from this directory (set MLFLOW_TRACKING_URI or cd to the project)")
+    check_tracking(uri)
+    init_store(uri)  # a store another MLflow version made: one line saying what to do
+    return uri
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The id of experiment ``name`` in ``uri``, created (with the store) if needed. Safe when
     several processes ask at once: under the store's lock for SQLite, else the loser of a
