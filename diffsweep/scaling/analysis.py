@@ -137,7 +137,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
     main = _fit_all(archs, req.form, objective, req.shared_e)
     _diagnostic_warnings(main)
     comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
-    runs = {a: resample.run_ids(used[used["used"] & (used["arch"] == a)]) for a in archs}
+    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: _run_index
     resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
         if resampling is not None:
@@ -354,11 +354,14 @@ def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[st
 def _run_index(rows: pd.DataFrame) -> np.ndarray:
     """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
 
-    A point's run is its MLflow ``run_id``, else its ``run_key``. A CSV with neither: the
+    A point's run is its MLflow ``run_id``, else its ``run_key``, else its ``run_name`` (not the
+    table's ``row N`` placeholder for a CSV without names). A CSV with none of them: the
     evaluations of a token scan read from checkpoints (``point`` = checkpoint rows among them) are
     one run per (arch, num_params, seed) (a CSV without ``seed`` has seed 0: one run per
     architecture and size), and every other row (a final evaluation) is a run of its own."""
     ids = rows["run_id"].astype(str).where(rows["run_id"].astype(str) != "", rows["run_key"].astype(str))
+    names = rows["run_name"].astype(str)
+    ids = ids.where(ids != "", names.where(~names.str.fullmatch(r"row \d+"), ""))
     if (rows["point"] != "final").any():
         fallback = rows["arch"].astype(str) + "|" + rows["num_params"].astype(str) + "|" + rows["seed"].astype(str)
     else:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.optimize import solve_batch
@@ -37,15 +36,6 @@ class Resampling:
 
     def to_dict(self) -> dict:
         return {"method": self.method, "unit": self.unit, "why": self.why}
-
-
-def run_ids(rows: pd.DataFrame) -> np.ndarray:
-    """The run each point came from (run_id, else run_name), as integer codes."""
-    ids = rows["run_id"].astype(str) if "run_id" in rows.columns else pd.Series([""] * len(rows), index=rows.index)
-    names = rows["run_name"].astype(str) if "run_name" in rows.columns else pd.Series(
-        [f"row {i}" for i in range(len(rows))], index=rows.index)
-    key = np.where(ids != "", ids, names)
-    return np.unique(key, return_inverse=True)[1].ravel()
 
 
 def choose(cells: dict[str, int], runs: dict[str, np.ndarray], joint: bool) -> Resampling | None:
