@@ -108,7 +108,6 @@ def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, e
            resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
            tags: dict[str, str] | None) -> TrainResult:
     """``train`` once the input is checked and the run directory is this trainer's."""
-    rank, t = world.rank, config.train
     uri = run_tracking_uri(run_dir)
     check_tracking(uri)
 
@@ -116,33 +115,44 @@ def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, e
     with PreemptionFlag() as flag:
         device = _device()
         with distributed.process_group(world, device):
-            resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
-            if state is not None and state["step"] >= total_steps(t):
-                if rank == 0 and state["mlflow_run_id"]:
-                    MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
-                echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
-                return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
-            torch.manual_seed(t.seed)
-            autocast_dtype = _autocast_dtype(t.precision, device)
-            model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
-            model.activation_checkpointing = t.activation_checkpointing
-            model = distributed.wrap(model, t.parallel, world, device, autocast_dtype)
-            optimizer = build_optimizer(model, t)
-            run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
-            if state is not None:
-                run.restore(state, resume_path)
-                echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
-                     + (f" on {world.world_size} processes" if world.distributed else ""))
-            run.tracker = tracker = start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
-                                                    tags or {})
-            try:
-                return run.loop(flag, callbacks)
-            except KeyboardInterrupt:
-                _finish_quietly(tracker, "KILLED", "interrupted (SIGINT)", echo)
-                raise
-            except BaseException as exc:
-                _finish_quietly(tracker, "FAILED", f"{type(exc).__name__}: {exc}", echo)
-                raise
+            # The model (DDP's reducer holds the group) is freed when this returns, before the
+            # group is destroyed (see distributed.process_group).
+            return _train_in_group(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags,
+                                   uri, flag, device)
+
+
+def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
+                    resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
+                    tags: dict[str, str] | None, uri: str, flag: PreemptionFlag, device: torch.device) -> TrainResult:
+    """``_train`` inside the process group: resume, build, track and run the loop."""
+    rank, t = world.rank, config.train
+    resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
+    if state is not None and state["step"] >= total_steps(t):
+        if rank == 0 and state["mlflow_run_id"]:
+            MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
+        echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
+        return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
+    torch.manual_seed(t.seed)
+    autocast_dtype = _autocast_dtype(t.precision, device)
+    model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+    model.activation_checkpointing = t.activation_checkpointing
+    model = distributed.wrap(model, t.parallel, world, device, autocast_dtype)
+    optimizer = build_optimizer(model, t)
+    run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
+    if state is not None:
+        run.restore(state, resume_path)
+        echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
+             + (f" on {world.world_size} processes" if world.distributed else ""))
+    run.tracker = tracker = start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
+                                            tags or {})
+    try:
+        return run.loop(flag, callbacks)
+    except KeyboardInterrupt:
+        _finish_quietly(tracker, "KILLED", "interrupted (SIGINT)", echo)
+        raise
+    except BaseException as exc:
+        _finish_quietly(tracker, "FAILED", f"{type(exc).__name__}: {exc}", echo)
+        raise
 
 
 def _quiet(line: str) -> None:

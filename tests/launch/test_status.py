@@ -71,12 +71,15 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     """Three runs, two at a time; the third waits in Slurm (held, so it waits as long as the test
     needs). status shows it pending with Slurm's reason and its array task, logs says it has no
     logs yet, status under another profile still shows what was submitted, and launch --wait
-    prints queued vs running, a running run's step and every state change as plain lines."""
+    prints queued vs running, a running run's step and every state change as plain lines.
+
+    The two that run are long and cancelled by the test: a short one could finish before status
+    or --wait ever saw two running (it did on a fast CI machine)."""
     slurm_up()
-    kinds = {"transformer": 100, "diff_v1": 5000, "diff_v2": 20}  # the long one is cancelled
+    kinds = {"transformer": 5000, "diff_v1": 5000, "diff_v2": 20}  # the two long ones are cancelled
     sweep = zip_sweep(tmp_path / "t.yaml", text_dataset, list(kinds), list(kinds.values()),
                       extra="launch: {profile: localhost, max_parallel: 2}\n")
-    short, long, third = "transformer-tiny-xs-steps_100-s0", "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
+    first, long, third = "transformer-tiny-xs-steps_5000-s0", "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
     out = tmp_path / "runs" / "t"
     scancel_after(out)
     waiting = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--wait"], cwd=tmp_path,
@@ -120,8 +123,9 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
 
         step_line = re.compile(rf"  {long}: step \d+/5000 \(\d+%\), ~(<1 min|\d+ min|\d+:\d\d h) left")
         wait_for(lambda: any(step_line.fullmatch(line) for line in list(lines)), 300, "a step line from --wait")
-        r = cli("cancel", str(sweep), "--only", "diff_v1", cwd=tmp_path, env=store)
-        assert r.returncode == 0 and f"cancelled {long}" in r.stdout, r.stdout + r.stderr
+        r = cli("cancel", str(sweep), "--only", "^(transformer|diff_v1)-", cwd=tmp_path, env=store)
+        assert r.returncode == 0 and f"cancelled {first}" in r.stdout and f"cancelled {long}" in r.stdout, \
+            r.stdout + r.stderr
         subprocess.run(["scontrol", "release", jobs[third]], check=True, capture_output=True)
         assert waiting.wait(timeout=600) == 1  # not every run finished: one was cancelled
     finally:
@@ -129,14 +133,14 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             waiting.kill()
     reader.join(timeout=10)
     stdout, stderr = "\n".join(lines), waiting.stderr.read()
-    assert stderr.endswith(f"error: not every run finished (2 done, 1 cancelled); see `diffsweep status {sweep}`\n")
+    assert stderr.endswith(f"error: not every run finished (1 done, 2 cancelled); see `diffsweep status {sweep}`\n")
     assert "submitted 3 runs as Slurm array" in stdout
     stamp = r"\[\d\d:\d\d:\d\d\] "
     assert re.search(rf"^{stamp}1 pending, 2 running; ETA ~", stdout, re.M), stdout  # queued is not running
-    for change in (f"{short}: running -> done (100 steps)", f"{long}: running -> cancelled",
-                   f"{third}: pending -> running"):
+    for change in (f"{first}: running -> cancelled", f"{long}: running -> cancelled",
+                   f"{third}: pending -> running", f"{third}: running -> done (20 steps)"):
         assert re.search(rf"^{stamp}{re.escape(change)}", stdout, re.M), (change, stdout)
-    assert re.fullmatch(rf"{stamp}2 done, 1 cancelled", lines[-1]), stdout
+    assert re.fullmatch(rf"{stamp}1 done, 2 cancelled", lines[-1]), stdout
 
 
 @pytest.mark.slurm
