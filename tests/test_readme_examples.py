@@ -90,8 +90,8 @@ CHECKS: dict[str, tuple] = {
     "diffsweep plan sweeps/fig3a-size-scan.yaml --json": ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--json"]),
     "diffsweep plan sweeps/fig3a-size-scan.yaml --profile h100-example":
         ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--profile", "h100-example"]),
-    "diffsweep launch sweeps/table6-ablation.yaml --executor local --max-parallel 2 --out runs/table6-small --wait "
-    "--set model.size=tiny-m --set data.path=data/demo --set data.tokenizer=bpe --set train.max_steps=100":
+    ("diffsweep launch sweeps/table6-ablation.yaml --executor local --max-parallel 2 --out runs/table6-small --wait "
+     "--set model.size=tiny-m --set data.path=data/demo --set data.tokenizer=bpe --set train.max_steps=100"):
         ("cheap", ["plan", "sweeps/table6-ablation.yaml", "--executor", "local", "--out", "runs/table6-small",
                    "--set", "model.size=tiny-m", "--set", "data.path=data/demo", "--set", "data.tokenizer=bpe",
                    "--set", "train.max_steps=100"],
@@ -160,8 +160,8 @@ def test_doc_links_resolve():
     """Every relative link between the pages names a file that exists and, with #, a heading in it."""
     anchors = {}
     for page in PAGES:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-        anchors[page.resolve()] = {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        anchors[page.resolve()] = {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
     bad = []
     for page in PAGES:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
