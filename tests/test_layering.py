@@ -1,0 +1,356 @@
+"""The package's layering (HOUSE_RULES, "The shape of the code"), read from the source with ``ast``.
+
+Data flows one way: ``config -> model -> train -> launch -> fit``; the CLI sits on top and the
+kernels are a leaf. Nothing here imports diffsweep, so the rules are checked in well under a
+second and cannot be fooled by what an earlier test happened to import.
+
+What is checked, for every module of ``diffsweep/`` and ``kernels/``:
+
+- one direction: each part of the package imports only the parts below it (``ALLOWED``);
+  ``diffsweep.cli`` is imported by no library module, only by ``__main__``;
+- some imports only inside functions: ``launch`` runs the trainer in the job callable, but
+  planning and submitting never load it;
+- what importing a module loads (its module-level imports, followed through diffsweep and the
+  packages whose ``__init__`` runs on the way): no torch for ``config``, ``model.counting``,
+  ``sweep``, ``launch`` and ``scaling``; for the CLI none of torch, mlflow, numpy, scipy, pandas,
+  matplotlib or submitit (HOUSE_RULES 12) (``NOT_AT_IMPORT``); and ``config`` imports no torch
+  even inside a function;
+- no import cycles between modules (module-level imports);
+- and, by running it, that ``diffsweep <command> --help`` loads none of those for any command.
+
+Where main breaks a rule today, ``ALLOWED_TODAY`` names the one import, with the change that
+removes it; an entry that no longer matches an import fails, so that it is deleted.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = {"diffsweep": ROOT / "diffsweep", "diffsweep_kernels": ROOT / "kernels"}
+
+# Each part of the package (a subpackage or a top-level module; the kernels are
+# ``diffsweep_kernels``) and the parts it may import, anywhere in it. Lowest first.
+# ``store`` and ``rundir`` are where the run store moves (issue #17's store/rundir refactor).
+BASE = {"diffsweep", "fsutil", "lockfile", "config"}  # ``diffsweep`` is the root __init__ (__version__)
+ALLOWED: dict[str, set[str]] = {
+    "diffsweep": set(),
+    "diffsweep_kernels": set(),  # a leaf: imports nothing of diffsweep
+    "fsutil": set(),
+    "config": set(),  # typed configs and enums: pure Python
+    "lockfile": {"config"},
+    "store": BASE | {"rundir"},
+    "rundir": BASE,
+    "data": BASE,
+    "model": BASE | {"diffsweep_kernels"},
+    "sweep": BASE | {"model"},  # model.counting: sizes without building a model
+    "train": BASE | {"data", "model", "store", "rundir"},
+    "bench": BASE | {"data", "model", "train", "diffsweep_kernels"},
+    "launch": BASE | {"data", "model", "sweep", "train", "store", "rundir", "diffsweep_kernels"},
+    "scaling": BASE | {"sweep", "launch", "store", "rundir"},  # fit: reads runs, never trains
+    "ui": BASE | {"store", "rundir"},  # the MLflow UI over the run store
+}
+LIBRARY = set(ALLOWED)
+ALLOWED["cli"] = LIBRARY  # the top: parses, calls one library function, renders
+ALLOWED["__main__"] = {"cli"}
+
+# Imports of a part that must sit inside a function (not run when the module is imported).
+ONLY_IN_FUNCTIONS = {
+    ("launch", "train"),  # the job callable trains; planning and submission do not load torch
+}
+
+# What importing a module must not load, through every module-level import it makes; by module
+# (a key names a module and everything under it).
+HEAVY = ("torch", "mlflow", "numpy", "scipy", "pandas", "matplotlib", "submitit")
+NOT_AT_IMPORT: dict[str, tuple[str, ...]] = {
+    "diffsweep.config": ("torch", "mlflow", "numpy"),  # pure Python
+    "diffsweep.model.counting": ("torch",),  # a config knows its size without a model (rule 6)
+    "diffsweep.model.summary": ("torch",),
+    "diffsweep.sweep": ("torch", "mlflow"),  # expansion is pure; `plan` shows it before anything runs
+    "diffsweep.launch": ("torch", "mlflow"),  # planning and submitting; the job imports the trainer
+    "diffsweep.scaling": ("torch", "mlflow", "matplotlib"),  # fit reads runs; plots and logging import theirs
+    "diffsweep.cli": HEAVY,  # `diffsweep --help` stays fast (rule 12)
+}
+NOWHERE = {"config": ("torch",)}  # not even inside a function
+
+# Where main breaks a rule today: (importing module, imported module) -> why it is allowed for now.
+ALLOWED_TODAY: dict[tuple[str, str], str] = {
+    # The run store lives in train/ today; launch, fit and the UI reach into train for it.
+    ("diffsweep.launch.snapshot", "diffsweep.train.tracking"): "removed by the store/rundir refactor",
+    ("diffsweep.launch.submit", "diffsweep.train.store"): "removed by the store/rundir refactor",
+    ("diffsweep.scaling.pipeline", "diffsweep.train.store"): "removed by the store/rundir refactor",
+    ("diffsweep.scaling.pipeline", "diffsweep.train.tracking"): "removed by the store/rundir refactor",
+    ("diffsweep.ui", "diffsweep.train.store"): "removed by the store/rundir refactor",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module: ``importer`` (a module) imports ``target`` at ``line``."""
+
+    importer: str
+    target: str  # absolute, and the submodule itself for ``from package import submodule``
+    line: int
+    in_function: bool  # inside a def (or a lambda): runs when called, not on import
+    type_checking: bool  # under ``if TYPE_CHECKING:``: never runs
+
+    @property
+    def at_import(self) -> bool:
+        return not (self.in_function or self.type_checking)
+
+
+def _module_name(top: str, path: Path) -> str:
+    parts = path.relative_to(SOURCES[top]).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((top, *parts))
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the two packages, by dotted name."""
+    found = {}
+    for top, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            found[_module_name(top, path)] = path
+    return found
+
+
+def _absolute(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports_of(name: str, path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    known = modules()
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool, type_checking: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend(Import(name, alias.name, child.lineno, in_function, type_checking) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = _absolute(name, path.name == "__init__.py", child)
+                targets = {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in child.names}
+                found.extend(Import(name, t, child.lineno, in_function, type_checking) for t in sorted(targets))
+            visit(child,
+                  in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                  type_checking or (isinstance(child, ast.If) and _is_type_checking(child)))
+
+    visit(tree, False, False)
+    return found
+
+
+@cache
+def imports() -> tuple[Import, ...]:
+    return tuple(i for name, path in modules().items() for i in _imports_of(name, path))
+
+
+def part(module: str) -> str | None:
+    """The layer a diffsweep module belongs to (``config`` for ``diffsweep.config.enums``), or
+    None for a third-party module."""
+    top, _, rest = module.partition(".")
+    if top == "diffsweep_kernels":
+        return top
+    if top != "diffsweep":
+        return None
+    return rest.split(".")[0] if rest else "diffsweep"
+
+
+def _where(i: Import) -> str:
+    return f"{modules()[i.importer].relative_to(ROOT)}:{i.line}: {i.importer} imports {i.target}"
+
+
+def _allowed_today(i: Import) -> bool:
+    return any(i.importer == importer and (i.target == target or i.target.startswith(f"{target}."))
+               for importer, target in ALLOWED_TODAY)
+
+
+def test_every_part_has_a_layer():
+    unknown = sorted({part(name) for name in modules()} - set(ALLOWED))
+    assert not unknown, f"new parts of the package: {unknown}; add each to ALLOWED with what it may import"
+
+
+def test_imports_go_one_way():
+    bad = []
+    for i in imports():
+        source, target = part(i.importer), part(i.target)
+        if target is None or target == source or source not in ALLOWED or _allowed_today(i):
+            continue  # a part in no layer: test_every_part_has_a_layer says so
+        if target not in ALLOWED[source]:
+            bad.append(f"{_where(i)} ({source} may import only {sorted(ALLOWED[source]) or 'nothing of diffsweep'})")
+        elif (source, target) in ONLY_IN_FUNCTIONS and i.at_import:
+            bad.append(f"{_where(i)} at module level ({source} imports {target} only inside functions)")
+    assert not bad, "imports against the one-way layering (config -> model -> train -> launch -> fit):\n" + \
+        "\n".join(bad)
+
+
+def test_no_library_module_imports_the_cli():
+    bad = [_where(i) for i in imports() if part(i.target) == "cli" and part(i.importer) not in ("cli", "__main__")]
+    assert not bad, "\n".join(bad)
+
+
+def test_allowed_today_entries_still_match_an_import():
+    """An exception whose import is gone must go too (the change that removes it has landed)."""
+    stale = [f"{importer} -> {target}" for importer, target in ALLOWED_TODAY
+             if not any(i.importer == importer and (i.target == target or i.target.startswith(f"{target}."))
+                        for i in imports())]
+    assert not stale, f"delete these entries of ALLOWED_TODAY, their imports are gone: {stale}"
+
+
+def test_config_imports_no_torch_anywhere():
+    bad = [_where(i) for i in imports() if part(i.importer) in NOWHERE
+           and i.target.split(".")[0] in NOWHERE[part(i.importer)]]
+    assert not bad, "\n".join(bad)
+
+
+def loaded_at_import(module: str) -> dict[str, list[str]]:
+    """Third-party top-level modules that importing ``module`` loads, each with the chain of
+    diffsweep modules that leads to it: module-level imports, followed through diffsweep, plus
+    the ``__init__`` of every package on the way (Python runs those first)."""
+    known = modules()
+    by_importer: dict[str, list[Import]] = {}
+    for i in imports():
+        by_importer.setdefault(i.importer, []).append(i)
+
+    def with_parents(name: str) -> list[str]:
+        parts = name.split(".")
+        return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+    chains: dict[str, list[str]] = {}
+    seen: dict[str, list[str]] = {}
+    todo = [(m, [m]) for m in with_parents(module) if m in known]
+    while todo:
+        name, chain = todo.pop()
+        if name in seen:
+            continue
+        seen[name] = chain
+        for i in by_importer.get(name, []):
+            if not i.at_import:
+                continue
+            for target in with_parents(i.target):
+                if target in known:
+                    todo.append((target, [*chain, target]))
+                elif part(target) is None and "." not in target:
+                    chains.setdefault(target, chain)
+    return chains
+
+
+@pytest.mark.parametrize("prefix", sorted(NOT_AT_IMPORT))
+def test_what_importing_a_module_loads(prefix):
+    bad = []
+    for name in modules():
+        if name != prefix and not name.startswith(f"{prefix}."):
+            continue
+        loaded = loaded_at_import(name)
+        bad += [f"{name} loads {heavy} on import, through {' -> '.join(loaded[heavy])}"
+                for heavy in NOT_AT_IMPORT[prefix] if heavy in loaded]
+    more = f"\n... and {len(bad) - 12} more" if len(bad) > 12 else ""
+    assert not bad, "\n".join(bad[:12]) + more
+
+
+def test_no_import_cycles():
+    """Module-level imports between diffsweep modules form no cycle (one would make the import
+    order matter, and break whoever imports the cycle from its other end)."""
+    graph: dict[str, set[str]] = {name: set() for name in modules()}
+    for i in imports():
+        if i.at_import and i.target in graph and i.target != i.importer:
+            graph[i.importer].add(i.target)
+    cycles = [_cycle_in(component, graph) for component in _components(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """One cycle through the first module of a strongly connected component (breadth first)."""
+    start, inside = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & inside):
+            if w == start:
+                return paths[v]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"not a cycle: {component}")
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_help_of_every_command_loads_no_heavy_module():
+    """``diffsweep ... --help`` for every command and group: the CLI imports its heavy modules
+    inside the commands (HOUSE_RULES 12). Run in a fresh interpreter: what an earlier test
+    imported would hide it."""
+    code = (
+        "import sys\n"
+        "import typer.main\n"
+        "from diffsweep.cli import app\n"
+        "def walk(command, path):\n"
+        "    yield path\n"
+        "    for name, sub in sorted(getattr(command, 'commands', {}).items()):\n"
+        "        yield from walk(sub, [*path, name])\n"
+        "paths = list(walk(typer.main.get_command(app), []))\n"
+        "for argv in paths:\n"
+        "    try:\n"
+        "        app([*argv, '--help'])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (argv, e.code)\n"
+        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "print('COMMANDS', len(paths), 'HEAVY', heavy)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    counted, heavy = r.stdout.strip().splitlines()[-1].split(" HEAVY ")
+    assert int(counted.split()[1]) > 10, counted  # the walk found the commands
+    assert heavy == "[]", f"diffsweep --help loaded {heavy}"
