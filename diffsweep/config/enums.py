@@ -28,7 +28,10 @@ class _OpenKindType(EnumType):
 
     def __contains__(cls, value: object) -> bool:
         _register_kinds()
-        return isinstance(value, cls) or value in cls._value2member_map_
+        try:
+            return isinstance(value, cls) or value in cls._value2member_map_
+        except TypeError:  # an unhashable value (a YAML list) is no kind
+            return False
 
     def __call__(cls, value: Any, *args: Any, **kwargs: Any):
         if not args and not kwargs:  # a lookup, not the functional API

@@ -27,7 +27,8 @@ KIND_KEY = "model.attention.kind"
 _SPECS: dict[AttentionKind, KindSpec] = {}
 _state = {"loaded": False, "loading": False}
 
-__all__ = ["ENTRY_POINT_GROUP", "KindSpec", "NameToken", "ParamInfo", "kind_spec", "kind_specs", "register_kind"]
+__all__ = ["ENTRY_POINT_GROUP", "KindSpec", "NameToken", "ParamInfo", "display_color", "display_name", "kind_spec",
+           "kind_specs", "register_kind"]
 
 
 def register_kind(spec: KindSpec | type[KindSpec]) -> AttentionKind:
@@ -130,3 +131,15 @@ class _SpecsView(dict):
 
 
 KIND_SPECS: dict[AttentionKind, KindSpec] = _SpecsView()
+
+
+def display_name(arch: str) -> str:
+    """How reports and legends name the kind called ``arch`` (the name itself if no kind has it)."""
+    kind = AttentionKind._value2member_map_.get(arch) if arch in AttentionKind else None
+    return _SPECS[kind].display_name if kind in _SPECS else arch
+
+
+def display_color(arch: str) -> str | None:
+    """The plot colour of the kind called ``arch`` (None: not a kind, or no colour of its own)."""
+    kind = AttentionKind._value2member_map_.get(arch) if arch in AttentionKind else None
+    return _SPECS[kind].color if kind in _SPECS else None
