@@ -41,7 +41,8 @@ class _OpenKindType(EnumType):
 
 def _register_kinds() -> None:
     if _KINDS_READY:
-        from diffsweep.config.kinds import ensure_registered  # lazy: kinds imports this module
+        # Imported here: diffsweep.config.kinds imports this module.
+        from diffsweep.config.kinds import ensure_registered
 
         ensure_registered()
 

@@ -19,6 +19,7 @@ import importlib.metadata
 import warnings
 
 from diffsweep.config.enums import AttentionKind
+from diffsweep.config.errors import ConfigError
 from diffsweep.config.kinds.spec import KindSpec, NameToken, ParamInfo
 
 ENTRY_POINT_GROUP = "diffsweep.attention_kinds"
@@ -96,41 +97,8 @@ def kind_spec(kind: AttentionKind | str) -> KindSpec:
     if spec is None:
         spec = _SPECS.get(AttentionKind._value2member_map_.get(str(kind)))  # type: ignore[arg-type]
     if spec is None:
-        from diffsweep.config.errors import ConfigError
-
         raise ConfigError(KIND_KEY, f"expected one of [{', '.join(k.value for k in _SPECS)}], got {str(kind)!r}")
     return spec
-
-
-class _SpecsView(dict):
-    """``KIND_SPECS[kind]`` for existing callers: a read-only view that registers kinds first."""
-
-    def __getitem__(self, kind):
-        return kind_spec(kind)
-
-    def __iter__(self):
-        return iter(kind_specs())
-
-    def __len__(self) -> int:
-        return len(kind_specs())
-
-    def __contains__(self, kind) -> bool:
-        return kind in kind_specs()
-
-    def items(self):
-        return kind_specs().items()
-
-    def keys(self):
-        return kind_specs().keys()
-
-    def values(self):
-        return kind_specs().values()
-
-    def get(self, kind, default=None):
-        return kind_specs().get(kind, default)
-
-
-KIND_SPECS: dict[AttentionKind, KindSpec] = _SpecsView()
 
 
 def display_name(arch: str) -> str:

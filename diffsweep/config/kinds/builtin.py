@@ -7,6 +7,8 @@ Adding a kind to diffsweep: one class here (the entry) and its module under
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from typing import ClassVar
 
 from diffsweep.config.enums import HeadNorm, V2Lambda, V2Pairing
 from diffsweep.config.errors import ConfigWarning
@@ -63,7 +65,7 @@ class DiffV1(KindSpec):
     head_norms = (HeadNorm.RMSNORM, HeadNorm.NONE)
     switches = ("lambda_init",)
     sweep_axes = frozenset({"model.attention.lambda_init", "model.attention.head_norm"})
-    name_tokens = {
+    name_tokens: ClassVar[Mapping[str, NameToken]] = {
         "model.attention.lambda_init": NameToken("lam", {"exp_decay": "exp"}, drop_prefix="constant:"),
         "model.attention.head_norm": NameToken("gn", {"rmsnorm": "on", "none": "off"}),
     }
@@ -117,7 +119,7 @@ class DiffV2(KindSpec):
     query_heads_per_head = 2
     switches = ("v2_pairing", "v2_lambda")
     sweep_axes = frozenset({"model.attention.v2_pairing", "model.attention.v2_lambda"})
-    name_tokens = {
+    name_tokens: ClassVar[Mapping[str, NameToken]] = {
         "model.attention.v2_pairing": NameToken("pair", {"same_group": "same", "cross_group": "cross"}),
         "model.attention.v2_lambda": NameToken("vlam"),
     }
