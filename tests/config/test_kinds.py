@@ -20,7 +20,7 @@ from diffsweep.config.kinds import (
     kind_specs,
     register_kind,
 )
-from diffsweep.config.kinds.builtin import DiffV1
+from diffsweep.config.builtin_kinds import DiffV1
 from diffsweep.config.lambda_init import LambdaInit
 
 

@@ -1,6 +1,6 @@
 """The registry of attention kinds: one ``KindSpec`` per kind (pure Python, no torch).
 
-A kind is one definition plus one registration: its spec (``builtin.py`` for diffsweep's own
+A kind is one definition plus one registration: its spec (``builtin_kinds.py`` for diffsweep's own
 kinds, or a user's package) and the ``nn.Module`` the spec names. Third-party kinds register
 through an entry point in the group ``diffsweep.attention_kinds`` whose object is a ``KindSpec``
 subclass (or instance) and whose name is the kind's config value::
@@ -20,7 +20,7 @@ import warnings
 
 from diffsweep.config.enums import AttentionKind
 from diffsweep.config.errors import ConfigError
-from diffsweep.config.kinds.spec import KindSpec, NameToken, ParamInfo
+from diffsweep.config.kind_spec import KindSpec, NameToken, ParamInfo
 
 ENTRY_POINT_GROUP = "diffsweep.attention_kinds"
 KIND_KEY = "model.attention.kind"
@@ -57,7 +57,7 @@ def ensure_registered() -> None:
         return
     _state["loading"] = True  # listing AttentionKind below must not re-enter
     try:
-        from diffsweep.config.kinds.builtin import BUILTIN_KINDS
+        from diffsweep.config.builtin_kinds import BUILTIN_KINDS
 
         for spec in BUILTIN_KINDS:
             register_kind(spec)

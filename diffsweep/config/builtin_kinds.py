@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from diffsweep.config.enums import HeadNorm, V2Lambda, V2Pairing
 from diffsweep.config.errors import ConfigWarning
-from diffsweep.config.kinds.spec import KindSpec, NameToken, ParamInfo
+from diffsweep.config.kind_spec import KindSpec, NameToken, ParamInfo
 from diffsweep.config.lambda_init import LambdaInit
 
 FP32 = 4  # bytes; log-sum-exps, RMSNorm statistics and λ are kept in fp32 in both precisions

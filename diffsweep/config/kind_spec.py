@@ -1,6 +1,6 @@
 """``KindSpec``: everything the code asks about one attention kind, as torch-free data and formulas.
 
-A kind is one ``KindSpec`` (registered in ``builtin.py`` or through an entry point) plus its
+A kind is one ``KindSpec`` (registered in ``builtin_kinds.py`` or through an entry point) plus its
 ``nn.Module`` (named by ``module``, imported only when a model is built). Validation, counting,
 the memory planner, sweeps, summaries, probes and plots ask the spec; none of them branches on a
 kind's name.
