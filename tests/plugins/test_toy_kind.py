@@ -60,6 +60,13 @@ def test_config_and_counts(toy_env, tmp_path):
     # An unknown kind still fails in one line, listing the registered kinds (the plug-in's included).
     r = cli(toy_env, tmp_path, "config", "show", "--set", "model.attention.kind=toyy")
     assert r.returncode == 2 and "model.attention.kind" in r.stderr and "toy]" in r.stderr, r.stderr
+    # The plug-in's spec is read by --help (its --arch list), and imports no torch there.
+    code = ("import runpy, sys; sys.argv = ['diffsweep', 'train', '--help']\n"
+            "try:\n    runpy.run_module('diffsweep', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'mlflow' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=toy_env, capture_output=True, text=True,
+                       timeout=60)
+    assert "toy" in r.stdout and r.stdout.strip().endswith("False False"), r.stdout + r.stderr
 
 
 def test_train_logs_the_kinds_probe(toy_env, tmp_path, text_dataset):
