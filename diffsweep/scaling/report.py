@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffsweep.config.kinds import display_name
 from diffsweep.config.units import human
 
-ARCH_NAMES = {"transformer": "Transformer", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 _NOUN = {"N": "parameters", "D": "training tokens"}
 
 
 def arch_name(arch: str) -> str:
-    return ARCH_NAMES.get(arch, arch)
+    return display_name(arch)  # the kind's KindSpec.display_name
 
 
 def pct(v: float | None) -> str:
