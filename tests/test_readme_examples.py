@@ -1,9 +1,12 @@
-"""Every command example in README.md is run by a test.
+"""Every command example in README.md and docs/*.md is run by a test.
 
-Each line of a ```bash block is looked up in CHECKS. Most run exactly as written. A few cannot run
+Each line of a ```bash block, in any of those pages, is looked up in CHECKS (a command shown on
+several pages has one entry). Most run exactly as written. A few cannot run
 here as written (a 10-minute CPU training job, a Slurm cluster, a GPU, the network, a user's own
 files); those run in a checked cheap form that exercises the same command, options and inputs, and
-CHECKS says why for each. A README example without an entry fails ``test_every_readme_command_is_checked``.
+CHECKS says why for each. An example without an entry fails ``test_every_readme_command_is_checked``.
+The pages' links to each other (files and #anchors) are checked too, and so is the rule that no file
+of the repository points outside it, to the notes in a sibling ``shared`` folder.
 
 The fit examples run for real against an MLflow store holding runs of the README's own sweeps, logged
 the way ``diffsweep train`` logs them (the same tags, params, run keys and metric names); only their
@@ -24,12 +27,13 @@ from tests.launch.conftest import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def readme_commands() -> list[str]:
-    """The commands of the README's ```bash blocks, comments and blank lines dropped."""
+def page_commands(page: Path) -> list[str]:
+    """The commands of a page's ```bash blocks, comments and blank lines dropped."""
     out, inside = [], False
-    for line in README.read_text().splitlines():
+    for line in page.read_text().splitlines():
         if line.startswith("```"):
             inside = line.strip() == "```bash"
             continue
@@ -37,6 +41,11 @@ def readme_commands() -> list[str]:
         if inside and command and not command.startswith("#"):
             out.append(command)
     return out
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md and every docs/*.md page, in that order."""
+    return [c for page in PAGES for c in page_commands(page)]
 
 
 # How each README command is checked: ("run", args) runs ``diffsweep ARGS`` (or ``python -m ...``)
@@ -54,6 +63,7 @@ CHECKS: dict[str, tuple] = {
     "fetch-demo && python -m pytest -n 3 --dist loadgroup":
         ("steps", "the environment this test runs in, and the test suite this test is part of"),
     "diffsweep model sizes": ("run", ["model", "sizes"]),
+    "diffsweep ui": ("cheap", ["ui", HELP], "it serves the MLflow UI until Ctrl-C"),
     "diffsweep model info --size 1.4B --arch diff_v1": ("run", ["model", "info", "--size", "1.4B", "--arch", "diff_v1"]),
     "diffsweep model info --size 1.4B --arch diff_v2 --json":
         ("run", ["model", "info", "--size", "1.4B", "--arch", "diff_v2", "--json"]),
@@ -78,6 +88,14 @@ CHECKS: dict[str, tuple] = {
          "8 GPUs; my-run.yaml is the user's own config: a shipped one takes the same --set"),
     "diffsweep plan sweeps/table6-ablation.yaml": ("run", ["plan", "sweeps/table6-ablation.yaml"]),
     "diffsweep plan sweeps/fig3a-size-scan.yaml --json": ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--json"]),
+    "diffsweep plan sweeps/fig3a-size-scan.yaml --profile h100-example":
+        ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--profile", "h100-example"]),
+    ("diffsweep launch sweeps/table6-ablation.yaml --executor local --max-parallel 2 --out runs/table6-small --wait "
+     "--set model.size=tiny-m --set data.path=data/demo --set data.tokenizer=bpe --set train.max_steps=100"):
+        ("cheap", ["plan", "sweeps/table6-ablation.yaml", "--executor", "local", "--out", "runs/table6-small",
+                   "--set", "model.size=tiny-m", "--set", "data.path=data/demo", "--set", "data.tokenizer=bpe",
+                   "--set", "train.max_steps=100"],
+         "21 CPU training runs on the demo data (the network): plan expands and validates the same runs"),
     "diffsweep launch sweeps/demo-ladder.yaml --executor local --wait":
         ("cheap", ["plan", "sweeps/demo-ladder.yaml", "--executor", "local"],
          "about 10 minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
@@ -117,10 +135,54 @@ CHECKS: dict[str, tuple] = {
 def test_every_readme_command_is_checked():
     commands = readme_commands()
     missing = [c for c in commands if c not in CHECKS]
-    assert not missing, f"README commands without a check in {__file__}: {missing}"
+    assert not missing, f"README/docs commands without a check in {__file__}: {missing}"
     chained = " && ".join(c for c in commands if CHECKS.get(c, ("",))[0] == "steps")
     stale = [c for c in CHECKS if c not in commands and c not in chained]
-    assert not stale, f"checks of commands no longer in the README: {stale}"
+    assert not stale, f"checks of commands no longer in the README or docs: {stale}"
+
+
+def test_readme_gives_the_two_setup_commands():
+    """The main job on embedded defaults and the test command, each right after its marker (.ci/run
+    reads the test command from there)."""
+    text = README.read_text()
+    steps = [c for c, check in CHECKS.items() if check[0] == "steps"]
+    assert len(steps) == 2
+    for marker, command in zip(("<!-- main-command -->", "<!-- test-command -->"), steps):
+        assert f"{marker}\n```bash\n{command}\n```" in text, marker
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_doc_links_resolve():
+    """Every relative link between the pages names a file that exists and, with #, a heading in it."""
+    anchors = {}
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        anchors[page.resolve()] = {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
+    bad = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page.resolve()
+            if not path.exists() or (anchor and anchor not in anchors.get(path, set())):
+                bad.append(f"{page.name}: {target}")
+    assert not bad, bad
+
+
+def test_no_file_points_outside_the_repository_to_shared_notes():
+    """The notes outside the repository are not shipped: what the code relied on is in docs/references.md."""
+    outside = "../" + "shared/"
+    hits = [f"{path.relative_to(ROOT)}:{n}"
+            for folder in ("diffsweep", "tests", "analysis", "docs", "sweeps", "kernels", "slurm")
+            for path in sorted((ROOT / folder).rglob("*")) if path.is_file() and path.suffix in (".py", ".md", ".yaml", ".sh")
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if outside in line]
+    hits += [f"README.md:{n}" for n, line in enumerate(README.read_text().splitlines(), 1) if outside in line]
+    assert not hits, hits
 
 
 def test_readme_where_example_names_a_value_its_key_can_have():

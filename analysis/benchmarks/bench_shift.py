@@ -1,6 +1,6 @@
 """Monte Carlo check of the joint size-multiplier model (`result["shift_model"]`): coverage and
 width of its ρ CI, and how often its test rejects one ρ, on parallel and non-parallel ladders
-(../shared/notes/SCALING_FITS.md §4 design: sizes 0.83-13.1B, truth ρ = 0.62).
+(docs/references.md §4 design: sizes 0.83-13.1B, truth ρ = 0.62).
 
 Usage:
 

@@ -5,9 +5,12 @@ attention one layer of that model runs: at 1.4B the baseline has 16 heads of d =
 heads (Q/K dim 128, V dim 256), DIFF V2 32 query heads on 16 K/V heads.
 
 Rows: the baseline (on a GPU SDPA's FlashAttention kernel, and its cuDNN kernel beside it; on CPU
-plain SDPA), DIFF V1 through each backend, DIFF V2 as one SDPA call over 2h query heads plus its
-combine ``out[:, 0::2] - λ·out[:, 1::2]``. A row that cannot run here carries the reason instead
-of numbers. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
+plain SDPA), then every other registered kind: one row per backend for a kind whose call is
+differential (DIFF V1), else one SDPA row (DIFF V2: one call over 2h query heads plus its combine).
+Each row times the real attention module of one layer (``AttentionModule.core``: the backend call,
+the kind's combination and per-head norm) on inputs made by its own ``project``, so the benchmark
+runs the model's code, not a copy of its math. A row that cannot run here carries the reason
+instead of numbers. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
 affects them alike and the ratio ``t_baseline / t`` is the trustworthy figure.
 
 FLOP convention (the same for every row, ``FLOP_CONVENTION``): a matmul (M×K)·(K×N) counts
@@ -37,9 +40,12 @@ from diffsweep.bench.common import (
     resolve_dtype,
     time_call,
 )
-from diffsweep.config import SIZES, AttentionKind, Backend, ConfigError, EnvironmentUnavailable, load_config
+from diffsweep.config import (SIZES, AttentionKind, Backend, ConfigError, EnvironmentUnavailable, ModelConfig,
+                              load_config)
+from diffsweep.config.kinds import kind_spec
 from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
-from diffsweep.model.transformer import attention_call
+from diffsweep.model.layers import Rotary
+from diffsweep.model.transformer import attention_call, attention_module
 
 FLOP_CONVENTION = (
     "FLOPs: 2·M·N·K per matmul of the math (per query head QKᵀ and PV; DIFF V1 two QKᵀ of dim d and two PV "
@@ -51,12 +57,15 @@ GPU_LAYOUTS, GPU_SEQS, GPU_BATCH_TOKENS = ("1.4B", "3B"), (2048, 4096), 16_384
 CPU_LAYOUTS, CPU_SEQS, CPU_BATCH_TOKENS = ("tiny-l",), (256, 512), 2_048
 
 
+def layout_models(size: str) -> dict[AttentionKind, ModelConfig]:
+    """The model config of the size preset ``size`` for each registered kind."""
+    return {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model
+            for kind in AttentionKind}
+
+
 def layout_calls(size: str) -> dict[AttentionKind, AttentionCall]:
     """The attention call each kind makes in one layer of the size preset ``size``."""
-    return {
-        kind: attention_call(load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model)
-        for kind in AttentionKind
-    }
+    return {kind: attention_call(model) for kind, model in layout_models(size).items()}
 
 
 def forward_flops(call: AttentionCall, batch: int, seq: int) -> int:
@@ -86,45 +95,19 @@ class SdpaKernel(AttentionBackend):
 Forward = Callable[[], torch.Tensor]
 
 
-def _leaf(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-
-
-def _transformer(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
-    q = _leaf((B, c.num_q_heads, T, c.qk_dim), device, dtype)
-    k = _leaf((B, c.num_kv_heads, T, c.qk_dim), device, dtype)
-    v = _leaf((B, c.num_kv_heads, T, c.v_dim), device, dtype)
-    return (lambda: backend.attend(q, k, v, scale=c.qk_dim**-0.5)), [q, k, v]
-
-
-def _diff_v1(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
-    q1, q2 = (_leaf((B, c.num_q_heads, T, c.qk_dim), device, dtype) for _ in range(2))
-    k1, k2 = (_leaf((B, c.num_kv_heads, T, c.qk_dim), device, dtype) for _ in range(2))
-    v = _leaf((B, c.num_kv_heads, T, c.v_dim), device, dtype)
-    lam = torch.tensor(0.8, device=device, dtype=torch.float32, requires_grad=True)  # 0-dim fp32, as the model's
-
-    def forward() -> torch.Tensor:
-        return backend.diff_attend(q1, k1, q2, k2, v, lam, scale=c.qk_dim**-0.5)
-
-    return forward, [q1, k1, q2, k2, v, lam]
-
-
-def _diff_v2(backend: AttentionBackend, c: AttentionCall, B: int, T: int, device, dtype):
-    attend, leaves = _transformer(backend, c, B, T, device, dtype)  # 2h query heads on h_kv K/V heads
-    lam = torch.rand((B, c.num_q_heads // 2, T, 1), device=device, dtype=dtype).requires_grad_()  # per token, head
-
-    def forward() -> torch.Tensor:
-        out = attend()
-        return out[:, 0::2] - lam * out[:, 1::2]  # same_group pairing (diff_v2.py)
-
-    return forward, [*leaves, lam]
-
-
-INPUTS: dict[AttentionKind, Callable[..., tuple[Forward, list[torch.Tensor]]]] = {
-    AttentionKind.TRANSFORMER: _transformer,
-    AttentionKind.DIFF_V1: _diff_v1,
-    AttentionKind.DIFF_V2: _diff_v2,
-}
+def module_inputs(model: ModelConfig, backend: AttentionBackend, B: int, T: int, device: torch.device,
+                  dtype: torch.dtype) -> tuple[Forward, list[torch.Tensor]]:
+    """The real attention module of one layer of ``model`` on ``backend``: a forward over leaf inputs
+    (what its ``project`` makes of random input, detached) and those leaves."""
+    with torch.device(device):
+        module = attention_module(model.attention.kind)(model, 1, backend)
+    module.reset_parameters()  # nn.Linear's own init for the projections: their values do not matter here
+    module.to(dtype)
+    x = torch.randn(B, T, model.d_model, device=device, dtype=dtype)
+    with torch.no_grad():
+        projected = module.project(x, Rotary(T, model.attention.head_dim, model.rope_theta, device=device))
+    leaves = [t.detach().requires_grad_() for t in projected]
+    return (lambda: module.core(*leaves)), leaves
 
 
 @dataclass
@@ -134,6 +117,7 @@ class Row:
     kind: AttentionKind
     kernel: str
     call: AttentionCall
+    model: ModelConfig
     backend: AttentionBackend | None = None
     reason: str | None = None
     forward: Forward | None = None
@@ -154,31 +138,36 @@ class Row:
         self.release()
 
 
-def _resolve(kind: AttentionKind, name: Backend, call: AttentionCall, device: torch.device,
+def _resolve(kind: AttentionKind, name: Backend, model: ModelConfig, device: torch.device,
              dtype: torch.dtype) -> Row:
+    call = attention_call(model)
     try:
         backend = resolve_backend(name, call, device=device, dtype=dtype)
     except EnvironmentUnavailable as exc:
-        return Row(kind, name.value, call, reason=str(exc).removeprefix(f"model.attention.backend: '{name.value}' "))
+        return Row(kind, name.value, call, model,
+                   reason=str(exc).removeprefix(f"model.attention.backend: '{name.value}' "))
     if name is Backend.TRITON and device.type == "cpu":
-        return Row(kind, name.value, call, reason="runs on CPU only interpreted (TRITON_INTERPRET=1): a correctness "
-                   "check, not a timing")
-    return Row(kind, name.value, call, backend=backend)
+        return Row(kind, name.value, call, model, reason="runs on CPU only interpreted (TRITON_INTERPRET=1): a "
+                   "correctness check, not a timing")
+    return Row(kind, name.value, call, model, backend=backend)
 
 
-def plan_rows(calls: dict[AttentionKind, AttentionCall], device: torch.device, dtype: torch.dtype,
+def plan_rows(models: dict[AttentionKind, ModelConfig], device: torch.device, dtype: torch.dtype,
               backends: tuple[Backend, ...]) -> list[Row]:
-    """The rows of one layout, baseline first."""
-    base = calls[AttentionKind.TRANSFORMER]
+    """The rows of one layout, baseline first; then each kind, through every backend if its call is
+    differential (the backends differ there), else through SDPA."""
+    base_kind = AttentionKind.TRANSFORMER
+    base, call = models[base_kind], attention_call(models[base_kind])
     if device.type == "cuda":
-        rows = [Row(AttentionKind.TRANSFORMER, "sdpa-flash", base, backend=SdpaKernel(SDPBackend.FLASH_ATTENTION)),
-                Row(AttentionKind.TRANSFORMER, "sdpa-cudnn", base, backend=SdpaKernel(SDPBackend.CUDNN_ATTENTION))]
+        rows = [Row(base_kind, "sdpa-flash", call, base, backend=SdpaKernel(SDPBackend.FLASH_ATTENTION)),
+                Row(base_kind, "sdpa-cudnn", call, base, backend=SdpaKernel(SDPBackend.CUDNN_ATTENTION))]
     else:
-        rows = [Row(AttentionKind.TRANSFORMER, "sdpa", base, backend=BACKENDS[Backend.SDPA]),
-                Row(AttentionKind.TRANSFORMER, "sdpa-cudnn", base, reason="cuDNN attention needs a CUDA GPU")]
-    v1, v2 = AttentionKind.DIFF_V1, AttentionKind.DIFF_V2
-    rows += [_resolve(v1, name, calls[v1], device, dtype) for name in backends]
-    rows.append(_resolve(v2, Backend.SDPA, calls[v2], device, dtype))
+        rows = [Row(base_kind, "sdpa", call, base, backend=BACKENDS[Backend.SDPA]),
+                Row(base_kind, "sdpa-cudnn", call, base, reason="cuDNN attention needs a CUDA GPU")]
+    for kind, model in models.items():
+        if kind is not base_kind:
+            names = backends if kind_spec(kind).differential else (Backend.SDPA,)
+            rows += [_resolve(kind, name, model, device, dtype) for name in names]
     return rows
 
 
@@ -189,7 +178,7 @@ def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: 
         if row.reason is not None:
             continue
         try:
-            row.forward, row.leaves = INPUTS[row.kind](row.backend, row.call, batch, seq, device, dtype)
+            row.forward, row.leaves = module_inputs(row.model, row.backend, batch, seq, device, dtype)
             with torch.no_grad():
                 row.grad_out = torch.randn_like(row.forward())
         except RuntimeError as exc:  # out of memory, no kernel for these inputs
@@ -261,10 +250,10 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     torch.manual_seed(0)
     cases = []
     for size in layouts:
-        calls = layout_calls(size)
+        models = layout_models(size)
         for seq in seqs:
             batch = max(1, batch_tokens // seq)
-            rows = plan_rows(calls, dev, torch_dtype, chosen)
+            rows = plan_rows(models, dev, torch_dtype, chosen)
             measure(rows, batch, seq, dev, torch_dtype, reps=reps, warmup=warmup)
             cases.append({"layout": size, "seq": seq, "batch": batch,
                           "rows": [_row_result(row, rows[0], batch, seq) for row in rows]})

@@ -3,15 +3,87 @@ per enum (in the layer that implements them), never by scattered ``if`` chains."
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import EnumType, StrEnum
+from typing import Any
+
+_KINDS_READY = False  # set once AttentionKind exists; before that its metaclass loads nothing
 
 
-class AttentionKind(StrEnum):
-    """What attention computes (the math and the parameters)."""
+class _OpenKindType(EnumType):
+    """The metaclass of ``AttentionKind``: listing or looking up kinds first registers every kind.
+
+    Kinds are defined in ``diffsweep.config.kinds`` (the built-in ones) and in the user's own
+    packages (entry points, group ``diffsweep.attention_kinds``); registering them is deferred to
+    the first question about the set of kinds, so importing ``diffsweep.config`` stays cheap and a
+    plug-in may import ``diffsweep.config`` itself.
+    """
+
+    def __iter__(cls):
+        _register_kinds()
+        return super().__iter__()
+
+    def __len__(cls) -> int:
+        _register_kinds()
+        return super().__len__()
+
+    def __contains__(cls, value: object) -> bool:
+        _register_kinds()
+        try:
+            return isinstance(value, cls) or value in cls._value2member_map_
+        except TypeError:  # an unhashable value (a YAML list) is no kind
+            return False
+
+    def __call__(cls, value: Any, *args: Any, **kwargs: Any):
+        if not args and not kwargs:  # a lookup, not the functional API
+            _register_kinds()
+        return super().__call__(value, *args, **kwargs)
+
+
+def _register_kinds() -> None:
+    if _KINDS_READY:
+        # Imported here: diffsweep.config.kinds imports this module.
+        from diffsweep.config.kinds import ensure_registered
+
+        ensure_registered()
+
+
+class AttentionKind(StrEnum, metaclass=_OpenKindType):
+    """What attention computes (the math and the parameters): an *open* enum.
+
+    The paper's three kinds are declared here; a kind defined elsewhere (``diffsweep.config.kinds``
+    or a user's package through an entry point) becomes a member when it is registered
+    (``_extend``), so decoding, listing, ``is`` comparisons and pickling treat all kinds alike and
+    an unknown name still fails with the list of registered ones.
+    """
 
     TRANSFORMER = "transformer"  # LLaMA-style softmax attention (MHA/GQA), the baseline
     DIFF_V1 = "diff_v1"  # Differential Transformer, paper eq. 1-3
     DIFF_V2 = "diff_v2"  # Differential Transformer V2 (blog): 2h query heads, per-token lambda
+
+    @classmethod
+    def _extend(cls, value: str) -> AttentionKind:
+        """The member named ``value``, added to the enum if it is new (used by kind registration).
+
+        Enums cannot be extended through their public API; this adds the member to the three
+        tables every ``EnumType`` lookup and iteration reads (``_member_map_``, ``_member_names_``,
+        ``_value2member_map_``), the same way ``enum`` itself creates a member.
+        """
+        existing = cls._value2member_map_.get(value)
+        if existing is not None:
+            return existing
+        member = str.__new__(cls, value)
+        member._name_, member._value_ = value.upper(), value
+        member.__objclass__ = cls
+        member._sort_order_ = len(cls._member_names_)
+        cls._member_map_[member._name_] = member
+        cls._member_names_.append(member._name_)
+        cls._value2member_map_[value] = member
+        if not hasattr(cls, member._name_):  # ``AttentionKind.DIFF_V3`` as for a declared member
+            type.__setattr__(cls, member._name_, member)
+        return member
+
+
+_KINDS_READY = True
 
 
 class LambdaInitStrategy(StrEnum):

@@ -1,49 +1,113 @@
-"""What each attention kind is, as data: head geometry, defaults and which switches apply.
+"""The registry of attention kinds: one ``KindSpec`` per kind (pure Python, no torch).
 
-One registry (``KIND_SPECS``) that validation, counting, the summaries and the modules all read,
-so adding a kind is one entry here plus its module and parameter table (pure Python, no torch).
+A kind is one definition plus one registration: its spec (``builtin_kinds.py`` for diffsweep's own
+kinds, or a user's package) and the ``nn.Module`` the spec names. Third-party kinds register
+through an entry point in the group ``diffsweep.attention_kinds`` whose object is a ``KindSpec``
+subclass (or instance) and whose name is the kind's config value::
+
+    [project.entry-points."diffsweep.attention_kinds"]
+    toy = "toy_kind.spec:ToyKind"
+
+Registration happens once, on the first question about the set of kinds (``kind_spec``,
+``kind_specs``, or listing/looking up ``AttentionKind``), and adds the kind to ``AttentionKind``.
+A spec module must not import torch: it is loaded by ``diffsweep --help``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib.metadata
+import warnings
 
-from diffsweep.config.enums import AttentionKind, HeadNorm
+from diffsweep.config.enums import AttentionKind
+from diffsweep.config.errors import ConfigError
+from diffsweep.config.kind_spec import KindSpec, NameToken, ParamInfo
+
+ENTRY_POINT_GROUP = "diffsweep.attention_kinds"
+KIND_KEY = "model.attention.kind"
+
+_SPECS: dict[AttentionKind, KindSpec] = {}
+_state = {"loaded": False, "loading": False}
+
+__all__ = ["ENTRY_POINT_GROUP", "KindSpec", "NameToken", "ParamInfo", "display_color", "display_name", "kind_spec",
+           "kind_specs", "register_kind"]
 
 
-@dataclass(frozen=True)
-class KindSpec:
-    """Head geometry of one attention kind, in units of the baseline head dim d.
+def register_kind(spec: KindSpec | type[KindSpec]) -> AttentionKind:
+    """Register ``spec`` (an instance, or a subclass instantiated here); returns its ``AttentionKind``.
 
-    A kind has ``num_heads`` output heads; each reads ``v_width * d`` value channels, so the
-    default head count is ``d_model / (v_width * d)`` and ``wo`` is ``(d_model, num_heads * v_width * d)``.
+    A second registration of the same name is refused, so a plug-in cannot silently replace a kind.
     """
+    if isinstance(spec, type):
+        spec = spec()
+    if not isinstance(spec, KindSpec):
+        raise TypeError(f"an attention kind must be a diffsweep.config.kinds.KindSpec, got {spec!r}")
+    name = getattr(spec, "name", None)
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise ValueError(f"attention kind name must be a lower-case identifier, got {name!r}")
+    kind = AttentionKind._extend(name)
+    if kind in _SPECS:
+        raise ValueError(f"attention kind {name!r} is registered twice ({_SPECS[kind]!r} and {spec!r})")
+    _SPECS[kind] = spec
+    return kind
 
-    v_width: int  # value channels per output head, in units of d
-    query_heads_per_head: int  # query (sub-)heads per output head the kernel sees
-    key_heads_per_kv_head: int  # key (sub-)heads per K/V head or group
-    default_head_norm: HeadNorm
-    head_norms: tuple[HeadNorm, ...]  # allowed per-head norms
-    switches: tuple[str, ...]  # AttentionConfig fields that only this kind uses
-    description: str
+
+def ensure_registered() -> None:
+    """Register the built-in kinds, then every entry point's (once per process)."""
+    if _state["loaded"] or _state["loading"]:
+        return
+    _state["loading"] = True  # listing AttentionKind below must not re-enter
+    try:
+        from diffsweep.config.builtin_kinds import BUILTIN_KINDS
+
+        for spec in BUILTIN_KINDS:
+            register_kind(spec)
+        for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            _register_entry_point(entry)
+        _state["loaded"] = True
+    finally:
+        _state["loading"] = False
 
 
-KIND_SPECS: dict[AttentionKind, KindSpec] = {
-    AttentionKind.TRANSFORMER: KindSpec(
-        v_width=1, query_heads_per_head=1, key_heads_per_kv_head=1,
-        default_head_norm=HeadNorm.NONE, head_norms=(HeadNorm.NONE, HeadNorm.RMSNORM), switches=(),
-        description="LLaMA-style softmax attention (MHA/GQA)",
-    ),
-    AttentionKind.DIFF_V1: KindSpec(  # paper §2.1: h = d_model / 2d heads, Q1/Q2 and K1/K2 of d, V of 2d
-        v_width=2, query_heads_per_head=2, key_heads_per_kv_head=2,
-        default_head_norm=HeadNorm.RMSNORM, head_norms=(HeadNorm.RMSNORM, HeadNorm.NONE),
-        switches=("lambda_init",),
-        description="Differential attention V1 (paper eq. 1-3)",
-    ),
-    AttentionKind.DIFF_V2: KindSpec(  # V2 blog: 2h query heads of d on h_kv K/V heads, no per-head norm
-        v_width=1, query_heads_per_head=2, key_heads_per_kv_head=1,
-        default_head_norm=HeadNorm.NONE, head_norms=(HeadNorm.NONE,),
-        switches=("v2_pairing", "v2_lambda"),
-        description="Differential attention V2 (V2 blog)",
-    ),
-}
+def _register_entry_point(entry: importlib.metadata.EntryPoint) -> None:
+    # A broken plug-in must not stop diffsweep (its other kinds, --help): it is reported and left
+    # out, so a config naming it fails with the list of the kinds that did load.
+    try:
+        spec = entry.load()
+        if isinstance(spec, type):
+            spec = spec()
+        if getattr(spec, "name", None) != entry.name:
+            raise ValueError(f"the entry point is named {entry.name!r} but its kind is named "
+                             f"{getattr(spec, 'name', None)!r}")
+        register_kind(spec)
+    except Exception as exc:  # noqa: BLE001 (any failure of user code is reported the same way)
+        warnings.warn(f"attention kind {entry.name!r} from entry point {entry.value!r} "
+                      f"({ENTRY_POINT_GROUP}) was not registered: {exc}", RuntimeWarning, stacklevel=2)
+
+
+def kind_specs() -> dict[AttentionKind, KindSpec]:
+    """Every registered kind's spec, in registration order (built-in kinds first)."""
+    ensure_registered()
+    return dict(_SPECS)
+
+
+def kind_spec(kind: AttentionKind | str) -> KindSpec:
+    """The spec of ``kind``; an unknown name is a ``ConfigError`` listing the registered kinds."""
+    ensure_registered()
+    spec = _SPECS.get(kind) if isinstance(kind, AttentionKind) else None
+    if spec is None:
+        spec = _SPECS.get(AttentionKind._value2member_map_.get(str(kind)))  # type: ignore[arg-type]
+    if spec is None:
+        raise ConfigError(KIND_KEY, f"expected one of [{', '.join(k.value for k in _SPECS)}], got {str(kind)!r}")
+    return spec
+
+
+def display_name(arch: str) -> str:
+    """How reports and legends name the kind called ``arch`` (the name itself if no kind has it)."""
+    kind = AttentionKind._value2member_map_.get(arch) if arch in AttentionKind else None
+    return _SPECS[kind].display_name if kind in _SPECS else arch
+
+
+def display_color(arch: str) -> str | None:
+    """The plot colour of the kind called ``arch`` (None: not a kind, or no colour of its own)."""
+    kind = AttentionKind._value2member_map_.get(arch) if arch in AttentionKind else None
+    return _SPECS[kind].color if kind in _SPECS else None

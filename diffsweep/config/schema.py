@@ -19,6 +19,7 @@ from diffsweep.config.enums import (
     V2Lambda,
     V2Pairing,
 )
+from diffsweep.config.lambda_init import LambdaInit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +41,7 @@ class AttentionConfig:
     ``num_kv_heads`` pins the count directly (as in the official code) and must agree with it.
     """
 
+    # Any registered kind: the paper's three or a plug-in's (``diffsweep.config.kinds``).
     kind: AttentionKind = AttentionKind.TRANSFORMER
     backend: Backend = Backend.SDPA
     head_dim: int = 128
@@ -50,6 +52,11 @@ class AttentionConfig:
     lambda_init: str = "exp_decay"  # diff_v1 only: "exp_decay" or "constant:<value in (0,1)>"
     v2_pairing: V2Pairing = V2Pairing.SAME_GROUP  # diff_v2 only
     v2_lambda: V2Lambda = V2Lambda.SIGMOID  # diff_v2 only
+
+    @property
+    def parsed_lambda_init(self) -> LambdaInit:
+        """``lambda_init`` as a typed value (parsed once per spelling; validated by ``resolve``)."""
+        return LambdaInit.parse(self.lambda_init)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,33 +12,14 @@ import functools
 import math
 import warnings
 
-from diffsweep.config.enums import AttentionKind, LambdaInitStrategy, LRSchedule, V2Pairing
+from diffsweep.config.enums import AttentionKind, LRSchedule
 from diffsweep.config.errors import ConfigError, ConfigWarning
-from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config.kinds import kind_spec, kind_specs
+from diffsweep.config.lambda_init import LambdaInit, parse_lambda_init
 from diffsweep.config.schema import AttentionConfig, Config, ModelConfig, TrainConfig
 from diffsweep.config.units import human
 
-_LAMBDA_INIT_FORMS = "[exp_decay, constant:<value in (0, 1)>]"
-
-
-def parse_lambda_init(text: str, key: str = "model.attention.lambda_init") -> tuple[LambdaInitStrategy, float | None]:
-    """Parse ``exp_decay`` or ``constant:<value>`` into (strategy, value)."""
-    name, sep, arg = str(text).partition(":")
-    try:
-        strategy = LambdaInitStrategy(name.strip())
-    except ValueError:
-        raise ConfigError(key, f"expected one of {_LAMBDA_INIT_FORMS}, got {text!r}") from None
-    if strategy is LambdaInitStrategy.EXP_DECAY:
-        if sep:
-            raise ConfigError(key, f"exp_decay takes no value; expected one of {_LAMBDA_INIT_FORMS}, got {text!r}")
-        return strategy, None
-    try:
-        value = float(arg)
-    except ValueError:
-        raise ConfigError(key, f"expected one of {_LAMBDA_INIT_FORMS}, got {text!r}") from None
-    if not 0.0 < value < 1.0:  # paper §2.1: lambda_init in (0, 1)
-        raise ConfigError(key, f"constant value must be in (0, 1) (paper §2.1), got {value}")
-    return strategy, value
+__all__ = ["default_ffn_hidden", "estimated_params", "parse_lambda_init", "resolve"]
 
 
 def default_ffn_hidden(d_model: int) -> int:
@@ -100,7 +81,7 @@ def estimated_params(m: ModelConfig) -> int:
     config too: unset head counts are the parameter-matched defaults.
     """
     a = m.attention
-    spec = KIND_SPECS[a.kind]
+    spec = kind_spec(a.kind)
     heads = a.num_heads if a.num_heads is not None else m.d_model // max(1, spec.v_width * a.head_dim)
     kv_heads = a.num_kv_heads if a.num_kv_heads is not None else heads // max(1, a.kv_group_size or 1)
     attention = a.head_dim * (spec.query_heads_per_head * heads + spec.key_heads_per_kv_head * kv_heads
@@ -156,7 +137,7 @@ def _divisors(n: int) -> str:
 
 def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
     key = "model.attention"
-    spec = KIND_SPECS[a.kind]
+    spec = kind_spec(a.kind)
     d = a.head_dim
     _positive(d, f"{key}.head_dim")
     if d % 2:
@@ -185,8 +166,9 @@ def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
         )
     num_kv, group = _resolve_gqa(a, num_heads, key)
 
-    strategy, value = parse_lambda_init(a.lambda_init, f"{key}.lambda_init")
-    lambda_init = strategy.value if value is None else f"{strategy.value}:{value!r}"  # canonical spelling
+    # Every switch is parsed whatever the kind (a typo fails even where the switch has no effect);
+    # the canonical spelling is what the run key hashes.
+    lambda_init = str(LambdaInit.parse(a.lambda_init, f"{key}.lambda_init"))
     head_norm = a.head_norm if a.head_norm is not None else spec.default_head_norm
     if head_norm not in spec.head_norms:
         raise ConfigError(
@@ -195,21 +177,20 @@ def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
         )
 
     defaults = AttentionConfig()
-    for name in ("lambda_init", "v2_pairing", "v2_lambda"):
+    for name in sorted({s for other in kind_specs().values() for s in other.switches}, key=_SWITCH_ORDER.index):
         if name not in spec.switches and getattr(a, name) != getattr(defaults, name):
-            users = [k.value for k, s in KIND_SPECS.items() if name in s.switches]
+            users = [k.value for k, s in kind_specs().items() if name in s.switches]
             _no_effect(f"{key}.{name}", str(getattr(a, name)), a.kind, ", ".join(users))
-    if a.kind is AttentionKind.DIFF_V2 and a.v2_pairing is V2Pairing.CROSS_GROUP and num_kv == 1:
-        warnings.warn(
-            f"{key}.v2_pairing: cross_group with one K/V head pairs heads of the same (only) GQA "
-            "group, so it is not the blog's cross-group ablation",
-            ConfigWarning,
-            stacklevel=3,
-        )
-    return dataclasses.replace(
+    resolved = dataclasses.replace(
         a, num_heads=num_heads, num_kv_heads=num_kv, kv_group_size=group, head_norm=head_norm,
         lambda_init=lambda_init,
     )
+    spec.check(resolved, key)
+    return resolved
+
+
+# Switch fields in schema order (warnings about them come in this order).
+_SWITCH_ORDER = [f.name for f in dataclasses.fields(AttentionConfig)]
 
 
 def _resolve_gqa(a: AttentionConfig, num_heads: int, key: str) -> tuple[int, int]:

@@ -9,106 +9,51 @@ Conventions (stated because scaling-law results depend on them):
   the output matrix (Kaplan et al. 2020);
 - FLOPs count matrix multiplies only, 2 per multiply-accumulate; the LM head always counts
   (tied or not); attention counts the full T x T score matrix (no halving for the causal mask,
-  PaLM App. B), as the kernels execute it: DIFF V1 runs two maps, each against its 2d-wide V;
-  DIFF V2 runs one call over 2h query heads;
+  PaLM App. B), as the kernels execute it (each kind's ``KindSpec.attention_flops``: DIFF V1
+  runs two maps, each against its 2d-wide V; DIFF V2 runs one call over 2h query heads);
 - training FLOPs per token = 3 x forward (backward = 2 x forward).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 
-from diffsweep.config import AttentionConfig, AttentionKind, HeadNorm, ModelConfig, V2Lambda
+from diffsweep.config import AttentionConfig, AttentionKind, ModelConfig
+from diffsweep.config.kinds import ParamInfo, kind_spec, kind_specs
 
 Shape = tuple[int, ...]
 
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """One parameter: its shape and whether it is a matmul weight (counts toward FLOPs)."""
-
-    shape: Shape
-    matmul: bool = False
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+__all__ = ["ATTENTION_FLOPS", "ATTENTION_PARAMS", "ParamInfo", "Shape", "attention_params", "forward_flops_per_token",
+           "num_attention_params", "num_embedding_params", "num_non_embedding_params", "num_params",
+           "parameter_shapes", "train_flops_per_token"]
 
 
-def _transformer_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    params = {
-        "wq.weight": ParamInfo((h * d, d_model), True),
-        "wk.weight": ParamInfo((hkv * d, d_model), True),
-        "wv.weight": ParamInfo((hkv * d, d_model), True),
-        "wo.weight": ParamInfo((d_model, h * d), True),
-    }
-    if a.head_norm is HeadNorm.RMSNORM:
-        params["head_norm.weight"] = ParamInfo((d,))
-    return params
+def attention_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
+    """Parameters of one attention module of resolved ``a`` (names inside the module), from its kind."""
+    return kind_spec(a.kind).attention_params(a, d_model)
 
 
-def _diff_v1_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    params = {
-        "wq.weight": ParamInfo((2 * h * d, d_model), True),
-        "wk.weight": ParamInfo((2 * hkv * d, d_model), True),
-        "wv.weight": ParamInfo((hkv * 2 * d, d_model), True),
-        "wo.weight": ParamInfo((d_model, h * 2 * d), True),
-        "lambda_q1": ParamInfo((d,)),
-        "lambda_k1": ParamInfo((d,)),
-        "lambda_q2": ParamInfo((d,)),
-        "lambda_k2": ParamInfo((d,)),
-    }
-    if a.head_norm is HeadNorm.RMSNORM:
-        params["head_norm.weight"] = ParamInfo((2 * d,))
-    return params
+class _PerKind(Mapping):
+    """``ATTENTION_PARAMS[kind]`` / ``ATTENTION_FLOPS[kind]``: one formula of every registered kind's spec
+    (kept for existing callers; the spec is the one definition)."""
+
+    def __init__(self, formula: str) -> None:
+        self.formula = formula
+
+    def __getitem__(self, kind: AttentionKind) -> Callable:
+        return getattr(kind_spec(kind), self.formula)
+
+    def __iter__(self) -> Iterator[AttentionKind]:
+        return iter(kind_specs())
+
+    def __len__(self) -> int:
+        return len(kind_specs())
 
 
-def _diff_v2_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    params = {
-        "wq.weight": ParamInfo((2 * h * d, d_model), True),
-        "wk.weight": ParamInfo((hkv * d, d_model), True),
-        "wv.weight": ParamInfo((hkv * d, d_model), True),
-        "wo.weight": ParamInfo((d_model, h * d), True),
-    }
-    if a.v2_lambda is not V2Lambda.NONE:
-        params["wlambda.weight"] = ParamInfo((h, d_model), True)
-    return params
-
-
-def _transformer_attn_flops(a: AttentionConfig, seq_len: int) -> int:
-    h, d = a.num_heads, a.head_dim
-    return 2 * seq_len * h * d + 2 * seq_len * h * d  # QK^T + AV
-
-
-def _diff_v1_attn_flops(a: AttentionConfig, seq_len: int) -> int:
-    h, d = a.num_heads, a.head_dim
-    return 2 * (2 * seq_len * h * d) + 2 * (2 * seq_len * h * 2 * d)  # two maps; each A_i V with V of 2d
-
-
-def _diff_v2_attn_flops(a: AttentionConfig, seq_len: int) -> int:
-    h, d = a.num_heads, a.head_dim
-    return 2 * seq_len * 2 * h * d + 2 * seq_len * 2 * h * d  # one call over 2h query heads
-
-
-# One registry per enum: parameters and attention FLOPs of each attention kind.
-ATTENTION_PARAMS: dict[AttentionKind, Callable[[AttentionConfig, int], dict[str, ParamInfo]]] = {
-    AttentionKind.TRANSFORMER: _transformer_params,
-    AttentionKind.DIFF_V1: _diff_v1_params,
-    AttentionKind.DIFF_V2: _diff_v2_params,
-}
-ATTENTION_FLOPS: dict[AttentionKind, Callable[[AttentionConfig, int], int]] = {
-    AttentionKind.TRANSFORMER: _transformer_attn_flops,
-    AttentionKind.DIFF_V1: _diff_v1_attn_flops,
-    AttentionKind.DIFF_V2: _diff_v2_attn_flops,
-}
+ATTENTION_PARAMS: Mapping[AttentionKind, Callable[[AttentionConfig, int], dict[str, ParamInfo]]] = _PerKind(
+    "attention_params")
+ATTENTION_FLOPS: Mapping[AttentionKind, Callable[[AttentionConfig, int], int]] = _PerKind("attention_flops")
 
 
 def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:
@@ -116,7 +61,7 @@ def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:
     D, F, V = m.d_model, m.ffn_hidden, m.vocab_size
     assert F is not None and m.attention.num_heads is not None, "resolve the config first (load_config)"
     params: dict[str, ParamInfo] = {"tok_embeddings.weight": ParamInfo((V, D))}
-    attention = ATTENTION_PARAMS[m.attention.kind](m.attention, D)
+    attention = attention_params(m.attention, D)
     for i in range(m.n_layers):
         p = f"layers.{i}."
         params[p + "attention_norm.weight"] = ParamInfo((D,))
@@ -149,7 +94,7 @@ def num_non_embedding_params(m: ModelConfig) -> int:
 
 def num_attention_params(m: ModelConfig) -> int:
     """Parameters of all attention modules (projections, λ, per-head norm)."""
-    return m.n_layers * sum(p.numel for p in ATTENTION_PARAMS[m.attention.kind](m.attention, m.d_model).values())
+    return m.n_layers * sum(p.numel for p in attention_params(m.attention, m.d_model).values())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -157,7 +102,7 @@ def forward_flops_per_token(m: ModelConfig, seq_len: int) -> int:
     """Forward matmul FLOPs per token at sequence length ``seq_len`` (conventions above)."""
     matmul = sum(p.numel for name, p in parameter_shapes(m).items() if p.matmul)
     head = m.vocab_size * m.d_model
-    attention = m.n_layers * ATTENTION_FLOPS[m.attention.kind](m.attention, seq_len)
+    attention = m.n_layers * kind_spec(m.attention.kind).attention_flops(m.attention, seq_len)
     return 2 * (matmul + head) + attention
 
 

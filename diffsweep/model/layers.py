@@ -67,6 +67,7 @@ class Rotary:
     """
 
     def __init__(self, seq_len: int, dim: int, theta: float, device: torch.device | str | None = None) -> None:
+        self.seq_len = seq_len
         dtype = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=dtype) / dim))
         positions = torch.arange(seq_len, device=device, dtype=dtype)

@@ -30,7 +30,7 @@ precisions (the embedding output is fp32 and autocast promotes the residual adds
 - each RMSNorm saves its fp32 input and the normalised tensor (8·D); its output is saved by the
   matmuls reading it: once (4·D) in fp32, once per reading matmul (2·D each) in bf16, where
   autocast casts it for each of them (attention: wq, wk, wv and V2's wλ; feed-forward: 2);
-- attention saves the rotated Q and K, V, the SDPA outputs and a log-sum-exp per query head
+- attention saves (each kind's ``KindSpec.saved_bytes``) the rotated Q and K, V, the SDPA outputs and a log-sum-exp per query head
   (fp32), and the contiguous input of ``wo`` (h·v_width·d):
   transformer: Q h·d, K/V h_kv·d each, output h·d (+ per-head RMSNorm: 4·h·d fp32, 8·h·d bf16);
   diff_v1: Q 2h·d, K 2h_kv·d, V 2h_kv·d; two maps each with an output of h·2d (the SDPA backend
@@ -65,8 +65,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffsweep.config import AttentionKind, Config, HeadNorm, Parallel, Precision, V2Lambda
-from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config import Config, Parallel, Precision
+from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 
 GIB = 1024**3
@@ -152,44 +152,12 @@ def compute_bytes(config: Config, device: str) -> int:
     return FP32
 
 
-def _standard_saved(a, c: int) -> int:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    saved = c * (h * d + 2 * hkv * d + h * d) + FP32 * h  # q, k, v, output; lse
-    if a.head_norm is HeadNorm.RMSNORM:
-        saved += (FP32 if c == FP32 else 2 * FP32) * h * d + FP32 * h  # + its rstd per head
-    return saved
-
-
-def _diff_v1_saved(a, c: int) -> int:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    saved = c * (2 * h * d + 4 * hkv * d) + c * 2 * (h * 2 * d) + FP32 * 4 * h  # q, k, v; two maps' outputs, lse
-    saved += FP32 * h * 2 * d  # the second map's output, kept for dλ
-    if a.head_norm is HeadNorm.RMSNORM:
-        saved += 2 * FP32 * h * 2 * d + FP32 * h  # + its rstd per head
-    return saved
-
-
-def _diff_v2_saved(a, c: int) -> int:
-    h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-    saved = c * (2 * h * d + 2 * hkv * d + 2 * h * d) + FP32 * 2 * h
-    if a.v2_lambda is not V2Lambda.NONE:
-        saved += (FP32 + c) * h
-    return saved
-
-
-# Bytes per token one attention module saves for the backward, before ``wo``'s input (one entry
-# per kind; tests/model/test_memory.py checks every kind has one).
-ATTENTION_SAVED = {
-    AttentionKind.TRANSFORMER: _standard_saved,
-    AttentionKind.DIFF_V1: _diff_v1_saved,
-    AttentionKind.DIFF_V2: _diff_v2_saved,
-}
-
-
 def _attention_bytes_per_token(config: Config, c: int) -> int:
-    """Saved bytes per token of one attention module (after its input norm's output)."""
+    """Saved bytes per token of one attention module (after its input norm's output): its kind's
+    ``KindSpec.saved_bytes`` plus ``wo``'s contiguous input."""
     a = config.model.attention
-    return ATTENTION_SAVED[a.kind](a, c) + c * a.num_heads * KIND_SPECS[a.kind].v_width * a.head_dim  # + wo's input
+    spec = kind_spec(a.kind)
+    return spec.saved_bytes(a, c) + c * a.num_heads * spec.v_width * a.head_dim
 
 
 def _norm_bytes_per_token(d_model: int, readers: int, c: int) -> int:
@@ -200,8 +168,7 @@ def _norm_bytes_per_token(d_model: int, readers: int, c: int) -> int:
 def layer_bytes_per_token(config: Config, c: int) -> int:
     """Bytes autograd saves per token in one block (see the module docstring)."""
     m = config.model
-    attn_readers = 3 + (1 if m.attention.kind is AttentionKind.DIFF_V2 and m.attention.v2_lambda is not V2Lambda.NONE
-                        else 0)
+    attn_readers = kind_spec(m.attention.kind).input_readers(m.attention)
     return (_norm_bytes_per_token(m.d_model, attn_readers, c) + _attention_bytes_per_token(config, c)
             + _norm_bytes_per_token(m.d_model, 2, c) + 4 * c * m.ffn_hidden)
 

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffsweep.config import SIZES, AttentionKind, Config, HeadNorm, config_from_dict
-from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config import SIZES, AttentionKind, Config, config_from_dict
+from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
-from diffsweep.model.attention.lambda_init import lambda_init_schedule
 
 
 def head_layout(cfg: Config) -> dict[str, Any]:
     """Head geometry as the kernels see it, plus each attention weight's shape."""
     a = cfg.model.attention
-    spec = KIND_SPECS[a.kind]
-    weights = counting.ATTENTION_PARAMS[a.kind](a, cfg.model.d_model)
+    spec = kind_spec(a.kind)
+    weights = spec.attention_params(a, cfg.model.d_model)
     return {
         "heads": a.num_heads,
         "kv_heads": a.num_kv_heads,
@@ -70,12 +69,9 @@ def describe(cfg: Config) -> dict[str, Any]:
         },
         "attention": head_layout(cfg),
     }
-    if a.kind is AttentionKind.DIFF_V1:
-        info["lambda_init"] = {"strategy": a.lambda_init, "per_layer": lambda_init_schedule(a.lambda_init, m.n_layers)}
-        info["attention"]["output_scale"] = "(1 - lambda_init) after per-head RMSNorm" if a.head_norm is HeadNorm.RMSNORM else "none"
-    if a.kind is AttentionKind.DIFF_V2:
-        info["attention"]["pairing"] = a.v2_pairing.value
-        info["attention"]["lambda"] = a.v2_lambda.value
+    extra = dict(kind_spec(a.kind).summary(a, m.n_layers))  # the kind's own fields (λ_init, pairing, ...)
+    info["attention"].update(extra.pop("attention", {}))
+    info.update(extra)
     return info
 
 

@@ -10,20 +10,20 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from diffsweep.config import AttentionKind, Backend, ModelConfig
-from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 from diffsweep.model.attention.backends import AttentionBackend, AttentionCall, resolve_backend
-from diffsweep.model.attention.diff_v1 import DiffAttentionV1
-from diffsweep.model.attention.diff_v2 import DiffAttentionV2
-from diffsweep.model.attention.standard import StandardAttention
+from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import RMSNorm, Rotary, SwiGLU
 
-# The one registry from attention kind to its module.
-ATTENTION_MODULES: dict[AttentionKind, type[nn.Module]] = {
-    AttentionKind.TRANSFORMER: StandardAttention,
-    AttentionKind.DIFF_V1: DiffAttentionV1,
-    AttentionKind.DIFF_V2: DiffAttentionV2,
-}
+
+def attention_module(kind: AttentionKind) -> type[AttentionModule]:
+    """The module class of ``kind`` (its ``KindSpec.module``, imported on first use)."""
+    cls = kind_spec(kind).load_module()
+    if not (isinstance(cls, type) and issubclass(cls, AttentionModule)):
+        raise TypeError(f"attention kind {kind.value!r}: {kind_spec(kind).module} is not a "
+                        "diffsweep.model.attention.base.AttentionModule")
+    return cls
 
 
 class Block(nn.Module):
@@ -32,7 +32,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attention = ATTENTION_MODULES[cfg.attention.kind](cfg, layer, backend)
+        self.attention = attention_module(cfg.attention.kind)(cfg, layer, backend)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
@@ -57,17 +57,26 @@ class LanguageModel(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, layer, backend) for layer in range(1, cfg.n_layers + 1))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # RoPE tables, built once per length and device (not per forward): a table for T tokens
+        # starts with the table of any shorter length, bit for bit, so the longest one serves all.
+        self._rope: dict[torch.device, Rotary] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Init: every matrix N(0, init_std); norm gains 1; DIFF V1's λ vectors N(0, 0.1)."""
+        """Init: every matrix N(0, init_std); every other module initialises itself (norm gains 1,
+        DIFF V1's λ vectors N(0, 0.1), a plug-in kind's own parameters), in module order."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
-            elif isinstance(module, RMSNorm):
+            elif module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-            elif isinstance(module, DiffAttentionV1):
-                module.reset_lambda()
+
+    def rope(self, seq_len: int, device: torch.device) -> Rotary:
+        """The RoPE tables for ``seq_len`` tokens on ``device`` (cached; rebuilt only to grow)."""
+        rope = self._rope.get(device)
+        if rope is None or rope.seq_len < seq_len:
+            rope = self._rope[device] = Rotary(seq_len, self.cfg.attention.head_dim, self.cfg.rope_theta, device=device)
+        return rope
 
     def output_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight
@@ -75,8 +84,7 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, T, vocab)`` for token ids ``(B, T)``."""
         x = self.tok_embeddings(tokens)
-        head_dim = self.cfg.attention.head_dim
-        rope = Rotary(tokens.shape[1], head_dim, self.cfg.rope_theta, device=tokens.device)
+        rope = self.rope(tokens.shape[1], tokens.device)
         for block in self.layers:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, rope, use_reentrant=False)  # recompute the block in the backward
@@ -87,10 +95,8 @@ class LanguageModel(nn.Module):
 
 def attention_call(cfg: ModelConfig) -> AttentionCall:
     """The attention shape the model of ``cfg`` will ask its backend for (from its kind's spec)."""
-    a, spec = cfg.attention, KIND_SPECS[cfg.attention.kind]
-    differential = a.kind is AttentionKind.DIFF_V1  # the only kind that calls diff_attend
-    num_q = a.num_heads * (1 if differential else spec.query_heads_per_head)
-    return AttentionCall(num_q, a.num_kv_heads, a.head_dim, spec.v_width * a.head_dim, differential=differential)
+    spec = kind_spec(cfg.attention.kind)
+    return AttentionCall(*spec.call_shape(cfg.attention), differential=spec.differential)
 
 
 def build_model(

@@ -1,7 +1,7 @@
 """Noise model and parametric (hierarchical) bootstrap draws for scaling fits.
 
 Row resampling is useless on a five-size ladder (a resample has ≤ 3 distinct sizes 58% of the
-time; ../shared/notes/SCALING_FITS.md §4), so the bootstrap is parametric: each draw adds noise to
+time; docs/references.md §4), so the bootstrap is parametric: each draw adds noise to
 the fitted curve and refits. The run is the unit of noise: every draw gives each run a random
 offset shared by all of its evaluations (a token scan reads one run at 40B, 80B, … tokens; those
 evaluations share the run's seed and data order) plus independent noise per evaluation. Where

@@ -5,7 +5,7 @@ estimate under p(r) ∝ exp(-Huber_δ(r/σ))/σ for the log-loss residuals r, δ
 too, by BFGS from Hoffmann et al.'s unrounded values. The constant normaliser of the density does
 not depend on the parameters, so the negative log-likelihood is Σ Huber_δ(r_i/σ) + n log σ.
 Because the fitted σ is tiny (≈5e-6), almost every |r/σ| is far beyond δ and the estimator behaves
-like least absolute deviations (../shared/notes/SCALING_FITS.md §5.3).
+like least absolute deviations (docs/references.md §5.3).
 
 Bootstrap draws are refitted on the summed Huber loss, as Epoch's bootstrap does.
 """

@@ -8,7 +8,7 @@ Two solvers, each with one job:
   makes 1,000 bootstrap refits take a fraction of a second.
 - ``multistart`` runs it over the starting grid and then polishes the best distinct solutions
   with scipy's L-BFGS-B at tight tolerances (SciPy's default ``ftol`` is relative to max(|f|, 1)
-  and stops early on objectives ~1e-3; see ../shared/notes/SCALING_FITS.md §5).
+  and stops early on objectives ~1e-3; see docs/references.md §5).
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from diffsweep.config.kinds import display_color
 from diffsweep.config.units import human
 from diffsweep.scaling.report import arch_name
 
-COLORS = {"transformer": "#1f77b4", "diff_v1": "#d62728", "diff_v2": "#2ca02c"}
 _XLABEL = {"N": "parameters N", "D": "training tokens D", "N,D": "parameters N"}
 
 
 def _color(arch: str, i: int) -> str:
-    return COLORS.get(arch, f"C{i + 3}")
+    return display_color(arch) or f"C{i + 3}"  # the kind's KindSpec.color
 
 
 RATIO_YMAX = 10.0  # the ratio axis stops here; a band or curve beyond it (or at ∞) is drawn to the edge and labelled

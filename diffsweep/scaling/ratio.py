@@ -2,7 +2,7 @@
 
 For a reference x_ref, L* = L̂_base(x_ref) and the candidate's curve is inverted at L*:
 ρ = x_cand(L*) / x_ref. ρ is undefined when L* is at or below the candidate's floor (E);
-see ../shared/notes/SCALING_FITS.md §1(e).
+see docs/references.md §3.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffsweep.config.kinds import display_name
 from diffsweep.config.units import human
 
-ARCH_NAMES = {"transformer": "Transformer", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 _NOUN = {"N": "parameters", "D": "training tokens"}
 
 
 def arch_name(arch: str) -> str:
-    return ARCH_NAMES.get(arch, arch)
+    return display_name(arch)  # the kind's KindSpec.display_name
 
 
 def pct(v: float | None) -> str:
@@ -201,7 +201,7 @@ def paper_lines(r: dict[str, Any]) -> list[str]:
               "its floor) is flatter there and gets a smaller exponent; the ratio read off two misfitted lines is "
               "biased, by an amount and in a direction that depend on the reference (noise-free, with a true 62% "
               "everywhere: 71.5% at 11B, 73.5% at 13.1B, 58.2% at 3B, 83.9% at 30B; "
-              "../shared/notes/SCALING_FITS.md §4). On noisy Fig. 3a-shaped synthetic ladders with a true ratio of "
+              "docs/references.md §4). On noisy Fig. 3a-shaped synthetic ladders with a true ratio of "
               "62.2% at 11B, the offset law read 68–69% and the pure law 75–78%. The pure-law number is the one "
               "comparable with the paper's; the offset law's is the better estimate of the truth, and its CI says "
               "how far to trust it."]

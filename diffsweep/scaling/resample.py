@@ -1,4 +1,4 @@
-"""Case and cluster resampling for large fits (../shared/notes/SCALING_FITS.md §6).
+"""Case and cluster resampling for large fits (docs/references.md §6, §7).
 
 A parametric bootstrap trusts the fitted curve and a noise model; with many points the data can
 speak for themselves. Every architecture with at least ``CASE_MIN_POINTS`` distinct design points

@@ -1,4 +1,4 @@
-"""The joint "size-multiplier" model: one ρ shared by all sizes (../shared/notes/SCALING_FITS.md §1e).
+"""The joint "size-multiplier" model: one ρ shared by all sizes (docs/references.md §3).
 
 L_cand(x) = L_base(x/ρ) with the offset law L_base(x) = E + A·x^-α: four parameters (e, a, α, log ρ)
 for both architectures, against six for separate fits. When the curves really are parallel it

@@ -30,7 +30,7 @@ from diffsweep.config import (
     to_dict,
 )
 from diffsweep.config.identity import flatten, run_key
-from diffsweep.config.kinds import KIND_SPECS
+from diffsweep.config.kinds import NameToken, kind_spec, kind_specs
 from diffsweep.config.loading import copy_tree, read_yaml, set_dotted
 from diffsweep.model import counting
 from diffsweep.sweep.derive import derive_value
@@ -39,31 +39,43 @@ from diffsweep.sweep.spec import SweepSpec
 KIND_KEY = "model.attention.kind"
 SEED_KEY = "train.seed"
 BUDGET_KEYS = {"train.max_tokens": "train.max_steps", "train.max_steps": "train.max_tokens"}
-# Attention switches a sweep axis varies only for the kinds that use them (a grid over them must
-# not multiply the other kinds' runs). The Transformer + per-head norm row of Table 6 is an explicit
-# ``runs`` entry: explicit runs are never collapsed.
-KIND_AXES: dict[AttentionKind, frozenset[str]] = {
-    AttentionKind.TRANSFORMER: frozenset(),
-    AttentionKind.DIFF_V1: frozenset({"model.attention.lambda_init", "model.attention.head_norm"}),
-    AttentionKind.DIFF_V2: frozenset({"model.attention.v2_pairing", "model.attention.v2_lambda"}),
-}
-COLLAPSIBLE = frozenset().union(*KIND_AXES.values())
-assert all(f"model.attention.{s}" in KIND_AXES[k] for k, spec in KIND_SPECS.items() for s in spec.switches)
+# Attention switches a sweep axis varies only for the kinds that use them (each kind's
+# ``KindSpec.sweep_axes``): a grid over them must not multiply the other kinds' runs. The Transformer
+# + per-head norm row of Table 6 is an explicit ``runs`` entry: explicit runs are never collapsed.
 
-# Readable name tokens: key -> (prefix, value spellings). Unlisted keys use their last component.
-NAME_TOKENS: dict[str, tuple[str, dict[str, str]]] = {
-    "model.attention.head_dim": ("hd", {}),
-    "model.attention.kv_group_size": ("g", {}),
-    "model.attention.lambda_init": ("lam", {"exp_decay": "exp"}),
-    "model.attention.head_norm": ("gn", {"rmsnorm": "on", "none": "off"}),
-    "model.attention.v2_pairing": ("pair", {"same_group": "same", "cross_group": "cross"}),
-    "model.attention.v2_lambda": ("vlam", {}),
-    "model.ffn_hidden": ("ffn", {}),
-    "train.lr": ("lr", {}),
-    "train.batch_tokens": ("bs", {}),
-    "train.max_tokens": ("tok", {}),
-    "train.max_steps": ("steps", {}),
+
+def kind_axes() -> dict[AttentionKind, frozenset[str]]:
+    """The sweep axes each registered kind uses."""
+    return {kind: spec.sweep_axes for kind, spec in kind_specs().items()}
+
+
+def collapsible() -> frozenset[str]:
+    """Axes some kind uses and others ignore."""
+    return frozenset().union(*kind_axes().values())
+
+
+# Readable name tokens of axes that are not one kind's: key -> token. Unlisted keys use their last
+# component. The kinds' own tokens sit between the two groups, in kind order (``name_tokens``).
+_TOKENS_BEFORE_KINDS: dict[str, NameToken] = {
+    "model.attention.head_dim": NameToken("hd"),
+    "model.attention.kv_group_size": NameToken("g"),
 }
+_TOKENS_AFTER_KINDS: dict[str, NameToken] = {
+    "model.ffn_hidden": NameToken("ffn"),
+    "train.lr": NameToken("lr"),
+    "train.batch_tokens": NameToken("bs"),
+    "train.max_tokens": NameToken("tok"),
+    "train.max_steps": NameToken("steps"),
+}
+
+
+def name_tokens() -> dict[str, NameToken]:
+    """Every named axis's token, in the order axes appear in run names."""
+    tokens = dict(_TOKENS_BEFORE_KINDS)
+    for spec in kind_specs().values():
+        for key, token in spec.name_tokens.items():
+            tokens.setdefault(key, token)  # the first kind to name a shared axis spells it
+    return tokens | {k: v for k, v in _TOKENS_AFTER_KINDS.items() if k not in tokens}
 
 
 @dataclass(frozen=True)
@@ -215,21 +227,21 @@ def _keep(point: _Point, spec: SweepSpec, base: dict[str, Any]) -> bool:
 
 def _kind(point: _Point, base: dict[str, Any]) -> AttentionKind:
     value = _effective(point, base, KIND_KEY) or AttentionKind.TRANSFORMER.value
-    try:
-        return AttentionKind(value)
-    except ValueError:
+    if value not in AttentionKind:  # lists every registered kind, plug-ins included
         raise ConfigError(f"{point.origin}: {KIND_KEY}", f"expected one of "
-                          f"[{', '.join(k.value for k in AttentionKind)}], got {value!r}") from None
+                          f"[{', '.join(k.value for k in AttentionKind)}], got {value!r}")
+    return AttentionKind(value)
 
 
 def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
     """Drop axes a point's kind does not use; merge the grid points this makes identical."""
     out: list[_Point] = []
     seen: set[str] = set()
+    axes = collapsible()
     for p in points:
         if p.collapsible:
             kind = _kind(p, base)
-            drop = (COLLAPSIBLE - KIND_AXES[kind]) & p.values.keys()
+            drop = (axes - kind_spec(kind).sweep_axes) & p.values.keys()
             if drop:  # only points this made identical merge; other duplicates are reported
                 p = _Point(p.origin, {k: v for k, v in p.values.items() if k not in drop}, True)
                 signature = repr(sorted(p.values.items()))
@@ -286,15 +298,13 @@ def _axis_keys(spec: SweepSpec) -> list[str]:
     for k in [*spec.grid, *(k for g in spec.zip for k in g), *(k for r in spec.runs for k in r)]:
         if k not in (KIND_KEY, "model.size", SEED_KEY):
             keys[k] = None
-    order = list(NAME_TOKENS)
+    order = list(name_tokens())
     return sorted(keys, key=lambda k: (order.index(k) if k in order else len(order), k))
 
 
-def _token(key: str, value: Any) -> str:
-    prefix, spellings = NAME_TOKENS.get(key, (key.rsplit(".", 1)[-1], {}))
-    text = spellings.get(str(value), str(value))
-    if key == "model.attention.lambda_init" and text.startswith("constant:"):
-        text = text.removeprefix("constant:")
+def _token(key: str, value: Any, tokens: dict[str, NameToken]) -> str:
+    token = tokens.get(key) or NameToken(key.rsplit(".", 1)[-1])
+    prefix, text = token.prefix, token.render(str(value))
     if key == "train.max_tokens" and isinstance(value, (int, float)):
         text = _human(value)
     return f"{prefix}_{re.sub(r'[^A-Za-z0-9.+]', '_', text)}"
@@ -312,7 +322,8 @@ def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
     seed."""
     parts = [config.model.attention.kind.value, config.model.size or "custom"]
     flat = flatten(to_dict(config)) if any(_is_rule(v) for v in values.values()) else {}
-    parts += [_token(k, flat[k] if _is_rule(values[k]) else values[k]) for k in axis_keys if k in values]
+    tokens = name_tokens()
+    parts += [_token(k, flat[k] if _is_rule(values[k]) else values[k], tokens) for k in axis_keys if k in values]
     parts.append(f"s{config.train.seed}")
     return "-".join(parts)
 

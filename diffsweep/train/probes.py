@@ -14,7 +14,6 @@ import torch
 from torch.nn import functional as F
 
 from diffsweep.model.attention.backends import AttentionBackend
-from diffsweep.model.attention.diff_v2 import DiffAttentionV2
 from diffsweep.model.transformer import LanguageModel
 
 
@@ -77,7 +76,6 @@ class _LogitProbe(AttentionBackend):
 
     def __init__(self, inner: AttentionBackend) -> None:
         self.inner, self.name, self.top = inner, inner.name, 0.0
-        self.lam: float | None = None  # DIFF V1's λ as the layer used it
 
     def _record(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         group = q.shape[1] // k.shape[1]
@@ -94,7 +92,6 @@ class _LogitProbe(AttentionBackend):
         return self.inner.attend(q, k, v, scale=scale)
 
     def diff_attend(self, q1, k1, q2, k2, v, lam, *, scale):
-        self.lam = float(lam)  # read here, in the forward: FSDP shards the λ vectors outside it
         self._record(q1, k1, scale)
         self._record(q2, k2, scale)
         return self.inner.diff_attend(q1, k1, q2, k2, v, lam, scale=scale)
@@ -103,7 +100,7 @@ class _LogitProbe(AttentionBackend):
 @contextlib.contextmanager
 def _probed(model: LanguageModel) -> Iterator[dict[str, object]]:
     """Attach the probes for one forward pass; yields where their readings land."""
-    found: dict[str, object] = {"hidden_top": 0.0, "v2_lambda": {}}
+    found: dict[str, object] = {"hidden_top": 0.0, "layers": {}}
     attentions = [block.attention for block in model.layers]
     originals = [a.backend for a in attentions]
     probes = [_LogitProbe(b) for b in originals]
@@ -112,22 +109,21 @@ def _probed(model: LanguageModel) -> Iterator[dict[str, object]]:
     def hidden_hook(module, inputs, output):
         found["hidden_top"] = max(found["hidden_top"], float(output.detach().float().abs().max()))
 
-    def v2_hook(index):
+    def layer_hook(index):
+        # A pre-hook runs inside the block's forward, where FSDP has gathered the layer's parameters.
         def hook(module, inputs):
-            lam = module.lambda_values(inputs[0])
-            if lam is not None:
-                found["v2_lambda"][index] = lam.detach().float()
+            readings = module.probe(inputs[0])
+            if readings:
+                found["layers"][index] = readings
         return hook
 
     try:
         for index, (block, attention, probe) in enumerate(zip(model.layers, attentions, probes, strict=True)):
             attention.backend = probe
             handles.append(block.register_forward_hook(hidden_hook))
-            if isinstance(attention, DiffAttentionV2):
-                handles.append(attention.register_forward_pre_hook(v2_hook(index)))
+            handles.append(attention.register_forward_pre_hook(layer_hook(index)))
         yield found
         found["logit_top"] = max(p.top for p in probes)
-        found["v1_lambda"] = {i: p.lam for i, p in enumerate(probes) if p.lam is not None}
     finally:
         for attention, original in zip(attentions, originals, strict=True):
             attention.backend = original
@@ -139,19 +135,19 @@ def _probed(model: LanguageModel) -> Iterator[dict[str, object]]:
 def probe(model: LanguageModel, window: torch.Tensor) -> dict[str, float]:
     """λ per layer and the outlier statistics, from one forward pass over ``window`` ``(B, T + 1)``.
 
-    - ``lambda/layer_XX`` (DIFF V1): the layer's λ (one scalar per layer, paper eq. 2);
-    - ``lambda/layer_XX/mean`` and ``/std`` (DIFF V2): sigmoid λ over tokens and heads;
+    - what each layer's attention module reports (``AttentionModule.probe``), as
+      ``<family>/layer_XX[/rest]``: ``lambda/layer_XX`` (DIFF V1: the layer's λ, paper eq. 2),
+      ``lambda/layer_XX/mean`` and ``/std`` (DIFF V2: sigmoid λ over tokens and heads);
     - ``outliers/attn_logit_top1``: the largest |attention logit| (q·k/√d, any head, layer, map);
     - ``outliers/hidden_top1``: the largest |hidden state| (any block's output).
     """
     out: dict[str, float] = {}
     with _probed(model) as found:
         model(window[:, :-1])
-    for index, lam in sorted(found["v1_lambda"].items()):
-        out[f"lambda/layer_{index + 1:02d}"] = lam
-    for index, lam in sorted(found["v2_lambda"].items()):
-        out[f"lambda/layer_{index + 1:02d}/mean"] = float(lam.mean())
-        out[f"lambda/layer_{index + 1:02d}/std"] = float(lam.std())
+    for index, readings in sorted(found["layers"].items()):
+        for name, value in readings.items():
+            family, _, rest = name.partition("/")
+            out[f"{family}/layer_{index + 1:02d}" + (f"/{rest}" if rest else "")] = value
     out["outliers/attn_logit_top1"] = found["logit_top"]
     out["outliers/hidden_top1"] = found["hidden_top"]
     return out

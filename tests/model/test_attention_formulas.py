@@ -1,7 +1,7 @@
 """Each attention kind equals its paper/blog formula, written out independently, head by head.
 
 The expected values below are computed in float64 from the definitions in
-``shared/design/PAPER_SPEC.md`` (paper eq. 1-3 for DIFF V1, the V2 blog for DIFF V2, LLaMA-style
+``docs/references.md`` §2 (paper eq. 1-3 for DIFF V1, the V2 blog for DIFF V2, LLaMA-style
 softmax attention for the baseline), with this file's own causal mask, softmax, RoPE
 (interleaved pairs (2i, 2i+1), angle ``t * theta^(-2i/d)``) and RMSNorm. The module weights are
 sliced per head exactly as each module's docstring documents its parameter layout. Nothing from

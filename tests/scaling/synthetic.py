@@ -1,4 +1,4 @@
-"""Synthetic ladders with known truth (the design of ../shared/notes/SCALING_FITS.md §4)."""
+"""Synthetic ladders with known truth (the design of docs/references.md §4)."""
 
 from __future__ import annotations
 

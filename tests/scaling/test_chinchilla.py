@@ -21,7 +21,7 @@ from diffsweep.scaling.ratio import Curve
 from diffsweep.scaling.table import _complete
 from tests.scaling.test_fit_laws import EPOCH_CSV, epoch_points
 
-# ../shared/data/README.md: Epoch's final estimate and its 4,000-draw case-bootstrap SEs
+# docs/references.md §7: Epoch's final estimate and its 4,000-draw case-bootstrap SEs
 EPOCH = {"A": 482.0, "B": 2085.4, "E": 1.8169, "alpha": 0.3478, "beta": 0.3659}
 EPOCH_SE = {"A": 124.52, "B": 1293.28, "E": 0.0257, "alpha": 0.0154, "beta": 0.0206}
 HOFFMANN = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}

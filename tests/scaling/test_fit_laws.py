@@ -34,7 +34,7 @@ def test_approach3_reproduces_the_plain_fit_on_epochs_data():
     assert len(data.y) == 240
     fit = fit_law(Law(Form.CHINCHILLA), data, Objective.HUBER)
     p = {k: float(v[0]) for k, v in fit.law.natural(fit.theta[None, :]).items()}
-    # ../shared/data/README.md: plain approach 3 gives A=477.8, B=2143, E=1.8172, α=0.3473, β=0.3672
+    # docs/references.md §7: plain approach 3 gives A=477.8, B=2143, E=1.8172, α=0.3473, β=0.3672
     assert abs(p["alpha"] - 0.3473) <= 5e-4
     assert abs(p["beta"] - 0.3672) <= 5e-4
     assert abs(p["E"] - 1.8172) <= 1e-3
@@ -84,7 +84,7 @@ def test_pure_power_law_is_reported_and_biased_like_the_notes_say():
     r = analyse(ladder(noise_sd=0.0, seeds=2), FitRequest(at=(11e9,), n_boot=50))
     at_11b = next(row for row in r["ratios"] if row["at"] == 11e9)
     assert at_11b["ratio"] == pytest.approx(TRUE_RATIO, abs=1e-6)
-    # SCALING_FITS.md §4: pure power laws give ≈0.715 at 11B on this design (biased; no offset)
+    # docs/references.md §4: pure power laws give ≈0.715 at 11B on this design (biased; no offset)
     assert at_11b["pure_law"]["ratio"] == pytest.approx(0.715, abs=0.01)
 
 

@@ -12,7 +12,7 @@ from tests.scaling.synthetic import ALPHA, SIZES, TRUE_RATIO, A, E, ladder
 
 
 def non_parallel(rng: np.random.Generator, seeds: int, sd: float, alpha_cand: float = 0.38) -> pd.DataFrame:
-    """SCALING_FITS.md §4: the candidate's exponent is 0.38 against 0.34, true ρ 0.62 at 11B only
+    """docs/references.md §3: the candidate's exponent is 0.38 against 0.34, true ρ 0.62 at 11B only
     (0.711 at 3B, 0.558 at 30B)."""
     target = E + A * 11e9 ** -ALPHA
     a_cand = (target - E) * (TRUE_RATIO * 11e9) ** alpha_cand

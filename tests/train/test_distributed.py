@@ -24,6 +24,7 @@ from ..conftest import TINY_RUN
 # processes' gradients in another order than one process sums its micro-batches, and FSDP2 sums
 # the gradient norm shard by shard). Measured on CPU: losses within 1e-6, grad norms within 5e-5.
 REL, ABS = 1e-4, 2e-5
+GROUP_PROBE = Path(__file__).parent / "group_probe"  # a sitecustomize that counts live DDP models at teardown
 KEYS = ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "val/ar_hit_fraction")
 
 
@@ -81,9 +82,15 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # 5 validation windows in micro-batches of 2: rank 0 gets two, rank 1 one (and a spare forward)
     extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160")
+    probe = tmp_path / "probe"  # how many DDP models each process still held when it destroyed its group
+    probe.mkdir()
+    env = _env(store) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
+                         "PYTHONPATH": os.pathsep.join([str(GROUP_PROBE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
-                            env=_env(store), capture_output=True, text=True, timeout=600)
+                            env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    # none: the model is freed before the group is destroyed (else gloo's destructor can deadlock)
+    assert {p.name: p.read_text() for p in probe.iterdir()} == {"rank0": "0", "rank1": "0"}
     assert result.stdout.count("step 6/6") == 1  # rank 0 alone prints
     run_id, run = _only_run(store)  # rank 0 alone tracks: one MLflow run
     assert run.info.status == "FINISHED"

@@ -7,13 +7,13 @@ from torch import nn
 
 from diffsweep.config import ModelConfig
 from diffsweep.model.attention.backends import AttentionBackend
-from diffsweep.model.attention.lambda_init import lambda_init_for_layer
+from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import HEAD_NORMS, Rotary, upcast
 
 LAMBDA_STD = 0.1  # paper §2.1 / official code: λ vectors initialised N(0, 0.1)
 
 
-class DiffAttentionV1(nn.Module):
+class DiffAttentionV1(AttentionModule):
     """Differential attention: ``(softmax(Q1 K1ᵀ/√d) − λ softmax(Q2 K2ᵀ/√d)) V`` per head.
 
     h heads (half the baseline's); each head has sub-heads Q1, Q2 of dim d and a V of dim 2d.
@@ -51,10 +51,11 @@ class DiffAttentionV1(nn.Module):
         self.lambda_k1 = nn.Parameter(torch.empty(d))
         self.lambda_q2 = nn.Parameter(torch.empty(d))
         self.lambda_k2 = nn.Parameter(torch.empty(d))
-        self.lambda_init = lambda_init_for_layer(a.lambda_init, layer)  # depth-dependent, fixed
+        self.lambda_init = a.parsed_lambda_init.for_layer(layer)  # depth-dependent, fixed (rule 5)
         self.head_norm = HEAD_NORMS[a.head_norm](2 * d, cfg.norm_eps)
 
-    def reset_lambda(self) -> None:
+    def reset_parameters(self) -> None:
+        """λ vectors N(0, 0.1) (the projections and the head norm are initialised by the model)."""
         for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
             nn.init.normal_(p, mean=0.0, std=LAMBDA_STD)
 
@@ -64,16 +65,23 @@ class DiffAttentionV1(nn.Module):
         lam2 = torch.exp(torch.sum(upcast(self.lambda_q2) * upcast(self.lambda_k2)))
         return lam1 - lam2 + self.lambda_init
 
-    def forward(self, x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
         B, T, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         # Sub-heads are interleaved per head (see the layout above): split them with one permute.
         q = rope.apply(self.wq(x).view(B, T, h, 2, d).permute(3, 0, 2, 1, 4))  # (2, B, h, T, d)
         k = rope.apply(self.wk(x).view(B, T, hkv, 2, d).permute(3, 0, 2, 1, 4))  # (2, B, h_kv, T, d)
         v_bhtd = self.wv(x).view(B, T, hkv, 2 * d).transpose(1, 2)  # (B, h_kv, T, 2d)
-        q1, q2 = q[0], q[1]  # (B, h, T, d) each
-        k1, k2 = k[0], k[1]  # (B, h_kv, T, d) each
+        return q[0], k[0], q[1], k[1], v_bhtd  # q1, k1, q2, k2: (B, h|h_kv, T, d) each
+
+    def core(self, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
+             v_bhtd: torch.Tensor) -> torch.Tensor:
+        B, _, T, d = q1.shape
         out_bhtd = self.backend.diff_attend(q1, k1, q2, k2, v_bhtd, self.lambda_full(), scale=d**-0.5)
         if self.head_norm is not None:
             out_bhtd = self.head_norm(out_bhtd, scale=1.0 - self.lambda_init)  # (1 − λ_init)·RMSNorm
-        return self.wo(out_bhtd.transpose(1, 2).reshape(B, T, h * 2 * d))
+        return out_bhtd.transpose(1, 2).reshape(B, T, self.num_heads * 2 * d)
+
+    def probe(self, x: torch.Tensor) -> dict[str, float]:
+        """This layer's λ (called inside the forward: FSDP shards the λ vectors outside it)."""
+        return {"lambda": float(self.lambda_full())}

@@ -9,6 +9,7 @@ from torch import nn
 
 from diffsweep.config import ModelConfig, V2Lambda, V2Pairing
 from diffsweep.model.attention.backends import AttentionBackend
+from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import Rotary
 
 
@@ -37,7 +38,7 @@ LAMBDA_ACTIVATIONS: dict[V2Lambda, Callable[[torch.Tensor], torch.Tensor] | None
 }
 
 
-class DiffAttentionV2(nn.Module):
+class DiffAttentionV2(AttentionModule):
     """``out_i = attn_{2i} − λ_i · attn_{2i+1}`` over 2h query heads of dim d on h_kv K/V heads.
 
     One standard attention call (any backend, no custom kernel). With ``v2_pairing: same_group``
@@ -78,17 +79,31 @@ class DiffAttentionV2(nn.Module):
             return None
         return self.activation(self.wlambda(x))
 
-    def forward(self, x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
         B, T, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q_bhtd = rope.apply(self.wq(x).view(B, T, 2 * h, d).transpose(1, 2))  # (B, 2h, T, d)
         k_bhtd = rope.apply(self.wk(x).view(B, T, hkv, d).transpose(1, 2))
         v_bhtd = self.wv(x).view(B, T, hkv, d).transpose(1, 2)
+        lam = self.lambda_values(x)  # (B, T, h), or None: λ = 1
+        return (q_bhtd, k_bhtd, v_bhtd) if lam is None else (q_bhtd, k_bhtd, v_bhtd, lam)
+
+    def core(self, q_bhtd: torch.Tensor, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor,
+             lam: torch.Tensor | None = None) -> torch.Tensor:
+        B, _, T, d = q_bhtd.shape
+        h = self.num_heads
         out = self.backend.attend(q_bhtd, k_bhtd, v_bhtd, scale=d**-0.5)  # (B, 2h, T, d)
         out1, out2 = self.pair(out, h)  # (B, h, T, d) each
-        lam = self.lambda_values(x)
         if lam is None:
             diff_bhtd = out1 - out2
         else:
             diff_bhtd = out1 - lam.transpose(1, 2).unsqueeze(-1).to(out1.dtype) * out2  # λ: (B, h, T, 1)
-        return self.wo(diff_bhtd.transpose(1, 2).reshape(B, T, h * d))
+        return diff_bhtd.transpose(1, 2).reshape(B, T, h * d)
+
+    def probe(self, x: torch.Tensor) -> dict[str, float]:
+        """λ over this layer's tokens and heads (as applied): its mean and spread."""
+        lam = self.lambda_values(x)
+        if lam is None:
+            return {}
+        lam = lam.detach().float()
+        return {"lambda/mean": float(lam.mean()), "lambda/std": float(lam.std())}

@@ -7,10 +7,11 @@ from torch import nn
 
 from diffsweep.config import ModelConfig
 from diffsweep.model.attention.backends import AttentionBackend
+from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import HEAD_NORMS, Rotary
 
 
-class StandardAttention(nn.Module):
+class StandardAttention(AttentionModule):
     """Causal multi-head attention with RoPE, h heads of dim d on h_kv K/V heads (GQA).
 
     Parameter layout (``nn.Linear`` weights are ``(out, in)``):
@@ -35,12 +36,16 @@ class StandardAttention(nn.Module):
         self.wo = nn.Linear(h * d, D, bias=False)
         self.head_norm = HEAD_NORMS[a.head_norm](d, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
         B, T, _ = x.shape
         q_bhtd = rope.apply(self.wq(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2))
         k_bhtd = rope.apply(self.wk(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2))
         v_bhtd = self.wv(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q_bhtd, k_bhtd, v_bhtd
+
+    def core(self, q_bhtd: torch.Tensor, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor) -> torch.Tensor:
+        B, _, T, _ = q_bhtd.shape
         out_bhtd = self.backend.attend(q_bhtd, k_bhtd, v_bhtd, scale=self.head_dim**-0.5)
         if self.head_norm is not None:
             out_bhtd = self.head_norm(out_bhtd)
-        return self.wo(out_bhtd.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+        return out_bhtd.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)

@@ -1,0 +1,113 @@
+"""An attention kind from the user's own package (``toy_kind/``, an entry point in the group
+``diffsweep.attention_kinds``), installed with pip into a directory of its own and used from the
+CLI as a user would: config -> count -> train 5 steps -> plan -> fit. Nothing in diffsweep names it.
+
+The package goes onto the subprocesses' PYTHONPATH only, so the shared environment and every other
+test see the built-in kinds alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY_RUN
+from tests.scaling.synthetic import ladder
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).parent / "toy_kind"
+
+
+@pytest.fixture(scope="module")
+def toy_env(tmp_path_factory) -> dict[str, str]:
+    """Environment of a process that has the toy package installed (``pip install --target``)."""
+    tmp = tmp_path_factory.mktemp("toy")
+    source = shutil.copytree(PACKAGE, tmp / "src")  # pip builds in place: keep the repository clean
+    site = tmp / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                        "--no-build-isolation", "--target", str(site), str(source)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    path = os.pathsep.join([str(ROOT), str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return env | {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diffsweep", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_config_and_counts(toy_env, tmp_path):
+    r = cli(toy_env, tmp_path, "config", "show", "--size", "tiny-xs", "--arch", "toy")
+    assert r.returncode == 0, r.stderr
+    assert "kind: toy" in r.stdout
+    r = cli(toy_env, tmp_path, "model", "info", "--size", "tiny-xs", "--arch", "toy", "--check", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    # The counts come from the plug-in's spec and agree with its module built on the meta device.
+    assert info["arch"] == "toy" and info["attention"]["weights"]["gate"] == [1]
+    assert info["params"] == info["meta_params"]
+    transformer = json.loads(cli(toy_env, tmp_path, "model", "info", "--size", "tiny-xs", "--json").stdout)
+    assert info["params"] == transformer["params"] + 2  # one gate per layer, 2 layers
+    # An unknown kind still fails in one line, listing the registered kinds (the plug-in's included).
+    r = cli(toy_env, tmp_path, "config", "show", "--set", "model.attention.kind=toyy")
+    assert r.returncode == 2 and "model.attention.kind" in r.stderr and "toy]" in r.stderr, r.stderr
+    # The plug-in's spec is read by --help (its --arch list), and imports no torch there.
+    code = ("import runpy, sys; sys.argv = ['diffsweep', 'train', '--help']\n"
+            "try:\n    runpy.run_module('diffsweep', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'mlflow' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=toy_env, capture_output=True, text=True,
+                       timeout=60)
+    assert "toy" in r.stdout and r.stdout.strip().endswith("False False"), r.stdout + r.stderr
+
+
+def test_train_logs_the_kinds_probe(toy_env, tmp_path, text_dataset):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = [*TINY_RUN, f"data.path={text_dataset}", "model.attention.kind=toy", "train.max_steps=5",
+            "train.eval_every=5", "train.checkpoint_every=5"]
+    r = cli(toy_env | {"MLFLOW_TRACKING_URI": store}, tmp_path, "train", *[f"--set={s}" for s in sets])
+    assert r.returncode == 0, r.stdout + r.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    (run,) = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    assert run.info.status == "FINISHED"
+    assert len(client.get_metric_history(run.info.run_id, "train/loss")) == 5
+    # The module's own parameter was initialised by its reset_parameters (1.0) and then trained.
+    gate = run.data.metrics["gate/layer_01"]
+    assert np.isfinite(gate) and abs(gate - 1.0) < 0.1
+    assert "gate/layer_02" in run.data.metrics and "lambda/layer_01" not in run.data.metrics
+
+
+def test_plan_collapses_axes_the_kind_ignores_and_plans_its_memory(toy_env, tmp_path):
+    (tmp_path / "s.yaml").write_text(
+        "set: {model.size: 1.4B}\n"
+        "grid:\n"
+        "  model.attention.kind: [transformer, diff_v1, toy]\n"
+        "  model.attention.lambda_init: [exp_decay, 'constant:0.5']\n")
+    r = cli(toy_env, tmp_path, "plan", "s.yaml", "--profile", "h100-example", "--json")
+    assert r.returncode == 0, r.stderr
+    runs = {run["name"]: run for run in json.loads(r.stdout)["runs"]}
+    assert sorted(runs) == ["diff_v1-1.4B-lam_0.5-s0", "diff_v1-1.4B-lam_exp-s0", "toy-1.4B-s0",
+                            "transformer-1.4B-s0"]
+    toy, base = runs["toy-1.4B-s0"], runs["transformer-1.4B-s0"]
+    assert toy["params"] == base["params"] + 24 and toy["arch"] == "toy"
+    assert 0 < toy["memory_gb"] and toy["gpus"] >= 1
+
+
+def test_fit_names_the_kind_by_its_display_name(toy_env, tmp_path):
+    points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1), ratios={"toy": 0.8})
+    points.to_csv(tmp_path / "ladder.csv", index=False)
+    r = cli(toy_env, tmp_path, "fit", "--csv", "ladder.csv", "--no-log", "--out", "fit", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["candidates"] == ["toy"]
+    assert "Toy gate needs" in (tmp_path / "fit" / "report.md").read_text()
