@@ -11,7 +11,7 @@ to its flags.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -37,23 +37,23 @@ from diffsweep.scaling.forms import Law
 from diffsweep.scaling.laws import LawForm, law_form, law_forms
 from diffsweep.scaling.mle import fit_huber_mle
 from diffsweep.scaling.optimize import Data, Objective
+from diffsweep.scaling.points import (
+    Arch,
+    architectures,
+    choose_axis,
+    finite,
+    select_points,
+    x_column,
+)
 from diffsweep.scaling.ratio import Curve, per_point, ratio
 from diffsweep.scaling.report import arch_name
-from diffsweep.scaling.result import FitResult
+from diffsweep.scaling.result import FitResult, FitWarning
 from diffsweep.scaling.shift import shift_model
 
 __all__ = ["Axis", "Count", "FitRequest", "FitResult", "FitWarning", "Form", "TokenPoints", "analyse"]
 
 
-class FitWarning(UserWarning):
-    """A fit that still answers, with a caveat the user must see."""
-
-
 FAR_OUTSIDE = 10.0  # a reference size more than 10x outside the measured range is refused
-# A cross-entropy in nats per token outside this range is no point on a scaling curve: above 1e6 a
-# diverged run (a uniform guess over a 1e6-token vocabulary is 13.8), below 1e-6 a memorised
-# validation set, or a typo (1e305, 1e-320) that would dominate a fit in log space.
-LOSS_RANGE = (1e-6, 1e6)
 RATIO_GRID = 41  # points on the ratio-vs-size curve
 
 
@@ -89,21 +89,6 @@ class FitRequest:
         return self.law_form.default_objective
 
 
-@dataclass
-class _Arch:
-    """One architecture's points on the chosen axis, and the run each point comes from."""
-
-    name: str
-    x: np.ndarray  # N or D per point (a joint L(N, D) form: N)
-    loss: np.ndarray
-    other: np.ndarray  # D per point for a joint L(N, D) form, else unused
-    run: np.ndarray | None = None  # run index per point (see _run_index); None: one run per point
-    cell: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:  # a cell is one (x, other) pair: seeds of one size share it
-        self.cell = np.unique(np.column_stack([self.x, self.other]), axis=0, return_inverse=True)[1].ravel()
-
-
 def analyse(points: pd.DataFrame, request: FitRequest) -> FitResult:
     """Fit, bootstrap and compare; ``FitResult.to_dict()`` is the document ``report`` renders."""
     with warnings.catch_warnings(record=True) as caught:
@@ -118,10 +103,10 @@ PAPER_LAW = Form.PURE  # the law the DIFF paper read its ratios off (Kaplan-styl
 
 def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     form = req.law_form
-    points = _finite(points)
-    axis = _choose_axis(points, req)
-    used = _select_points(points, axis, req)
-    archs = _architectures(used, axis, req)
+    points = finite(points)
+    axis = choose_axis(points, req)
+    used = select_points(points, axis, req)
+    archs = architectures(used, axis, req)
     base_name = req.baseline
     objective = req.resolved_objective
     other_ref = None
@@ -132,7 +117,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     main = _fit_all(archs, req.form, objective, req.shared_e)
     _diagnostic_warnings(main)
     comparison = _fit_all(archs, PAPER_LAW, Objective.L2, False) if form.pure_comparison else None
-    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: _run_index
+    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: points.run_index
     resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
         if resampling is not None:
@@ -232,7 +217,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     )
 
 
-def _compute_optimal_and_shift(form: LawForm, archs: dict[str, _Arch], main: dict[str, LawFit],
+def _compute_optimal_and_shift(form: LawForm, archs: dict[str, Arch], main: dict[str, LawFit],
                                curves: dict[str, Curve], noise, z: dict, w: dict | None,
                                req: FitRequest) -> tuple[dict | None, dict | None]:
     """The compute-optimal outputs and the joint shift model, where the form supports them."""
@@ -248,128 +233,7 @@ def _compute_optimal_and_shift(form: LawForm, archs: dict[str, _Arch], main: dic
     return compute, shift
 
 
-# -- points -----------------------------------------------------------------------------------
-
-def _finite(points: pd.DataFrame) -> pd.DataFrame:
-    """The points with a usable loss; the others (a diverged run, a typo) are dropped with a warning."""
-    loss = points["loss"].astype(float)
-    bad = ~(np.isfinite(loss) & (loss >= LOSS_RANGE[0]) & (loss <= LOSS_RANGE[1]))
-    if bad.any():
-        names = ", ".join(f"{n} ({v:g})" for n, v in zip(points.loc[bad, "run_name"].head(5), loss[bad].head(5)))
-        what = f"non-finite, or outside [{LOSS_RANGE[0]:g}, {LOSS_RANGE[1]:g}] nats"
-        if bad.all():
-            raise ConfigError("loss", f"every loss is {what} (runs: {names})")
-        warnings.warn(FitWarning(f"dropped {int(bad.sum())} point(s) with a loss that is {what}: {names}"))
-    return points.loc[~bad]
-
-
-def _x_column(req: FitRequest) -> str:
-    return "num_params" if req.count is Count.TOTAL else "num_non_embedding_params"
-
-
-def _choose_axis(points: pd.DataFrame, req: FitRequest) -> Axis:
-    if req.law_form.joint_nd or req.axis is not Axis.AUTO:
-        return req.axis if req.axis is not Axis.AUTO else Axis.N
-    finals = points[(points["point"] == "final") & (points["arch"] == req.baseline)]
-    if finals.empty:
-        raise ConfigError("baseline", f"no runs of the baseline '{req.baseline}'; architectures found: "
-                          f"{', '.join(sorted(points['arch'].unique()))}")
-    sizes, budgets = finals[_x_column(req)].nunique(), finals["tokens"].nunique()
-    if sizes >= 2:
-        if budgets > 1 and not _proportional(finals, req):
-            warnings.warn(FitWarning("the runs differ in both size and tokens; fitting loss against N at each run's "
-                                     "own budget (use --form chinchilla for L(N, D))"))
-        return Axis.N
-    return Axis.D
-
-
-def _proportional(finals: pd.DataFrame, req: FitRequest) -> bool:
-    per_param = finals["tokens"] / finals[_x_column(req)]
-    return bool(per_param.max() / per_param.min() < 1.05)
-
-
-def _select_points(points: pd.DataFrame, axis: Axis, req: FitRequest) -> pd.DataFrame:
-    """The table with ``used`` and ``reason`` columns: which points the fit uses and why not."""
-    pts = points.copy()
-    pts["used"], pts["reason"] = True, ""
-    checkpoints = pts["point"] != "final"
-    use_checkpoints = False
-    if axis is Axis.D and not req.law_form.joint_nd:
-        finals = pts[~checkpoints & (pts["arch"] == req.baseline)]
-        use_checkpoints = req.token_points is TokenPoints.CHECKPOINTS or (
-            req.token_points is TokenPoints.AUTO and finals["tokens"].nunique() < 3)
-        if use_checkpoints:
-            if not checkpoints.any():
-                raise ConfigError("token_points", "the runs have one token budget each and no intermediate "
-                                  "evaluations were read; pass --token-points checkpoints with MLflow runs")
-            warnings.warn(FitWarning(
-                "D points are intermediate evaluations of each run (as in the paper's Fig. 3b); with a decaying "
-                "learning rate they overstate the loss of a run trained to that D (Hägele et al. 2024)"))
-    if not use_checkpoints:
-        pts.loc[checkpoints, ["used", "reason"]] = [False, "intermediate evaluation"]
-    else:
-        step, warmup = pts["step"].astype(float), pts["warmup_steps"].astype(float)
-        unknown = checkpoints & (step.isna() | warmup.isna())
-        if unknown.any():
-            warnings.warn(FitWarning(
-                f"{int(unknown.sum())} intermediate evaluation(s) have no step or warmup_steps (columns of the CSV), "
-                "so none of them can be told to be in warmup: all are used"))
-        early = checkpoints & ~unknown & (step <= warmup)
-        pts.loc[early, ["used", "reason"]] = [False, "in warmup"]
-    return pts
-
-
-def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[str, _Arch]:
-    used = points[points["used"]]
-    present = sorted(used["arch"].unique())
-    if req.baseline not in present:
-        raise ConfigError("baseline", f"no finished runs of the baseline '{req.baseline}' match; "
-                          f"architectures found: {', '.join(present) or 'none'}")
-    candidates = list(dict.fromkeys(req.candidates)) or [a for a in present if a != req.baseline]
-    if req.baseline in candidates:
-        raise ConfigError("candidates", f"'{req.baseline}' is the baseline; compare it with another architecture")
-    for c in candidates:
-        if c not in present:
-            raise ConfigError("candidates", f"no finished runs of '{c}' match; architectures found: {', '.join(present)}")
-    # only the baseline: its law is fitted and reported, with no ratio (candidates == [])
-    law = Law(req.form, n_groups=1 + len(candidates), shared_e=req.shared_e)
-    per_arch = law.num_params if not req.shared_e else 2
-    archs = {}
-    for name in [req.baseline, *candidates]:
-        rows = used[used["arch"] == name]
-        x = rows[_x_column(req)].to_numpy(float) if axis is Axis.N or law.definition.joint_nd else rows["tokens"].to_numpy(float)
-        other = rows["tokens"].to_numpy(float) if law.definition.joint_nd else np.zeros(len(rows))
-        arch = _Arch(name, x, rows["loss"].to_numpy(float), other, _run_index(rows))
-        distinct = len(np.unique(arch.cell))
-        needed = per_arch + (1 if req.shared_e else 0)
-        if distinct < needed:
-            what = "sizes" if axis is Axis.N else "token counts"
-            raise ConfigError("points", f"{name} has {distinct} distinct {what} but the {req.form} law has "
-                              f"{needed} parameters: need at least {needed} (or a law with fewer, e.g. --form pure)")
-        archs[name] = arch
-    return archs
-
-
-def _run_index(rows: pd.DataFrame) -> np.ndarray:
-    """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
-
-    A point's run is its MLflow ``run_id``, else its ``run_key``, else its ``run_name`` (not the
-    table's ``row N`` placeholder for a CSV without names). A CSV with none of them: the
-    evaluations of a token scan read from checkpoints (``point`` = checkpoint rows among them) are
-    one run per (arch, num_params, seed) (a CSV without ``seed`` has seed 0: one run per
-    architecture and size), and every other row (a final evaluation) is a run of its own."""
-    ids = rows["run_id"].astype(str).where(rows["run_id"].astype(str) != "", rows["run_key"].astype(str))
-    names = rows["run_name"].astype(str)
-    ids = ids.where(ids != "", names.where(~names.str.fullmatch(r"row \d+"), ""))
-    if (rows["point"] != "final").any():
-        fallback = rows["arch"].astype(str) + "|" + rows["num_params"].astype(str) + "|" + rows["seed"].astype(str)
-    else:
-        fallback = pd.Series([f"row {i}" for i in range(len(rows))], index=rows.index)
-    ids = ids.where(ids != "", fallback)
-    return np.unique(ids.to_numpy(str), return_inverse=True)[1].ravel()
-
-
-def _references(base: _Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
+def _references(base: Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
     distinct = np.unique(base.x)
     lo, hi = float(distinct.min()), float(distinct.max())
     refs = [hi, float(np.exp(np.log(distinct).mean()))]
@@ -435,11 +299,11 @@ def _extrapolation(row: dict, measured: tuple[float, float], cand_range: tuple[f
 
 # -- fitting ----------------------------------------------------------------------------------
 
-def _data(arch: _Arch) -> Data:
+def _data(arch: Arch) -> Data:
     return Data(u=np.log(arch.x), y=np.log(arch.loss), v=np.log(np.maximum(arch.other, 1e-300)))
 
 
-def _fit_all(archs: dict[str, _Arch], form: Form | str, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
+def _fit_all(archs: dict[str, Arch], form: Form | str, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
     if not shared_e:
         fit = fit_huber_mle if objective is Objective.HUBER_MLE else (lambda law, data: fit_law(law, data, objective))
         return {a: fit(Law(form), _data(arch)) for a, arch in archs.items()}
@@ -489,7 +353,7 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
                                      f"determined"))
 
 
-def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):
+def _noise(archs: dict[str, Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):
     groups = []
     for g, (a, arch) in enumerate(archs.items()):
         fit = fits[a]
@@ -507,7 +371,7 @@ def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objectiv
     return noise
 
 
-def _bootstrap(archs: dict[str, _Arch], fits: dict[str, LawFit], z: dict[str, np.ndarray]) -> dict[str, Curve]:
+def _bootstrap(archs: dict[str, Arch], fits: dict[str, LawFit], z: dict[str, np.ndarray]) -> dict[str, Curve]:
     first = next(iter(fits.values()))
     if all(f is first for f in fits.values()) and first.law.shared_e:  # one joint fit
         targets = first.fitted[None, :] + np.concatenate([z[a] for a in archs], axis=1)
@@ -516,7 +380,7 @@ def _bootstrap(archs: dict[str, _Arch], fits: dict[str, LawFit], z: dict[str, np
     return {a: Curve(fits[a].law, fits[a].theta, fits[a].refit(fits[a].fitted[None, :] + z[a])) for a in archs}
 
 
-def _fit_summary(arch: _Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: str, other: float | None) -> dict:
+def _fit_summary(arch: Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: str, other: float | None) -> dict:
     point = {k: float(v[0]) for k, v in curve.law.natural(curve.theta[None, :], curve.group).items()}
     draws = curve.law.natural(curve.draws, curve.group)
     ci = {}
@@ -544,7 +408,7 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
     if req.law_form.joint_nd:
         one_variable = " or ".join(f.name for f in law_forms() if not f.joint_nd)
         raise ConfigError("holdout", f"is for the one-variable laws (--form {one_variable})")
-    col = "tokens" if axis is Axis.D else _x_column(req)
+    col = "tokens" if axis is Axis.D else x_column(req)
     finals = points[points["point"] == "final"] if axis is Axis.N else points
     largest = finals.groupby("arch")[col].transform("max")
     held = finals[finals[col] >= largest]

@@ -68,7 +68,7 @@ def law_text(r: dict[str, Any]) -> str:
     return _law(r).formula.format(x=x)
 
 
-def _law(r: dict[str, Any]):
+def _law(r: dict[str, Any]):  # -> laws.LawForm (not imported at module level: see below)
     """The definition of the result's form (imported here: the laws need numpy, the report's
     import must not)."""
     from diffsweep.scaling.laws import law_form

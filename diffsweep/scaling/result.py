@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
     from diffsweep.scaling.ratio import Curve
 
+class FitWarning(UserWarning):
+    """A fit that still answers, with a caveat the user must see."""
+
+
 _OPTIONAL = {"optional": True}  # left out of the document when None
 _MEMORY = {"memory": True}  # never part of the document
 

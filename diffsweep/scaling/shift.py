@@ -17,8 +17,8 @@ from scipy.stats import chi2
 from scipy.stats import f as f_dist
 
 from diffsweep.scaling.bootstrap import interval
-from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.choices import Form
+from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.forms import Law
 from diffsweep.scaling.laws.base import EXPONENT, LOG_COEF, LOG_E
 from diffsweep.scaling.optimize import Data, Objective, solve_batch

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from diffsweep.scaling.laws.base import EXPONENT, LOG_E, LawForm, coefficient, exponent, ols
+from diffsweep.scaling.laws.base import (
+    EXPONENT,
+    LOG_E,
+    LawForm,
+    coefficient,
+    exponent,
+    ols,
+)
 from diffsweep.scaling.optimize import penalty
 
 if TYPE_CHECKING:
