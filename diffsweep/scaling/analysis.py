@@ -359,7 +359,7 @@ def _noise(archs: dict[str, Arch], fits: dict[str, LawFit], objective: Objective
         fit = fits[a]
         fitted = fit.fitted if not req.shared_e else fit.fitted[fit.data.group == g]
         # a joint fit's shared E is counted once, with the first architecture
-        num_params = fit.law.num_params if not req.shared_e else 2 + (g == 0)
+        num_params = fit.law.group_params(g)
         groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is not Objective.L2,
                             run=arch.run))
     try:

@@ -43,6 +43,14 @@ class Law:
     def num_params(self) -> int:
         return len(self.names)
 
+    def group_params(self, group: int = 0) -> int:
+        """How many θ columns one group's points determine: all of them for a law of its own; in a
+        joint fit the group's own columns, plus the shared ones counted once, with group 0."""
+        if not self.shared_e:
+            return self.num_params
+        suffixes = [n[len(n.rstrip("0123456789")):] for n in self.names]
+        return suffixes.count(str(group)) + (suffixes.count("") if group == 0 else 0)
+
     def param(self, column: str) -> Param:
         """The form's parameter behind a θ column (``alpha1`` -> alpha)."""
         return self.definition.param(column)

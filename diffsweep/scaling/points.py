@@ -124,7 +124,6 @@ def architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[str
             raise ConfigError("candidates", f"no finished runs of '{c}' match; architectures found: {', '.join(present)}")
     # only the baseline: its law is fitted and reported, with no ratio (candidates == [])
     law = Law(req.form, n_groups=1 + len(candidates), shared_e=req.shared_e)
-    per_arch = law.num_params if not req.shared_e else 2
     archs = {}
     for name in [req.baseline, *candidates]:
         rows = used[used["arch"] == name]
@@ -132,7 +131,7 @@ def architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[str
         other = rows["tokens"].to_numpy(float) if law.definition.joint_nd else np.zeros(len(rows))
         arch = Arch(name, x, rows["loss"].to_numpy(float), other, run_index(rows))
         distinct = len(np.unique(arch.cell))
-        needed = per_arch + (1 if req.shared_e else 0)
+        needed = law.group_params(0)
         if distinct < needed:
             what = "sizes" if axis is Axis.N else "token counts"
             raise ConfigError("points", f"{name} has {distinct} distinct {what} but the {req.form} law has "
