@@ -98,9 +98,6 @@ def analyse(points: pd.DataFrame, request: FitRequest) -> FitResult:
                                                        if issubclass(w.category, FitWarning))))
 
 
-PAPER_LAW = Form.PURE  # the law the DIFF paper read its ratios off (Kaplan-style): PAPER_READING
-
-
 def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     form = req.law_form
     points = finite(points)
@@ -249,6 +246,7 @@ def _references(base: Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
 
 # How the DIFF paper read its Fig. 3 (arXiv 2410.05258 §3.2): Kaplan-style pure power laws, ratios
 # read off the fitted curves at an 11B Transformer (parameters) and 251B tokens.
+PAPER_LAW = Form.PURE  # the form fitted beside the others (where they ask) for the paper's reading
 PAPER_READING = {"N": (11e9, "62.2% at 11B (6.8B DIFF vs an 11B Transformer)"),
                  "D": (251e9, "63.7% at 251B tokens (160B for DIFF)")}
 
