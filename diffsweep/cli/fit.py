@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, handle_errors, print_json
+from diffsweep.cli.common import JsonOpt, fail, handle_errors, print_json
 from diffsweep.config import ConfigError
+from diffsweep.scaling.choices import Axis, Count, Form, Holdout, Objective, TokenPoints
 from diffsweep.scaling.schema import CSV_SCHEMA
 
 E = TypeVar("E", bound=StrEnum)
@@ -28,11 +31,42 @@ def parse_amount(text: str, flag: str = "--at") -> float:
     return value
 
 
-def _choice(enum: type[E], value: str, flag: str) -> E:
+# The library names the FitRequest field (or run_fit argument) at fault; the user typed a flag.
+FLAGS = {"baseline": "--baseline", "candidates": "--candidate", "axis": "--axis", "form": "--form",
+         "objective": "--objective", "count": "--count", "at": "--at", "shared_e": "--shared-e",
+         "holdout": "--holdout", "token_points": "--token-points", "n_boot": "--boot", "level": "--level",
+         "seed": "--seed", "noise_sd": "--noise-sd", "run_sd": "--run-sd", "out": "--out"}
+
+
+@contextmanager
+def _flags() -> Iterator[None]:
+    """Re-key the library's ConfigErrors from fields to the flags that set them (same message)."""
     try:
-        return enum(value)
-    except ValueError:
-        raise ConfigError(flag, f"expected one of [{', '.join(e.value for e in enum)}], got '{value}'") from None
+        yield
+    except ConfigError as exc:
+        if exc.key in FLAGS:
+            raise ConfigError(FLAGS[exc.key], exc.message) from None
+        raise
+
+
+def _enum_parser(enum: type[E], flag: str) -> Callable[[Any], E]:
+    """Parse a closed choice; a wrong value is the CLI's one-line usage error (exit 2), not Typer's box."""
+    def parse(value: Any) -> E:
+        if isinstance(value, enum):
+            return value
+        try:
+            return enum(value)
+        except ValueError:
+            fail(f"{flag}: expected one of [{', '.join(e.value for e in enum)}], got '{value}'")
+            raise AssertionError("unreachable") from None  # fail() exits
+
+    return parse
+
+
+def choice(enum: type[E], flag: str, help: str, **kw: Any) -> Any:
+    """A Typer option for a StrEnum: its choices in the help, its members as values."""
+    return typer.Option(flag, help=help, parser=_enum_parser(enum, flag),
+                        metavar=f"[{'|'.join(e.value for e in enum)}]", **kw)
 
 
 @handle_errors
@@ -52,22 +86,22 @@ def fit(
     baseline: Annotated[str, typer.Option("--baseline", help="The reference architecture.")] = "transformer",
     candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
                                                         "baseline (default: all others).", show_default=False)] = None,
-    axis: Annotated[str, typer.Option("--axis", help="auto | N (parameters) | D (tokens).")] = "auto",
-    form: Annotated[str, typer.Option("--form", help="offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
-                                      "chinchilla: E + A/N^α + B/D^β.")] = "offset",
-    objective: Annotated[str | None, typer.Option("--objective", help="l2 | huber (δ=1e-3) on log loss | "
+    axis: Annotated[Axis, choice(Axis, "--axis", "auto | N (parameters) | D (tokens).")] = Axis.AUTO,
+    form: Annotated[Form, choice(Form, "--form", "offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
+                                 "chinchilla: E + A/N^α + B/D^β.")] = Form.OFFSET,
+    objective: Annotated[Objective | None, choice(Objective, "--objective", "l2 | huber (δ=1e-3) on log loss | "
                                                   "huber_mle: Epoch AI's Huber likelihood with a free scale (its final "
                                                   "Chinchilla estimate) (default: huber for chinchilla, else l2).",
                                                   show_default=False)] = None,
-    count: Annotated[str, typer.Option("--count", help="N counts: total | non_embedding parameters.")] = "total",
+    count: Annotated[Count, choice(Count, "--count", "N counts: total | non_embedding parameters.")] = Count.TOTAL,
     at: Annotated[list[str] | None, typer.Option("--at", help="Extra reference size for the ratios, e.g. 11B "
                                                  "(repeatable).", show_default=False)] = None,
     shared_e: Annotated[bool, typer.Option("--shared-e", help="One irreducible loss E for all architectures.")] = False,
-    holdout: Annotated[str | None, typer.Option("--holdout", help="largest: also fit without the largest size and "
-                                                "check its observed loss against a prediction interval.",
-                                                show_default=False)] = None,
-    token_points: Annotated[str, typer.Option("--token-points", help="D points: auto | final | checkpoints "
-                                              "(every evaluation after warmup).")] = "auto",
+    holdout: Annotated[Holdout | None, choice(Holdout, "--holdout", "largest: also fit without the largest size "
+                                              "and check its observed loss against a prediction interval.",
+                                              show_default=False)] = None,
+    token_points: Annotated[TokenPoints, choice(TokenPoints, "--token-points", "D points: auto | final | "
+                                                "checkpoints (every evaluation after warmup).")] = TokenPoints.AUTO,
     boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Confidence level.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
@@ -86,9 +120,7 @@ def fit(
 ) -> None:
     """Fit scaling laws per architecture and report how many parameters (tokens) each candidate
     needs relative to the baseline for the same loss, with bootstrap confidence intervals."""
-    from diffsweep.scaling.analysis import Axis, Count, FitRequest, TokenPoints
-    from diffsweep.scaling.forms import Form
-    from diffsweep.scaling.optimize import Objective
+    from diffsweep.scaling.analysis import FitRequest
     from diffsweep.scaling.pipeline import run_fit
     from diffsweep.scaling.report import print_terminal
 
@@ -96,20 +128,17 @@ def fit(
         raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
     if not 0.5 <= level < 1:
         raise ConfigError("--level", f"expected a confidence level in [0.5, 1), got {level}")
-    if holdout not in (None, "largest"):
-        raise ConfigError("--holdout", f"expected 'largest', got '{holdout}'")
     if noise_sd is not None and not 0 < noise_sd <= MAX_NOISE_SD:
         raise ConfigError("--noise-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {noise_sd}")
     if run_sd is not None and not 0 < run_sd <= MAX_NOISE_SD:
         raise ConfigError("--run-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {run_sd}")
     request = FitRequest(
-        baseline=baseline, candidates=tuple(candidate or ()), axis=_choice(Axis, axis, "--axis"),
-        form=_choice(Form, form, "--form"), objective=_choice(Objective, objective, "--objective") if objective else None,
-        count=_choice(Count, count, "--count"), at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
-        holdout=holdout == "largest", token_points=_choice(TokenPoints, token_points, "--token-points"),
-        n_boot=boot, level=level, seed=seed, noise_sd=noise_sd, run_sd=run_sd)
-    outcome = run_fit(_source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets), request, out,
-                      log=not no_log)
+        baseline=baseline, candidates=tuple(candidate or ()), axis=axis, form=form, objective=objective, count=count,
+        at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e, holdout=holdout is Holdout.LARGEST,
+        token_points=token_points, n_boot=boot, level=level, seed=seed, noise_sd=noise_sd, run_sd=run_sd)
+    source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
+    with _flags():
+        outcome = run_fit(source, request, out, log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},
                                      "mlflow_run_id": outcome.mlflow_run_id,

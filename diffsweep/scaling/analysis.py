@@ -1,14 +1,17 @@
 """The fit behind ``diffsweep fit``: points → laws per architecture → paired bootstrap → ratios.
 
-``analyse(points, request)`` is pure (a table in, a JSON-able result out); reading runs from
-MLflow, writing reports and logging the fit run live in ``table``, ``report`` and ``tracking``.
+``analyse(points, request)`` is pure (a table in, a ``FitResult`` out); reading runs from
+MLflow, writing reports and logging the fit run live in ``table``, ``report`` and ``pipeline``.
+What depends on the law's form is asked of its registered definition (``laws.law_form``).
+
+Errors name the ``FitRequest`` field at fault (``ConfigError("at", ...)``); the CLI maps fields
+to its flags.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -25,48 +28,32 @@ from diffsweep.scaling.bootstrap import (
     interval,
     scale_draws,
 )
+
+# the enums' home is the numpy-free choices module (the CLI's options); re-exported here
+from diffsweep.scaling.choices import Axis, Count, Form, TokenPoints
 from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
 from diffsweep.scaling.fit import LawFit, fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
+from diffsweep.scaling.laws import LawForm, law_form, law_forms
 from diffsweep.scaling.mle import fit_huber_mle
 from diffsweep.scaling.optimize import Data, Objective
+from diffsweep.scaling.points import (
+    Arch,
+    architectures,
+    choose_axis,
+    finite,
+    select_points,
+    x_column,
+)
 from diffsweep.scaling.ratio import Curve, per_point, ratio
 from diffsweep.scaling.report import arch_name
+from diffsweep.scaling.result import FitResult, FitWarning
 from diffsweep.scaling.shift import shift_model
 
-
-class Axis(StrEnum):
-    """What the loss is fitted against."""
-
-    AUTO = "auto"  # N for a size ladder, D for a token scan
-    N = "N"  # parameters
-    D = "D"  # training tokens
-
-
-class Count(StrEnum):
-    """Which parameters N counts (Pearce & Song 2024: total parameters with an offset law)."""
-
-    TOTAL = "total"
-    NON_EMBEDDING = "non_embedding"
-
-
-class TokenPoints(StrEnum):
-    """Which evaluations give D points."""
-
-    AUTO = "auto"  # final evaluations if there are ≥ 3 token budgets, else checkpoints
-    FINAL = "final"  # one point per run: its final evaluation
-    CHECKPOINTS = "checkpoints"  # every evaluation after warmup (the paper's Fig. 3b reading)
-
-
-class FitWarning(UserWarning):
-    """A fit that still answers, with a caveat the user must see."""
+__all__ = ["Axis", "Count", "FitRequest", "FitResult", "FitWarning", "Form", "TokenPoints", "analyse"]
 
 
 FAR_OUTSIDE = 10.0  # a reference size more than 10x outside the measured range is refused
-# A cross-entropy in nats per token outside this range is no point on a scaling curve: above 1e6 a
-# diverged run (a uniform guess over a 1e6-token vocabulary is 13.8), below 1e-6 a memorised
-# validation set, or a typo (1e305, 1e-320) that would dominate a fit in log space.
-LOSS_RANGE = (1e-6, 1e6)
 RATIO_GRID = 41  # points on the ratio-vs-size curve
 
 
@@ -77,8 +64,8 @@ class FitRequest:
     baseline: str = "transformer"
     candidates: tuple[str, ...] = ()  # empty: every other architecture
     axis: Axis = Axis.AUTO
-    form: Form = Form.OFFSET
-    objective: Objective | None = None  # None: huber for chinchilla, l2 otherwise
+    form: Form | str = Form.OFFSET  # a Form member, or the name of a form registered at run time
+    objective: Objective | None = None  # None: the form's default (huber for chinchilla, l2 otherwise)
     count: Count = Count.TOTAL
     at: tuple[float, ...] = ()
     shared_e: bool = False
@@ -91,53 +78,43 @@ class FitRequest:
     run_sd: float | None = None  # sd of a per-run offset shared by all evaluations of one run
 
     @property
+    def law_form(self) -> LawForm:
+        """The registered definition of ``form``."""
+        return law_form(self.form)
+
+    @property
     def resolved_objective(self) -> Objective:
         if self.objective is not None:
             return self.objective
-        return Objective.HUBER if self.form is Form.CHINCHILLA else Objective.L2
+        return self.law_form.default_objective
 
 
-@dataclass
-class _Arch:
-    """One architecture's points on the chosen axis, and the run each point comes from."""
-
-    name: str
-    x: np.ndarray  # N or D per point (the Chinchilla form: N)
-    loss: np.ndarray
-    other: np.ndarray  # D per point for the Chinchilla form, else unused
-    run: np.ndarray | None = None  # run index per point (see _run_index); None: one run per point
-    cell: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:  # a cell is one (x, other) pair: seeds of one size share it
-        self.cell = np.unique(np.column_stack([self.x, self.other]), axis=0, return_inverse=True)[1].ravel()
-
-
-def analyse(points: pd.DataFrame, request: FitRequest) -> dict:
-    """Fit, bootstrap and compare; returns the JSON-able result (see ``report`` for its shape)."""
+def analyse(points: pd.DataFrame, request: FitRequest) -> FitResult:
+    """Fit, bootstrap and compare; ``FitResult.to_dict()`` is the document ``report`` renders."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FitWarning)
         result = _analyse(points, request)
-    del result["_curves"]
-    result["warnings"] = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
-    return result
+    return replace(result, warnings=list(dict.fromkeys(str(w.message) for w in caught
+                                                       if issubclass(w.category, FitWarning))))
 
 
-def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
-    points = _finite(points)
-    axis = _choose_axis(points, req)
-    used = _select_points(points, axis, req)
-    archs = _architectures(used, axis, req)
+def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
+    form = req.law_form
+    points = finite(points)
+    axis = choose_axis(points, req)
+    used = select_points(points, axis, req)
+    archs = architectures(used, axis, req)
     base_name = req.baseline
     objective = req.resolved_objective
     other_ref = None
-    if req.form is Form.CHINCHILLA:
+    if form.joint_nd:  # ρ_N is read at the baseline's largest D
         other_ref = float(archs[base_name].other.max())
     refs, ref_labels = _references(archs[base_name], req)
 
     main = _fit_all(archs, req.form, objective, req.shared_e)
     _diagnostic_warnings(main)
-    comparison = _fit_all(archs, Form.PURE, Objective.L2, False) if req.form is Form.OFFSET else None
-    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: _run_index
+    comparison = _fit_all(archs, PAPER_LAW, Objective.L2, False) if form.pure_comparison else None
+    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: points.run_index
     resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
         if resampling is not None:
@@ -158,7 +135,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
         curves = _bootstrap(archs, main, z)
         pure_curves = _bootstrap(archs, comparison, z) if comparison else None
 
-    x_axis = "N" if axis is Axis.N or req.form is Form.CHINCHILLA else "D"
+    x_axis = "N" if axis is Axis.N or form.joint_nd else "D"
     measured = (float(archs[base_name].x.min()), float(archs[base_name].x.max()))
     ratios, curve, multipliers = [], {}, []
     grid = np.geomspace(measured[0], measured[1] * 2.0, RATIO_GRID)
@@ -193,191 +170,74 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> dict:
             m = per_point(curves[base_name], np.array([x]), np.array([loss]), other_ref, x_axis)[0]
             multipliers.append({"candidate": cand, "x": x, "loss": loss, "multiplier": _f(m)})
 
-    if req.form is Form.CHINCHILLA:  # ρ_D along tokens at the largest N, as ρ_N is read at the largest D
+    if form.joint_nd:  # ρ_D along tokens at the largest N, as ρ_N is read at the largest D
         n_ref = float(archs[base_name].x.max())
         for cand in (c for c in archs if c != base_name):
             ratios += token_ratios(curves[base_name], curves[cand], cand, archs[base_name].other,
                                    archs[cand].other, n_ref, req.level)
-    paper = _paper_reading(curves if req.form is Form.PURE else pure_curves, curves, base_name, x_axis, measured,
-                           req) if req.form is not Form.CHINCHILLA else None
-    result = {
-        "axis": x_axis if req.form is not Form.CHINCHILLA else "N,D",
-        "count": req.count.value,
-        "form": req.form.value,
-        "objective": objective.value,
-        "shared_e": req.shared_e,
-        "baseline": base_name,
-        "candidates": [a for a in archs if a != base_name],
-        "level": req.level,
-        "n_boot": req.n_boot,
-        "seed": req.seed,
-        "noise": noise.to_dict(),
-        "resampling": noise.resampling(),
-        "measured_range": list(measured),
-        "other_ref": other_ref,
-        "fits": {a: _fit_summary(archs[a], main[a], curves[a], req, x_axis, other_ref) for a in archs},
-        "ratios": ratios,
-        "ratio_curve": curve,
-        "per_point": multipliers,
-        "paper_reading": paper,
-        "points_used": int(used["used"].sum()),
-    }
+    # the paper's reading needs pure-law curves: this fit's own, or the pure law fitted beside it
+    pure_for_paper = curves if str(req.form) == PAPER_LAW else pure_curves
+    paper = None if form.joint_nd else _paper_reading(pure_for_paper, curves, base_name, x_axis, measured, req)
+    pure_fits = None
     if comparison:
-        result["pure_law_fits"] = {a: {k: float(v[0]) for k, v in comparison[a].law.natural(
+        pure_fits = {a: {k: float(v[0]) for k, v in comparison[a].law.natural(
             comparison[a].theta[None, :], 0).items()} for a in archs}
-    if req.holdout:
-        result["holdout"] = _holdout(points, req, axis)
-    _chinchilla_and_shift(result, archs, main, curves, noise, z, w, resampling, req)
-    result["points"] = used
-    result["_curves"] = curves
-    return result
+    holdout = _holdout(points, req, axis) if req.holdout else None
+    compute, shift = _compute_optimal_and_shift(form, archs, main, curves, noise, z, w, req)
+    return FitResult(
+        axis=x_axis if not form.joint_nd else "N,D",
+        count=req.count.value,
+        form=str(req.form),
+        objective=objective.value,
+        shared_e=req.shared_e,
+        baseline=base_name,
+        candidates=[a for a in archs if a != base_name],
+        level=req.level,
+        n_boot=req.n_boot,
+        seed=req.seed,
+        noise=noise.to_dict(),
+        resampling=resampling.to_dict() if resampling is not None else noise.resampling(),
+        measured_range=list(measured),
+        other_ref=other_ref,
+        fits={a: _fit_summary(archs[a], main[a], curves[a], req, x_axis, other_ref) for a in archs},
+        ratios=ratios,
+        ratio_curve=curve,
+        per_point=multipliers,
+        paper_reading=paper,
+        points_used=int(used["used"].sum()),
+        pure_law_fits=pure_fits,
+        holdout=holdout,
+        compute_optimal=compute,
+        shift_model=shift,
+        points=used,
+        curves=curves,
+    )
 
 
-def _chinchilla_and_shift(result: dict, archs: dict[str, _Arch], main: dict[str, LawFit], curves: dict[str, Curve],
-                          noise, z: dict, w: dict | None, resampling, req: FitRequest) -> None:
-    """The resampling method (case/cluster), compute-optimal outputs and the joint shift model."""
-    if resampling is not None:
-        result["resampling"] = resampling.to_dict()
-    if req.form is Form.CHINCHILLA:
-        result["compute_optimal"] = {a: compute_optimal(curves[a], float((6 * arch.x * arch.other).max()), req.level)
-                                     for a, arch in archs.items()}
-    if req.form is Form.OFFSET and not req.shared_e and req.resolved_objective is Objective.L2 and len(archs) > 1:
+def _compute_optimal_and_shift(form: LawForm, archs: dict[str, Arch], main: dict[str, LawFit],
+                               curves: dict[str, Curve], noise, z: dict, w: dict | None,
+                               req: FitRequest) -> tuple[dict | None, dict | None]:
+    """The compute-optimal outputs and the joint shift model, where the form supports them."""
+    compute = shift = None
+    if form.compute_optimal:
+        compute = {a: compute_optimal(curves[a], float((6 * arch.x * arch.other).max()), req.level)
+                   for a, arch in archs.items()}
+    if form.shift_model and not req.shared_e and req.resolved_objective is Objective.L2 and len(archs) > 1:
         base = req.baseline
-        result["shift_model"] = {
-            c: shift_model(main[base], main[c], noise.to_dict(), z[base], z[c], req.level,
-                           *((w[base], w[c]) if w is not None else (None, None)))
-            for c in archs if c != base}
+        shift = {c: shift_model(main[base], main[c], noise.to_dict(), z[base], z[c], req.level,
+                                *((w[base], w[c]) if w is not None else (None, None)))
+                 for c in archs if c != base}
+    return compute, shift
 
 
-# -- points -----------------------------------------------------------------------------------
-
-def _finite(points: pd.DataFrame) -> pd.DataFrame:
-    """The points with a usable loss; the others (a diverged run, a typo) are dropped with a warning."""
-    loss = points["loss"].astype(float)
-    bad = ~(np.isfinite(loss) & (loss >= LOSS_RANGE[0]) & (loss <= LOSS_RANGE[1]))
-    if bad.any():
-        names = ", ".join(f"{n} ({v:g})" for n, v in zip(points.loc[bad, "run_name"].head(5), loss[bad].head(5)))
-        what = f"non-finite, or outside [{LOSS_RANGE[0]:g}, {LOSS_RANGE[1]:g}] nats"
-        if bad.all():
-            raise ConfigError("loss", f"every loss is {what} (runs: {names})")
-        warnings.warn(FitWarning(f"dropped {int(bad.sum())} point(s) with a loss that is {what}: {names}"))
-    return points.loc[~bad]
-
-
-def _x_column(req: FitRequest) -> str:
-    return "num_params" if req.count is Count.TOTAL else "num_non_embedding_params"
-
-
-def _choose_axis(points: pd.DataFrame, req: FitRequest) -> Axis:
-    if req.form is Form.CHINCHILLA or req.axis is not Axis.AUTO:
-        return req.axis if req.axis is not Axis.AUTO else Axis.N
-    finals = points[(points["point"] == "final") & (points["arch"] == req.baseline)]
-    if finals.empty:
-        raise ConfigError("--baseline", f"no runs of the baseline '{req.baseline}'; architectures found: "
-                          f"{', '.join(sorted(points['arch'].unique()))}")
-    sizes, budgets = finals[_x_column(req)].nunique(), finals["tokens"].nunique()
-    if sizes >= 2:
-        if budgets > 1 and not _proportional(finals, req):
-            warnings.warn(FitWarning("the runs differ in both size and tokens; fitting loss against N at each run's "
-                                     "own budget (use --form chinchilla for L(N, D))"))
-        return Axis.N
-    return Axis.D
-
-
-def _proportional(finals: pd.DataFrame, req: FitRequest) -> bool:
-    per_param = finals["tokens"] / finals[_x_column(req)]
-    return bool(per_param.max() / per_param.min() < 1.05)
-
-
-def _select_points(points: pd.DataFrame, axis: Axis, req: FitRequest) -> pd.DataFrame:
-    """The table with ``used`` and ``reason`` columns: which points the fit uses and why not."""
-    pts = points.copy()
-    pts["used"], pts["reason"] = True, ""
-    checkpoints = pts["point"] != "final"
-    use_checkpoints = False
-    if axis is Axis.D and req.form is not Form.CHINCHILLA:
-        finals = pts[~checkpoints & (pts["arch"] == req.baseline)]
-        use_checkpoints = req.token_points is TokenPoints.CHECKPOINTS or (
-            req.token_points is TokenPoints.AUTO and finals["tokens"].nunique() < 3)
-        if use_checkpoints:
-            if not checkpoints.any():
-                raise ConfigError("--token-points", "the runs have one token budget each and no intermediate "
-                                  "evaluations were read; pass --token-points checkpoints with MLflow runs")
-            warnings.warn(FitWarning(
-                "D points are intermediate evaluations of each run (as in the paper's Fig. 3b); with a decaying "
-                "learning rate they overstate the loss of a run trained to that D (Hägele et al. 2024)"))
-    if not use_checkpoints:
-        pts.loc[checkpoints, ["used", "reason"]] = [False, "intermediate evaluation"]
-    else:
-        step, warmup = pts["step"].astype(float), pts["warmup_steps"].astype(float)
-        unknown = checkpoints & (step.isna() | warmup.isna())
-        if unknown.any():
-            warnings.warn(FitWarning(
-                f"{int(unknown.sum())} intermediate evaluation(s) have no step or warmup_steps (columns of the CSV), "
-                "so none of them can be told to be in warmup: all are used"))
-        early = checkpoints & ~unknown & (step <= warmup)
-        pts.loc[early, ["used", "reason"]] = [False, "in warmup"]
-    return pts
-
-
-def _architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[str, _Arch]:
-    used = points[points["used"]]
-    present = sorted(used["arch"].unique())
-    if req.baseline not in present:
-        raise ConfigError("--baseline", f"no finished runs of the baseline '{req.baseline}' match; "
-                          f"architectures found: {', '.join(present) or 'none'}")
-    candidates = list(dict.fromkeys(req.candidates)) or [a for a in present if a != req.baseline]
-    if req.baseline in candidates:
-        raise ConfigError("--candidate", f"'{req.baseline}' is the baseline; compare it with another architecture")
-    for c in candidates:
-        if c not in present:
-            raise ConfigError("--candidate", f"no finished runs of '{c}' match; architectures found: {', '.join(present)}")
-    # only the baseline: its law is fitted and reported, with no ratio (candidates == [])
-    law = Law(req.form, n_groups=1 + len(candidates), shared_e=req.shared_e)
-    per_arch = law.num_params if not req.shared_e else 2
-    archs = {}
-    for name in [req.baseline, *candidates]:
-        rows = used[used["arch"] == name]
-        x = rows[_x_column(req)].to_numpy(float) if axis is Axis.N or req.form is Form.CHINCHILLA else rows["tokens"].to_numpy(float)
-        other = rows["tokens"].to_numpy(float) if req.form is Form.CHINCHILLA else np.zeros(len(rows))
-        arch = _Arch(name, x, rows["loss"].to_numpy(float), other, _run_index(rows))
-        distinct = len(np.unique(arch.cell))
-        needed = per_arch + (1 if req.shared_e else 0)
-        if distinct < needed:
-            what = "sizes" if axis is Axis.N else "token counts"
-            raise ConfigError("points", f"{name} has {distinct} distinct {what} but the {req.form.value} law has "
-                              f"{needed} parameters: need at least {needed} (or a law with fewer, e.g. --form pure)")
-        archs[name] = arch
-    return archs
-
-
-def _run_index(rows: pd.DataFrame) -> np.ndarray:
-    """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
-
-    A point's run is its MLflow ``run_id``, else its ``run_key``, else its ``run_name`` (not the
-    table's ``row N`` placeholder for a CSV without names). A CSV with none of them: the
-    evaluations of a token scan read from checkpoints (``point`` = checkpoint rows among them) are
-    one run per (arch, num_params, seed) (a CSV without ``seed`` has seed 0: one run per
-    architecture and size), and every other row (a final evaluation) is a run of its own."""
-    ids = rows["run_id"].astype(str).where(rows["run_id"].astype(str) != "", rows["run_key"].astype(str))
-    names = rows["run_name"].astype(str)
-    ids = ids.where(ids != "", names.where(~names.str.fullmatch(r"row \d+"), ""))
-    if (rows["point"] != "final").any():
-        fallback = rows["arch"].astype(str) + "|" + rows["num_params"].astype(str) + "|" + rows["seed"].astype(str)
-    else:
-        fallback = pd.Series([f"row {i}" for i in range(len(rows))], index=rows.index)
-    ids = ids.where(ids != "", fallback)
-    return np.unique(ids.to_numpy(str), return_inverse=True)[1].ravel()
-
-
-def _references(base: _Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
+def _references(base: Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
     distinct = np.unique(base.x)
     lo, hi = float(distinct.min()), float(distinct.max())
     refs = [hi, float(np.exp(np.log(distinct).mean()))]
     labels = [f"{human(hi)} (largest measured)", f"{human(refs[1])} (geometric mean)"]
     for at in req.at:
         if at > hi * FAR_OUTSIDE or at < lo / FAR_OUTSIDE:
-            raise ConfigError("--at", f"{human(at)} is more than {FAR_OUTSIDE:g}x outside the measured range "
+            raise ConfigError("at", f"{human(at)} is more than {FAR_OUTSIDE:g}x outside the measured range "
                               f"{human(lo)}-{human(hi)}; an extrapolation that far is not an answer")
         refs.append(float(at))
         labels.append(human(at))
@@ -386,6 +246,7 @@ def _references(base: _Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
 
 # How the DIFF paper read its Fig. 3 (arXiv 2410.05258 §3.2): Kaplan-style pure power laws, ratios
 # read off the fitted curves at an 11B Transformer (parameters) and 251B tokens.
+PAPER_LAW = Form.PURE  # the form fitted beside the others (where they ask) for the paper's reading
 PAPER_READING = {"N": (11e9, "62.2% at 11B (6.8B DIFF vs an 11B Transformer)"),
                  "D": (251e9, "63.7% at 251B tokens (160B for DIFF)")}
 
@@ -436,16 +297,16 @@ def _extrapolation(row: dict, measured: tuple[float, float], cand_range: tuple[f
 
 # -- fitting ----------------------------------------------------------------------------------
 
-def _data(arch: _Arch) -> Data:
+def _data(arch: Arch) -> Data:
     return Data(u=np.log(arch.x), y=np.log(arch.loss), v=np.log(np.maximum(arch.other, 1e-300)))
 
 
-def _fit_all(archs: dict[str, _Arch], form: Form, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
+def _fit_all(archs: dict[str, Arch], form: Form | str, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
     if not shared_e:
         fit = fit_huber_mle if objective is Objective.HUBER_MLE else (lambda law, data: fit_law(law, data, objective))
         return {a: fit(Law(form), _data(arch)) for a, arch in archs.items()}
     if objective is Objective.HUBER_MLE:
-        raise ConfigError("--objective", "huber_mle fits one law per architecture; drop --shared-e or use l2/huber")
+        raise ConfigError("objective", "huber_mle fits one law per architecture; drop --shared-e or use l2/huber")
     names = list(archs)
     law = Law(form, n_groups=len(names), shared_e=True)
     group = np.concatenate([np.full(len(archs[a].x), g) for g, a in enumerate(names)])
@@ -473,8 +334,9 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
             if name not in s.on_bound:
                 continue
             side = "lower" if s.theta[i] <= lo[i] + 1e-9 else "upper"
-            value = float(np.exp(s.theta[i])) if name.rstrip("0123456789") in ("e", "a", "b") else float(s.theta[i])
-            label = {"e": "E", "a": "A", "b": "B", "alpha": "α", "beta": "β"}[name.rstrip("0123456789")]
+            param = fit.law.param(name)
+            value = float(np.exp(s.theta[i])) if param.log else float(s.theta[i])
+            label = param.label
             warnings.warn(FitWarning(f"{who}: the fitted {label} sits on its {side} bound ({value:.2g}), so the "
                                      f"law is not identified by these points and every ratio using it rests on "
                                      f"a boundary fit"))
@@ -489,13 +351,13 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
                                      f"determined"))
 
 
-def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):
+def _noise(archs: dict[str, Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):
     groups = []
     for g, (a, arch) in enumerate(archs.items()):
         fit = fits[a]
         fitted = fit.fitted if not req.shared_e else fit.fitted[fit.data.group == g]
         # a joint fit's shared E is counted once, with the first architecture
-        num_params = fit.law.num_params if not req.shared_e else 2 + (g == 0)
+        num_params = fit.law.group_params(g)
         groups.append(Group(np.log(arch.loss), fitted, arch.cell, num_params, robust=objective is not Objective.L2,
                             run=arch.run))
     try:
@@ -507,7 +369,7 @@ def _noise(archs: dict[str, _Arch], fits: dict[str, LawFit], objective: Objectiv
     return noise
 
 
-def _bootstrap(archs: dict[str, _Arch], fits: dict[str, LawFit], z: dict[str, np.ndarray]) -> dict[str, Curve]:
+def _bootstrap(archs: dict[str, Arch], fits: dict[str, LawFit], z: dict[str, np.ndarray]) -> dict[str, Curve]:
     first = next(iter(fits.values()))
     if all(f is first for f in fits.values()) and first.law.shared_e:  # one joint fit
         targets = first.fitted[None, :] + np.concatenate([z[a] for a in archs], axis=1)
@@ -516,7 +378,7 @@ def _bootstrap(archs: dict[str, _Arch], fits: dict[str, LawFit], z: dict[str, np
     return {a: Curve(fits[a].law, fits[a].theta, fits[a].refit(fits[a].fitted[None, :] + z[a])) for a in archs}
 
 
-def _fit_summary(arch: _Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: str, other: float | None) -> dict:
+def _fit_summary(arch: Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: str, other: float | None) -> dict:
     point = {k: float(v[0]) for k, v in curve.law.natural(curve.theta[None, :], curve.group).items()}
     draws = curve.law.natural(curve.draws, curve.group)
     ci = {}
@@ -541,9 +403,10 @@ def _fit_summary(arch: _Arch, fit: LawFit, curve: Curve, req: FitRequest, axis: 
 
 def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
     """Refit without each architecture's largest size (or D) and predict it, with its CI."""
-    if req.form is Form.CHINCHILLA:
-        raise ConfigError("--holdout", "is for the one-variable laws (--form offset or pure)")
-    col = "tokens" if axis is Axis.D else _x_column(req)
+    if req.law_form.joint_nd:
+        one_variable = " or ".join(f.name for f in law_forms() if not f.joint_nd)
+        raise ConfigError("holdout", f"is for the one-variable laws (--form {one_variable})")
+    col = "tokens" if axis is Axis.D else x_column(req)
     finals = points[points["point"] == "final"] if axis is Axis.N else points
     largest = finals.groupby("arch")[col].transform("max")
     held = finals[finals[col] >= largest]
@@ -552,14 +415,14 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
             warnings.simplefilter("ignore", FitWarning)
             reduced = _analyse(points.drop(index=held.index), replace(req, holdout=False, at=(), axis=axis))
     except ConfigError as exc:
-        raise ConfigError("--holdout", f"too few points once the largest is held out ({exc.message})") from None
+        raise ConfigError("holdout", f"too few points once the largest is held out ({exc.message})") from None
     x_axis = "N" if axis is Axis.N else "D"
-    noise = reduced["noise"]
+    noise = reduced.noise
     # the quantile of the observation noise: Student's t when its sd is estimated (dof), else normal
     q = 1 - (1 - req.level) / 2
     quantile = float(t_dist.ppf(q, noise["dof"]) if noise.get("dof") else norm.ppf(q))
     out = {}
-    for arch, curve in reduced["_curves"].items():
+    for arch, curve in reduced.curves.items():
         rows = held[held["arch"] == arch]
         x, observed = float(rows[col].iloc[0]), float(rows["loss"].mean())
         predicted = float(curve.loss(np.array([x]), None, x_axis)[0])

@@ -6,19 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import (
     Data,
     Objective,
     Solution,
     multistart,
-    penalty,
     solve_batch,
 )
-
-# the offset law's start grid (Law.starts): floor fractions for E, then a line in log-log space
-START_FRACTIONS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
-START_ALPHAS = (0.05, 0.15, 0.3, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -58,18 +53,15 @@ class LawFit:
     def refit(self, targets: np.ndarray) -> np.ndarray:
         """Refit every row of ``targets`` (B, n log losses): (B, p).
 
-        Each draw is refitted from the estimate (warm start) and from more starts, keeping the
-        best: for the offset law, the best start of the law's E-fraction grid for that draw's own
-        values (vectorised over draws); otherwise the grid start and other local optima the
-        estimate's search found. Warm-started alone, ~20% of draws on 5 noisy sizes stopped in
-        the estimate's basin while their optimum lay in another (E -> 0, or E near the floor), up
-        to 300x worse in objective (tests/scaling/test_bootstrap.py)."""
+        Each draw is refitted from the estimate (warm start) and from the extra starts the law's
+        form gives for that draw (``LawForm.refit_starts``: for the offset law, the best start of
+        its E-fraction grid for the draw's own values), by default the grid start and other local
+        optima the estimate's search found, keeping the best. Warm-started alone, ~20% of draws on
+        5 noisy sizes stopped in the estimate's basin while their optimum lay in another (E -> 0,
+        or E near the floor), up to 300x worse in objective (tests/scaling/test_bootstrap.py)."""
         b = targets.shape[0]
-        if self.law.form is Form.PURE:  # linear least squares in log space: one optimum
-            extra = np.empty((b, 0, len(self.theta)))
-        elif self.law.form is Form.OFFSET and not self.law.shared_e:
-            extra = self._grid_best(targets)[:, None, :]
-        else:
+        extra = self.law.definition.refit_starts(self, targets)
+        if extra is None:
             basins = self.solution.basins if self.solution.basins is not None else self.solution.start[None, :]
             extra = np.repeat(basins[None], b, axis=0)
         starts = np.concatenate([np.repeat(self.theta[None, None, :], b, axis=0), extra], axis=1)
@@ -93,40 +85,6 @@ class LawFit:
         merged = Data(u=d.u[first], y=np.bincount(inv, d.y) / counts, v=None if d.v is None else d.v[first],
                       group=None if d.group is None else d.group[first])
         return merged, counts, (targets @ np.eye(len(uniq))[inv]) / counts
-
-    def _grid_best(self, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
-        """The offset law's start grid (as ``Law.starts``) for each draw, vectorised: (B, p), the
-        start with the lowest objective per draw. Scored on the mean log loss per distinct x
-        (weighted by its count): the same ranking for least squares, at the cost of the sizes
-        rather than the points."""
-        uniq, inv = np.unique(self.data.u, return_inverse=True)
-        counts = np.bincount(inv.ravel()).astype(float)
-        y = (targets @ np.eye(len(uniq))[inv.ravel()]) / counts  # (B, m) mean log loss per x
-        b = len(y)
-        loss = np.exp(y)
-        floor = loss.min(axis=1)
-        w = counts / counts.sum()
-        mean_u = float(w @ uniq)
-        uc = uniq - mean_u
-        alpha_hi = self.law.bounds()[1][self.law.names.index("alpha")]
-        rows = []
-        for fraction in START_FRACTIONS:
-            e = np.log(fraction * floor) if fraction > 0 else np.log(floor) - 8.0
-            resid = np.log(np.maximum(loss - fraction * floor[:, None], 1e-12))
-            slope = resid @ (w * uc) / max(float(w @ uc ** 2), 1e-300)
-            intercept = resid @ w - slope * mean_u
-            rows.append(np.stack([e, intercept, np.clip(-slope, 0.0, alpha_hi)], axis=1))
-            for alpha in START_ALPHAS:
-                rows.append(np.stack([e, (resid + alpha * uniq) @ w, np.full(b, alpha)], axis=1))
-        grid = np.stack(rows, axis=1)  # (B, S, 3)
-        s = grid.shape[1]
-        best = np.empty((b, 3))
-        for i in range(0, b, chunk):
-            g = grid[i:i + chunk]
-            pred, _ = self.law.predict(g.reshape(-1, 3), uniq)
-            values = (penalty(self.objective, pred.reshape(len(g), s, -1) - y[i:i + chunk, None, :]) * counts).sum(axis=2)
-            best[i:i + chunk] = g[np.arange(len(g)), np.argmin(np.where(np.isfinite(values), values, np.inf), axis=1)]
-        return best
 
     def diagnostics(self) -> dict:
         s = self.solution

@@ -18,12 +18,9 @@ import numpy as np
 from scipy.optimize import minimize
 
 from diffsweep.scaling.fit import LawFit, fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
+from diffsweep.scaling.laws.chinchilla import HOFFMANN  # noqa: F401  (Epoch's start; tests use mle.HOFFMANN)
 from diffsweep.scaling.optimize import HUBER_DELTA, Data, Objective, Solution
-
-# Hoffmann et al. (2022) approach 3, unrounded from the paper's TeX source (as Epoch uses them):
-# log-space (e, a, b, α, β) of the Chinchilla law.
-HOFFMANN = np.array([0.5267228, 6.0073404, 6.0179186, 0.33917084, 0.2849083])
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,10 @@ def negative_log_likelihood(params: np.ndarray, law: Law, data: Data,
 
 def fit_huber_mle(law: Law, data: Data) -> MleFit:
     """Epoch's estimator: BFGS on the Huber likelihood from the best summed-Huber fit (approach 3,
-    multi-start) and, for the Chinchilla form, also from Hoffmann et al.'s values; the higher
-    likelihood wins. Diagnostics keep the multi-start's counts."""
+    multi-start) and from the form's published estimates (the Chinchilla form: Hoffmann et al.'s
+    values); the higher likelihood wins. Diagnostics keep the multi-start's counts."""
     grid = fit_law(law, data, Objective.HUBER)
-    starts = [grid.theta] + ([HOFFMANN] if law.form is Form.CHINCHILLA else [])
+    starts = [grid.theta] + law.definition.published_starts()
     return maximise(law, data, starts, grid.solution)
 
 

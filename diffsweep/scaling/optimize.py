@@ -14,23 +14,16 @@ Two solvers, each with one job:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import minimize
 
-from diffsweep.scaling.forms import Law
+# Objective's home is the numpy-free choices module (the CLI's options); re-exported here
+from diffsweep.scaling.choices import Objective
 
-
-class Objective(StrEnum):
-    """How residuals r = log L̂ - log L are penalised (summed over points, never averaged)."""
-
-    L2 = "l2"  # r²/2: least squares in log space (default for designed sweeps)
-    HUBER = "huber"  # Huber_δ(r), δ = 1e-3: Hoffmann et al. / Epoch AI's approach 3
-    # Epoch AI's final estimator: the Huber likelihood with a free scale σ (diffsweep.scaling.mle);
-    # bootstrap refits use the summed Huber loss, as Epoch's bootstrap does
-    HUBER_MLE = "huber_mle"
-
+if TYPE_CHECKING:  # annotations only: the law forms (imported by forms.py) use this module's penalty
+    from diffsweep.scaling.forms import Law
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, approach 3
 MAX_BASINS = 2  # local optima of the grid besides the best kept as extra bootstrap starts

@@ -25,7 +25,6 @@ from diffsweep.config.units import human
 from diffsweep.fsutil import parents_made_for
 from diffsweep.scaling import table as tables
 from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
-from diffsweep.scaling.forms import Form
 from diffsweep.scaling.plots import write_plots
 from diffsweep.scaling.report import markdown
 
@@ -84,7 +83,7 @@ def _store_errors(uri: str, doing: str) -> Iterator[None]:
 def _runs(source: Source, request: FitRequest) -> pd.DataFrame:
     assert source.experiment is not None
     finals = tables.from_mlflow(source.uri, source.experiment, source.sweep, list(source.where), keys=source.keys)
-    if request.form is Form.CHINCHILLA or request.token_points is TokenPoints.FINAL:
+    if request.law_form.joint_nd or request.token_points is TokenPoints.FINAL:
         return finals
     base = finals[finals["arch"] == request.baseline]
     token_fit = request.axis is Axis.D or (request.axis is Axis.AUTO and base["num_params"].nunique() == 1)
@@ -95,17 +94,20 @@ def _runs(source: Source, request: FitRequest) -> pd.DataFrame:
 
 
 def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: bool = True) -> Outcome:
-    """Load, fit and report; returns what was produced. Raises ConfigError on bad input."""
+    """Load, fit and report; returns what was produced. Raises ConfigError on bad input, keyed by the
+    ``FitRequest`` field (or ``out``) at fault."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", tables.TableWarning)
         points = load_points(source, request)
     notes = [str(w.message) for w in caught if issubclass(w.category, tables.TableWarning)]
-    result = analyse(points, request)
+    fit = analyse(points, request)
+    result = fit.to_dict()
     result["warnings"] = notes + result["warnings"]
-    used: pd.DataFrame = result.pop("points")
+    used = fit.points
+    assert used is not None
     folder = out or Path("fits") / f"{source.label}-{result['axis'].replace(',', '')}"
     if folder.exists() and not folder.is_dir():
-        raise ConfigError("--out", f"{folder} exists and is not a directory")
+        raise ConfigError("out", f"{folder} exists and is not a directory")
     result["source"] = {k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, (tuple, frozenset)) else v)
                         for k, v in asdict(source).items() if k != "keys"}
     outcome = Outcome(result=result, folder=folder, notes=notes)
@@ -121,7 +123,7 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
             finally:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
-        raise ConfigError("--out", f"cannot write {folder} ({exc.strerror or exc})") from None
+        raise ConfigError("out", f"cannot write {folder} ({exc.strerror or exc})") from None
     outcome.files = {"report": folder / "report.md", "plots": folder / "plots", "points": folder / "points.csv",
                      "json": folder / "fit.json"}
     return outcome

@@ -63,13 +63,18 @@ def _param_cell(fit: dict, name: str) -> str:
 
 
 def law_text(r: dict[str, Any]) -> str:
+    """The fitted form's formula, on the fit's axis (its definition's ``formula``)."""
     x = "N" if r["axis"] == "N" else "D"
-    return {"offset": f"L = E + A·{x}^-α", "pure": f"L = A·{x}^-α",
-            "chinchilla": "L = E + A/N^α + B/D^β"}[r["form"]]
+    return _law(r).formula.format(x=x)
 
 
-_LAW_WORDS = {"offset": "a power law with an irreducible loss", "pure": "a pure power law (Kaplan-style)",
-              "chinchilla": "the Chinchilla law in parameters and tokens"}
+def _law(r: dict[str, Any]):  # -> laws.LawForm (not imported at module level: see below)
+    """The definition of the result's form (imported here: the laws need numpy, the report's
+    import must not)."""
+    from diffsweep.scaling.laws import law_form
+
+    return law_form(r["form"])
+
 _RESAMPLING = {"parametric": "a parametric bootstrap (noise added to the fitted curves, every draw refitted)",
                "hierarchical": "a hierarchical parametric bootstrap (a per-run offset shared by all evaluations of "
                                "a run, plus evaluation noise)",
@@ -105,7 +110,7 @@ def first_paragraph(r: dict[str, Any]) -> list[str]:
     """The report's opening, in plain words: law, references, noise, resampling, extrapolation,
     the fit's own caveats, and the takeaway."""
     axis = r["axis"].split(",")[0]
-    lines = [f"- **Law**: {law_text(r)}, {_LAW_WORDS.get(r['form'], r['form'])}, fitted to each architecture "
+    lines = [f"- **Law**: {law_text(r)}, {_law(r).words}, fitted to each architecture "
              f"({r['objective']} loss on log L, multi-start)."]
     if r["ratios"]:
         refs = ", ".join(_references(r))

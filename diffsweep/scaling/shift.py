@@ -17,8 +17,10 @@ from scipy.stats import chi2
 from scipy.stats import f as f_dist
 
 from diffsweep.scaling.bootstrap import interval
+from diffsweep.scaling.choices import Form
 from diffsweep.scaling.fit import LawFit
-from diffsweep.scaling.forms import _EXPONENT, _LOG_COEF, _LOG_E, Form, Law
+from diffsweep.scaling.forms import Law
+from diffsweep.scaling.laws.base import EXPONENT, LOG_COEF, LOG_E
 from diffsweep.scaling.optimize import Data, Objective, solve_batch
 
 SUPPORT_P = 0.05  # a single ρ is "supported" unless the test rejects it at 5%
@@ -31,14 +33,13 @@ class ShiftLaw:
     """The offset law of the baseline (group 0) and the candidate (group 1) at x/ρ; duck-types ``Law``."""
 
     names: tuple[str, ...] = ("e", "a", "alpha", "log_rho")
-    form: Form = Form.OFFSET
 
     @property
     def num_params(self) -> int:
         return 4
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        pairs = (_LOG_E, _LOG_COEF, _EXPONENT, _LOG_RHO)
+        pairs = (LOG_E, LOG_COEF, EXPONENT, _LOG_RHO)
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
 
     def predict(self, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None = None,

@@ -28,7 +28,7 @@ def test_ratio_ci_covers_the_truth_about_95_percent_of_the_time():
     experiments = 120
     for _ in range(experiments):
         r = analyse(ladder(noise_sd=0.005, seeds=3, rng=rng), FitRequest(n_boot=250, seed=int(rng.integers(1 << 30))))
-        for k, row in enumerate(r["ratios"][:2]):
+        for k, row in enumerate(r.ratios[:2]):
             hi = np.inf if row["hi"] is None else row["hi"]
             covered[k] += row["lo"] <= TRUE_RATIO <= hi
     coverage = covered / experiments
@@ -49,18 +49,18 @@ def test_noise_from_residuals_warns_the_right_way():
     """5 sizes x 1 seed: the residual-based intervals are ~1.4x as wide as a known noise gives (the
     price of 4 degrees of freedom) and cover ~95% (RESULTS.md); the warning used to say "under-cover"."""
     r = analyse(ladder(noise_sd=0.003, seeds=1), FitRequest(n_boot=100))
-    assert r["noise"]["source"] == "residuals" and r["noise"]["dof"] == 10 - 6
-    warning = next(w for w in r["warnings"] if "no seed replicates" in w)
+    assert r.noise["source"] == "residuals" and r.noise["dof"] == 10 - 6
+    warning = next(w for w in r.warnings if "no seed replicates" in w)
     assert "under-cover" not in warning and "1.42x as wide" in warning and "not too narrow" in warning
 
 
 def test_given_noise_is_used_as_is():
     r = analyse(ladder(noise_sd=0.0, seeds=1), FitRequest(n_boot=100, noise_sd=0.004))
-    assert {k: v for k, v in r["noise"].items() if k != "description"} == {
+    assert {k: v for k, v in r.noise.items() if k != "description"} == {
         "source": "given", "sd": 0.004, "dof": None, "between_sd": 0.0, "between_dof": 0.0, "warning": None,
         "run_sd": 0.0, "run_dof": 0.0, "ci_scope": "full"}
-    assert r["noise"]["description"] == "a given run-to-run sd of 0.004 of log loss, independent per run"
-    row = r["ratios"][0]
+    assert r.noise["description"] == "a given run-to-run sd of 0.004 of log loss, independent per run"
+    row = r.ratios[0]
     assert row["lo"] < TRUE_RATIO < row["hi"] and row["ratio"] == pytest.approx(TRUE_RATIO, abs=1e-6)
 
 
@@ -77,8 +77,8 @@ def test_draws_are_paired_and_reproducible():
     a = analyse(points, FitRequest(n_boot=200, seed=7))
     b = analyse(points, FitRequest(n_boot=200, seed=7))
     c = analyse(points, FitRequest(n_boot=200, seed=8))
-    assert a["ratios"] == b["ratios"]
-    assert a["ratios"][0]["lo"] != c["ratios"][0]["lo"]
+    assert a.ratios == b.ratios
+    assert a.ratios[0]["lo"] != c.ratios[0]["lo"]
 
 
 def test_size_level_scatter_is_modelled_only_when_the_lack_of_fit_test_rejects():
@@ -120,8 +120,8 @@ def test_one_seed_ladder_ci_is_calibrated_and_only_as_wide_as_its_noise_estimate
     hits, ratio = [], []
     for k in range(30):
         points = ladder(noise_sd=0.005, seeds=1, rng=rng)
-        est = analyse(points, FitRequest(n_boot=150, at=(11e9,), seed=k))["ratios"][2]
-        known = analyse(points, FitRequest(n_boot=150, at=(11e9,), seed=k, noise_sd=0.005))["ratios"][2]
+        est = analyse(points, FitRequest(n_boot=150, at=(11e9,), seed=k)).ratios[2]
+        known = analyse(points, FitRequest(n_boot=150, at=(11e9,), seed=k, noise_sd=0.005)).ratios[2]
         hi = np.inf if est["hi"] is None else est["hi"]
         hits.append(est["lo"] <= TRUE_RATIO <= hi)
         cap = lambda v: 10.0 if v is None else min(v, 10.0)  # an unbounded upper end counts as 10x

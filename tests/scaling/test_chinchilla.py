@@ -78,18 +78,18 @@ def chinchilla_table(candidate: dict[str, float] | None = None, noise_sd: float 
 def test_token_ratio_along_d_is_exact_without_noise():
     """The candidate needs 63.7% of the tokens (the paper's 160B-for-251B reading) at every N."""
     r = analyse(chinchilla_table({"D": 0.637}), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50))
-    d_rows = [row for row in r["ratios"] if row["axis"] == "D"]
+    d_rows = [row for row in r.ratios if row["axis"] == "D"]
     assert len(d_rows) == 2 and d_rows[0]["at"] == pytest.approx(5e11) and d_rows[0]["other"] == pytest.approx(1.6e10)
     assert [row["ratio"] for row in d_rows] == pytest.approx([0.637] * 2, abs=1e-5)
     assert not d_rows[0]["extrapolated_reference"] and not d_rows[0]["extrapolated_candidate"]
     assert d_rows[0]["candidate_x"] == pytest.approx(0.637 * 5e11, rel=1e-5)
-    assert r["resampling"]["method"] == "case"  # 36 distinct points per architecture
+    assert r.resampling["method"] == "case"  # 36 distinct points per architecture
 
 
 def test_compute_optimal_outputs_are_exact_without_noise():
     r = analyse(chinchilla_table(), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50))
-    assert r["candidates"] == [] and r["ratios"] == []
-    opt = r["compute_optimal"]["transformer"]
+    assert r.candidates == [] and r.ratios == []
+    opt = r.compute_optimal["transformer"]
     p = HOFFMANN
     assert opt["a"]["value"] == pytest.approx(p["beta"] / (p["alpha"] + p["beta"]), rel=1e-6)
     assert opt["b"]["value"] == pytest.approx(p["alpha"] / (p["alpha"] + p["beta"]), rel=1e-6)
@@ -112,11 +112,11 @@ def case_coverage(reps: int, boot: int, noise_sd: float = 0.005, start: int = 0)
     for i in range(start, start + reps):
         r = analyse(chinchilla_table({"N": 0.62}, noise_sd=noise_sd, seed=i),
                     FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=boot, seed=i))
-        assert r["resampling"]["method"] == "case"
-        rows = [row for row in r["ratios"] if row["axis"] == "N"]
+        assert r.resampling["method"] == "case"
+        rows = [row for row in r.ratios if row["axis"] == "N"]
         for key, row in zip(("rho_largest", "rho_geomean"), rows):
             out[key].append((row["lo"] <= 0.62 <= (row["hi"] or np.inf), (row["hi"] or np.inf) - row["lo"]))
-        a = r["compute_optimal"]["transformer"]["a"]
+        a = r.compute_optimal["transformer"]["a"]
         out["a"].append((a["lo"] <= TRUE_A <= a["hi"], a["hi"] - a["lo"]))
     return out
 

@@ -32,8 +32,8 @@ def coverage(reps: int, n_boot: int, start: int = 0) -> tuple[float, float, list
     for i in range(start, start + reps):
         r = analyse(token_scan(np.random.default_rng(i)),
                     FitRequest(token_points=TokenPoints.CHECKPOINTS, n_boot=n_boot, seed=i))
-        methods.append(r["resampling"]["method"] if "resampling" in r else "parametric")
-        for row in r["ratios"]:
+        methods.append(r.resampling["method"])
+        for row in r.ratios:
             covered += row["lo"] <= RHO_D <= (row["hi"] or np.inf)
             widths.append((row["hi"] or np.inf) - row["lo"])
     return covered / (2 * reps), float(np.median(widths)), methods

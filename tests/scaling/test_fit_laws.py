@@ -73,16 +73,16 @@ def test_pure_and_chinchilla_forms_recover_their_parameters():
 def test_noise_free_ratio_is_exact_at_every_reference(shared_e):
     points = ladder(noise_sd=0.0, seeds=2)  # two identical seeds: zero noise, measured
     r = analyse(points, FitRequest(at=(1e9, 5e9), shared_e=shared_e, n_boot=50))
-    got = [row["ratio"] for row in r["ratios"]]
+    got = [row["ratio"] for row in r.ratios]
     assert len(got) == 4
     assert got == pytest.approx([TRUE_RATIO] * 4, abs=1e-6)
-    assert [m["multiplier"] for m in r["per_point"]] == pytest.approx([TRUE_RATIO] * len(SIZES), abs=1e-6)
-    assert r["noise"]["source"] == "seeds" and r["noise"]["sd"] == 0
+    assert [m["multiplier"] for m in r.per_point] == pytest.approx([TRUE_RATIO] * len(SIZES), abs=1e-6)
+    assert r.noise["source"] == "seeds" and r.noise["sd"] == 0
 
 
 def test_pure_power_law_is_reported_and_biased_like_the_notes_say():
     r = analyse(ladder(noise_sd=0.0, seeds=2), FitRequest(at=(11e9,), n_boot=50))
-    at_11b = next(row for row in r["ratios"] if row["at"] == 11e9)
+    at_11b = next(row for row in r.ratios if row["at"] == 11e9)
     assert at_11b["ratio"] == pytest.approx(TRUE_RATIO, abs=1e-6)
     # docs/references.md §4: pure power laws give ≈0.715 at 11B on this design (biased; no offset)
     assert at_11b["pure_law"]["ratio"] == pytest.approx(0.715, abs=0.01)
@@ -104,5 +104,5 @@ def test_chinchilla_form_gives_the_parameter_ratio_at_the_largest_token_budget()
                 rows.append({"arch": arch, "num_params": n, "tokens": d, "loss": law(n / ratio, d), "seed": 0})
     r = analyse(_complete(pd.DataFrame(rows)), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50,
                                                           noise_sd=1e-4))
-    assert r["axis"] == "N,D" and r["other_ref"] == 3e11
-    assert [row["ratio"] for row in r["ratios"] if row["axis"] == "N"] == pytest.approx([TRUE_RATIO] * 2, abs=1e-5)
+    assert r.axis == "N,D" and r.other_ref == 3e11
+    assert [row["ratio"] for row in r.ratios if row["axis"] == "N"] == pytest.approx([TRUE_RATIO] * 2, abs=1e-5)

@@ -179,7 +179,7 @@ def test_the_holdout_prediction_interval_covers_the_observed_point():
     for i in range(60):
         points = ladder(noise_sd=0.005, seeds=1, rng=np.random.default_rng(100 + i), sizes=sizes)
         result = analyse(points, FitRequest(n_boot=200, holdout=True, noise_sd=0.005, seed=i))
-        for p in result["holdout"]["predictions"].values():
+        for p in result.holdout["predictions"].values():
             inside += p["lo"] <= p["observed"] <= p["hi"]
             total += 1
     assert inside / total >= 0.89, f"coverage {inside / total:.1%} of {total}"
@@ -191,7 +191,7 @@ def test_ratio_plot_puts_markers_at_the_baseline_equivalent_size_and_shows_what_
     from diffsweep.scaling.plots import ratio_markers, ratio_top, split_measured, write_plots
 
     points = ladder(noise_sd=0.005, seeds=1, rng=np.random.default_rng(1), ratios={"diff_v1": 1.4})
-    result = analyse(points, FitRequest(n_boot=200))
+    result = analyse(points, FitRequest(n_boot=200)).to_dict()
     xs, _ = ratio_markers(result, "diff_v1")
     # at the baseline size that reaches the candidate's loss: x_cand / multiplier, not x_cand
     assert xs == pytest.approx([p["x"] / p["multiplier"] for p in result["per_point"]])
@@ -222,9 +222,9 @@ def test_a_single_architecture_result_renders_everywhere(tmp_path, store, capsys
     from diffsweep.scaling.report import markdown, print_terminal
 
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
-    full = analyse(points, FitRequest(n_boot=100))
-    used = full.pop("points")
-    r = single_architecture(full) | {"source": {"csv": "x.csv"}}
+    fit = analyse(points, FitRequest(n_boot=100))
+    used = fit.points
+    r = single_architecture(fit.to_dict()) | {"source": {"csv": "x.csv"}}
     report = markdown(r, "one")
     assert "one architecture only, so the law is reported and no ratio is computed" in report
     assert "## Answer" not in report and "ratio.png" not in report and "## Fitted laws" in report
@@ -283,8 +283,7 @@ def test_a_curve_fit_only_ci_and_the_resampling_used_are_said_in_the_sentence_an
     from diffsweep.scaling.report import markdown, sentence
 
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
-    r = analyse(points, FitRequest(n_boot=100))
-    r.pop("points")
+    r = analyse(points, FitRequest(n_boot=100)).to_dict()
     r["noise"] |= {"description": "the residuals around one curve per architecture (one run each)",
                    "ci_scope": "curve_fit_only"}
     r["resampling"] = {"method": "hierarchical", "unit": "run", "why": "the evaluations of one run share its offset"}

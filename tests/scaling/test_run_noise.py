@@ -23,7 +23,7 @@ def test_token_scan_ci_covers_the_truth_with_run_offsets():
     each): the 95% CI at 251B covers ρ_D = 0.637 in ≥ 85% of them. Treating every evaluation as an
     independent replicate covered ~60% (analysis/benchmarks/RESULTS.md)."""
     rng = np.random.default_rng(16)
-    hits = [_covers(analyse(token_scan(runs=2, rng=rng), FitRequest(n_boot=150, at=AT, seed=k))["ratios"][2],
+    hits = [_covers(analyse(token_scan(runs=2, rng=rng), FitRequest(n_boot=150, at=AT, seed=k)).ratios[2],
                     TRUE_TOKEN_RATIO) for k in range(30)]
     assert np.mean(hits) >= 0.85, np.mean(hits)
 
@@ -45,40 +45,40 @@ def test_run_level_sd_is_separated_from_evaluation_noise():
 
 def test_one_run_per_architecture_says_the_ci_is_curve_fit_only():
     r = analyse(token_scan(runs=1, rng=np.random.default_rng(1)), FitRequest(n_boot=100, at=AT))
-    assert r["noise"]["ci_scope"] == "curve_fit_only"
-    assert r["resampling"] == {"method": "parametric", "unit": "point", "why": r["resampling"]["why"]}
-    assert "excludes run-to-run variance" in r["noise"]["description"]
-    assert any("curve-fit only" in w for w in r["warnings"])
-    assert all("curve-fit only" in sentence(r, row) and "excludes run-to-run variance" in sentence(r, row)
-               for row in r["ratios"])
+    assert r.noise["ci_scope"] == "curve_fit_only"
+    assert r.resampling == {"method": "parametric", "unit": "point", "why": r.resampling["why"]}
+    assert "excludes run-to-run variance" in r.noise["description"]
+    assert any("curve-fit only" in w for w in r.warnings)
+    assert all("curve-fit only" in sentence(r.to_dict(), row) and "excludes run-to-run variance" in sentence(r.to_dict(), row)
+               for row in r.ratios)
 
 
 def test_a_given_run_sd_makes_the_ci_full_and_hierarchical():
     points = token_scan(runs=1, rng=np.random.default_rng(1))
     bare = analyse(points, FitRequest(n_boot=200, at=AT))
     given = analyse(points, FitRequest(n_boot=200, at=AT, run_sd=0.005))
-    assert given["noise"]["ci_scope"] == "full" and given["noise"]["run_sd"] == 0.005
-    assert given["resampling"]["method"] == "hierarchical" and given["resampling"]["unit"] == "run"
-    assert "per-run offset" in given["noise"]["description"]
-    width = [row["hi"] - row["lo"] for row in given["ratios"]]
-    assert all(w > 3 * (row["hi"] - row["lo"]) for w, row in zip(width, bare["ratios"]))
-    assert not any("curve-fit only" in sentence(given, row) for row in given["ratios"])
+    assert given.noise["ci_scope"] == "full" and given.noise["run_sd"] == 0.005
+    assert given.resampling["method"] == "hierarchical" and given.resampling["unit"] == "run"
+    assert "per-run offset" in given.noise["description"]
+    width = [row["hi"] - row["lo"] for row in given.ratios]
+    assert all(w > 3 * (row["hi"] - row["lo"]) for w, row in zip(width, bare.ratios))
+    assert not any("curve-fit only" in sentence(given.to_dict(), row) for row in given.ratios)
 
 
 def test_runs_without_ids_are_one_run_per_arch_and_seed():
     """A CSV of checkpoints without run_id/run_key: the rows of one (arch, num_params, seed) are one run."""
     with_ids = analyse(token_scan(runs=2, rng=np.random.default_rng(2)), FitRequest(n_boot=100, at=AT))
     without = analyse(token_scan(runs=2, rng=np.random.default_rng(2), run_ids=False), FitRequest(n_boot=100, at=AT))
-    assert without["noise"] == with_ids["noise"] and without["resampling"]["method"] == "hierarchical"
-    assert without["ratios"] == with_ids["ratios"]
+    assert without.noise == with_ids.noise and without.resampling["method"] == "hierarchical"
+    assert without.ratios == with_ids.ratios
 
 
 def test_size_ladder_stays_parametric_per_point():
     from tests.scaling.synthetic import ladder
 
     r = analyse(ladder(noise_sd=0.004, seeds=2, rng=np.random.default_rng(5)), FitRequest(n_boot=100))
-    assert r["resampling"]["method"] == "parametric" and r["resampling"]["unit"] == "point"
-    assert r["noise"]["ci_scope"] == "full" and "seed replicates" in r["noise"]["description"]
+    assert r.resampling["method"] == "parametric" and r.resampling["unit"] == "point"
+    assert r.noise["ci_scope"] == "full" and "seed replicates" in r.noise["description"]
 
 
 def test_fit_csv_of_a_token_scan_with_a_given_run_sd(tmp_path):

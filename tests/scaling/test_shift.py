@@ -27,7 +27,7 @@ def non_parallel(rng: np.random.Generator, seeds: int, sd: float, alpha_cand: fl
 
 def test_noise_free_parallel_curves_give_the_true_ratio_and_are_supported():
     r = analyse(ladder(noise_sd=0.0, seeds=2), FitRequest(n_boot=50))
-    shift = r["shift_model"]["diff_v1"]
+    shift = r.shift_model["diff_v1"]
     assert shift["rho"] == pytest.approx(TRUE_RATIO, abs=1e-6)
     assert shift["params"]["alpha"] == pytest.approx(ALPHA, rel=1e-6)
     assert shift["supported"] and shift["df"] == 2
@@ -36,7 +36,7 @@ def test_noise_free_parallel_curves_give_the_true_ratio_and_are_supported():
 
 def test_noise_free_non_parallel_curves_are_rejected():
     r = analyse(non_parallel(np.random.default_rng(0), seeds=2, sd=0.0), FitRequest(n_boot=50))
-    shift = r["shift_model"]["diff_v1"]
+    shift = r.shift_model["diff_v1"]
     assert not shift["supported"] and shift["p_value"] < 1e-6
     assert shift["aic_separate"] < shift["aic_shift"]
     assert shift["rho"] == pytest.approx(0.734, abs=0.002)  # the notes' biased single number
@@ -48,7 +48,7 @@ def test_on_parallel_noisy_ladders_the_test_rarely_rejects_and_the_ci_covers():
     rejected = covered = 0
     for i in range(40):
         points = ladder(noise_sd=0.005, seeds=1, rng=np.random.default_rng(1000 + i))
-        shift = analyse(points, FitRequest(n_boot=200, noise_sd=0.005, seed=i))["shift_model"]["diff_v1"]
+        shift = analyse(points, FitRequest(n_boot=200, noise_sd=0.005, seed=i)).shift_model["diff_v1"]
         rejected += not shift["supported"]
         covered += shift["lo"] <= TRUE_RATIO <= shift["hi"]
     assert rejected <= 6  # nominal 5%: 2 of 40 expected
@@ -59,7 +59,7 @@ def test_on_non_parallel_ladders_with_small_noise_the_test_rejects():
     rejected = 0
     for i in range(10):
         points = non_parallel(np.random.default_rng(2000 + i), seeds=2, sd=0.001)
-        rejected += not analyse(points, FitRequest(n_boot=50))["shift_model"]["diff_v1"]["supported"]
+        rejected += not analyse(points, FitRequest(n_boot=50)).shift_model["diff_v1"]["supported"]
     assert rejected >= 9
 
 
@@ -67,6 +67,6 @@ def test_the_shift_model_is_reported():
     from diffsweep.scaling.report import markdown
 
     r = analyse(ladder(noise_sd=0.005, seeds=2, rng=np.random.default_rng(3)), FitRequest(n_boot=50))
-    text = markdown(r, "test")
+    text = markdown(r.to_dict(), "test")
     assert "## One size multiplier for every size?" in text
     assert "DIFF V1" in text.split("## One size multiplier for every size?")[1]

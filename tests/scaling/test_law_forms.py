@@ -1,0 +1,212 @@
+"""Law forms as registered definitions: the registry, the contract every form meets, a form added
+in a test and fitted end to end, and the CLI's closed choices (numpy-free, one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diffsweep.config import ConfigError
+from diffsweep.scaling.analysis import FitRequest, analyse
+from diffsweep.scaling.choices import Form
+from diffsweep.scaling.fit import fit_law
+from diffsweep.scaling.forms import Law
+from diffsweep.scaling.laws import REGISTRY, LawForm, law_form, law_forms, register
+from diffsweep.scaling.laws.base import EXPONENT, Param
+from diffsweep.scaling.optimize import Data
+from diffsweep.scaling.result import FitResult
+from diffsweep.scaling.table import _complete
+
+# -- the registry ----------------------------------------------------------------------------------
+
+
+def test_every_form_choice_has_one_registered_definition_and_back():
+    """The CLI's numpy-free list of forms and the registry name the same forms, in the same order."""
+    assert [f.name for f in law_forms()] == [f.value for f in Form]
+    assert all(law_form(f).name == f.value for f in Form)
+
+
+def test_an_unknown_form_is_an_error_keyed_by_the_field():
+    with pytest.raises(ConfigError) as err:
+        law_form("kaplan")
+    assert err.value.key == "form" and "offset, pure, chinchilla" in err.value.message
+
+
+def test_a_form_cannot_be_registered_twice():
+    with pytest.raises(ValueError, match="already registered"):
+        register(type(law_form(Form.OFFSET))())
+
+
+def test_a_shared_e_on_a_form_without_one_is_an_error_keyed_by_the_field():
+    with pytest.raises(ConfigError) as err:
+        Law(Form.PURE, n_groups=2, shared_e=True)
+    assert err.value.key == "shared_e" and err.value.message == "a shared E needs --form offset, not pure"
+
+
+# -- the contract of a definition (run for every registered form) ----------------------------------
+
+def _design(form: LawForm) -> tuple[np.ndarray, np.ndarray | None]:
+    u = np.log(np.geomspace(1e8, 1e10, 6))
+    return u, (np.log(np.geomspace(1e10, 1e11, 6)) if form.joint_nd else None)
+
+
+def _theta(law: Law) -> np.ndarray:
+    """A plausible point: every coefficient e (θ = 1), every exponent 0.3."""
+    return np.array([[1.0 if law.param(n).log else 0.3 for n in law.names]])
+
+
+@pytest.mark.parametrize("name", [f.value for f in Form])
+def test_a_forms_jacobian_matches_finite_differences(name):
+    law = Law(name)
+    u, v = _design(law.definition)
+    theta = _theta(law)
+    log_loss, jac = law.predict(theta, u, v)
+    step = 1e-6
+    for j in range(law.num_params):
+        moved = theta.copy()
+        moved[0, j] += step
+        numeric = (law.predict(moved, u, v)[0] - log_loss) / step
+        assert numeric[0] == pytest.approx(jac[0, :, j], abs=1e-5), law.names[j]
+
+
+@pytest.mark.parametrize("name", [f.value for f in Form])
+def test_a_forms_inversion_undoes_its_loss_curve(name):
+    law = Law(name)
+    theta = _theta(law)
+    x = np.geomspace(1e8, 1e10, 5)
+    other = 1e11 if law.definition.joint_nd else None
+    for axis in ("N", "D") if law.definition.joint_nd else ("N",):
+        loss = law.loss_at(theta, x, other=other, axis=axis)
+        assert law.invert(theta, loss, other=other, axis=axis) == pytest.approx(x[None, :], rel=1e-8)
+
+
+# -- a form defined and registered here: nothing else in the library is touched ---------------------
+
+class KaplanNc(LawForm):
+    """Kaplan et al.'s own parameterisation of the pure law: L = (N_c / x)^α, fitted as (c = log N_c, α).
+
+    Not linear in θ (log L = α·c - α·u), so it exercises the generic grid and refit machinery."""
+
+    name: ClassVar[str] = "kaplan_nc"
+    params = (Param("c", (0.0, 120.0), "Nc", "N_c", log=True), Param("alpha", EXPONENT, "alpha", "α", log=False))
+    formula = "L = (N_c/{x})^α"
+    words = "a pure power law in Kaplan et al.'s parameterisation"
+
+    def predict(self, law, theta, u, v, group):
+        c, alpha = theta[:, :1], theta[:, 1:2]
+        log_loss = alpha * (c - u)
+        jac = np.stack([np.broadcast_to(alpha, log_loss.shape), c - u], axis=2)
+        return log_loss, jac
+
+    def starts(self, law, u, y, v, group):
+        return np.array([[c, alpha] for c in (10.0, 20.0, 30.0, 40.0) for alpha in (0.05, 0.1, 0.3)])
+
+    def along(self, p, other, axis):
+        return np.zeros_like(p["alpha"]), p["Nc"] ** p["alpha"], p["alpha"]
+
+
+NC, ALPHA, RHO = 8.8e13, 0.076, 0.62  # Kaplan et al. (2020) eq. 1.1: N_c = 8.8e13, α_N = 0.076
+
+
+@pytest.fixture
+def kaplan_nc():
+    form = register(KaplanNc())
+    yield form
+    del REGISTRY[form.name]
+
+
+def _kaplan_table() -> pd.DataFrame:
+    sizes = np.geomspace(1e8, 1e10, 5)
+    rows = [{"arch": arch, "num_params": n, "tokens": 1e10, "loss": (NC / (n / rho)) ** ALPHA, "seed": seed,
+             "run_name": f"{arch}-{n:.3g}-s{seed}"}
+            for arch, rho in (("transformer", 1.0), ("diff_v1", RHO)) for n in sizes for seed in range(2)]
+    return _complete(pd.DataFrame(rows))
+
+
+def test_a_form_registered_in_a_test_fits_through_the_library(kaplan_nc):
+    u = np.log(np.geomspace(1e8, 1e10, 5))
+    fit = fit_law(Law("kaplan_nc"), Data(u=u, y=ALPHA * (np.log(NC) - u)))
+    p = {k: float(v[0]) for k, v in fit.law.natural(fit.theta[None, :]).items()}
+    assert p["Nc"] == pytest.approx(NC, rel=1e-6) and p["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+
+
+def test_a_form_registered_in_a_test_is_analysed_and_reported_end_to_end(kaplan_nc, tmp_path):
+    """analyse -> FitResult -> report, with the new form known only to the registry."""
+    from diffsweep.scaling.report import markdown
+
+    result = analyse(_kaplan_table(), FitRequest(form="kaplan_nc", n_boot=50))
+    assert isinstance(result, FitResult) and result.form == "kaplan_nc" and result.axis == "N"
+    assert [row["ratio"] for row in result.ratios] == pytest.approx([RHO, RHO], rel=1e-6)
+    assert result.fits["transformer"]["params"]["Nc"] == pytest.approx(NC, rel=1e-6)
+    assert set(result.curves) == {"transformer", "diff_v1"} and result.curves["diff_v1"].draws.shape == (50, 2)
+    assert result.pure_law_fits is None and result.shift_model is None and result.compute_optimal is None
+    document = result.to_dict()
+    assert "pure_law_fits" not in document and "curves" not in document and "points" not in document
+    json.dumps(document)  # JSON-able as it is
+    report = markdown(document, "toy")
+    assert "L = (N_c/N)^α, a pure power law in Kaplan et al.'s parameterisation" in report
+
+
+def test_the_documents_keys_are_the_fields_in_order_without_the_ones_not_made():
+    from tests.scaling.synthetic import ladder
+
+    result = analyse(ladder(noise_sd=0.004, seeds=2, rng=np.random.default_rng(5)), FitRequest(n_boot=50))
+    assert list(result.to_dict()) == [
+        "axis", "count", "form", "objective", "shared_e", "baseline", "candidates", "level", "n_boot", "seed",
+        "noise", "resampling", "measured_range", "other_ref", "fits", "ratios", "ratio_curve", "per_point",
+        "paper_reading", "points_used", "pure_law_fits", "shift_model", "warnings"]
+    assert result.points is not None and result.points["used"].all()
+
+
+# -- the CLI: closed choices as enums, no heavy imports for help -------------------------------------
+
+def _run(*code_and_args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *code_and_args], check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.mark.parametrize("args", [["--help"], ["fit", "--help"]])
+def test_help_imports_no_numpy_scipy_torch_or_mlflow(args):
+    code = ("import runpy, sys\nsys.argv = ['diffsweep', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('diffsweep', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print([m for m in ('numpy', 'scipy', 'torch', 'mlflow', 'pandas') if m in sys.modules], file=sys.stderr)")
+    r = _run("-c", code, *args)
+    assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+
+
+def test_fit_help_lists_every_closed_choice():
+    r = _run("-m", "diffsweep", "fit", "--help")
+    for choices in ("[auto|N|D]", "[offset|pure|chinchilla]", "[l2|huber|huber_mle]", "[total|non_embedding]",
+                    "[largest]", "[auto|final|checkpoints]"):
+        assert choices in r.stdout, choices
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), [
+    ("--form", "kaplan", "[offset, pure, chinchilla]"), ("--objective", "l3", "[l2, huber, huber_mle]"),
+    ("--axis", "X", "[auto, N, D]"), ("--count", "all", "[total, non_embedding]"),
+    ("--token-points", "some", "[auto, final, checkpoints]"), ("--holdout", "smallest", "[largest]")])
+def test_a_wrong_choice_is_one_line_exit_2(tmp_path, flag, value, allowed):
+    from tests.scaling.conftest import one_line_error
+
+    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "none.csv"), "--no-log", flag, value)
+    one_line_error(r, f"error: {flag}: expected one of {allowed}, got '{value}'")
+
+
+def test_a_library_error_keyed_by_field_reaches_the_user_as_its_flag(tmp_path):
+    from tests.scaling.conftest import one_line_error
+    from tests.scaling.synthetic import ladder
+
+    ladder(noise_sd=0.004, seeds=2).to_csv(tmp_path / "p.csv", index=False)
+    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--shared-e", "--form", "pure",
+             "--out", str(tmp_path / "out"))
+    one_line_error(r, "error: --shared-e: a shared E needs --form offset, not pure")
+    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--form", "chinchilla",
+             "--holdout", "largest", "--boot", "50", "--out", str(tmp_path / "out"))
+    one_line_error(r, "error: --holdout: is for the one-variable laws (--form offset or pure)")
