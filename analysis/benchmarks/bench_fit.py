@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     points = table(args.runs, np.random.default_rng(0))
     req = FitRequest(n_boot=args.boot, at=(11e9,))
-    t_fit, r = timed(lambda: analyse(points, req), args.repeat)
+    t_fit, r = timed(lambda: analyse(points, req).to_dict(), args.repeat)
     t_hold, _ = timed(lambda: analyse(points, FitRequest(n_boot=args.boot, at=(11e9,), holdout=True)), args.repeat)
     print(f"{args.runs} runs, {args.boot} draws, 3 architectures (median of {args.repeat})")
     print(f"  analysis in process:           {t_fit:6.2f} s")

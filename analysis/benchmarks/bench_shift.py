@@ -28,7 +28,7 @@ def run(label: str, make, reps: int, boot: int, noise_sd: float | None, truth: f
     rho, covered, width, rejected = [], 0, [], 0
     for i in range(reps):
         m = analyse(make(np.random.default_rng(10_000 + i)),
-                    FitRequest(n_boot=boot, noise_sd=noise_sd, seed=i))["shift_model"]["diff_v1"]
+                    FitRequest(n_boot=boot, noise_sd=noise_sd, seed=i)).to_dict()["shift_model"]["diff_v1"]
         rho.append(m["rho"])
         width.append(m["hi"] - m["lo"])
         covered += truth is not None and m["lo"] <= truth <= m["hi"]

@@ -81,7 +81,7 @@ def measure(name: str, experiments: int, boot: int, seed: int = 2026) -> dict:
     covered, widths, labels, scope = None, [], [], set()
     start = time.perf_counter()
     for _ in range(experiments):
-        r = analyse(make(rng), FitRequest(n_boot=boot, seed=int(rng.integers(1 << 30)), **extra))
+        r = analyse(make(rng), FitRequest(n_boot=boot, seed=int(rng.integers(1 << 30)), **extra)).to_dict()
         rows = r["ratios"]
         labels = [row["at_label"] for row in rows]
         hit = np.array([row["lo"] is not None and row["lo"] <= truth <= (np.inf if row["hi"] is None else row["hi"])

@@ -40,7 +40,7 @@ def main() -> None:
     start = time.perf_counter()
     for i in range(args.replicates):
         points = ladder(np.random.default_rng(1000 + i), sizes)
-        result = analyse(points, FitRequest(n_boot=args.boot, holdout=True, noise_sd=0.005, seed=i))
+        result = analyse(points, FitRequest(n_boot=args.boot, holdout=True, noise_sd=0.005, seed=i)).to_dict()
         for p in result["holdout"]["predictions"].values():
             pi += p["lo"] <= p["observed"] <= p["hi"]
             band += p["curve_lo"] <= p["observed"] <= p["curve_hi"]
