@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -199,9 +200,38 @@ def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: 
         row.release()
 
 
-def _row_result(row: Row, base: Row, batch: int, seq: int) -> dict:
+class AttentionRow(TypedDict):
+    """One kernel's line of a case in ``run_attention`` (the timings None where ``reason`` says why)."""
+
+    kind: str
+    kernel: str
+    q_heads: int
+    kv_heads: int
+    qk_dim: int
+    v_dim: int
+    fwd_flops: int
+    fwd_bwd_flops: int
+    reason: str | None
+    fwd_ms: float | None
+    fwd_bwd_ms: float | None
+    fwd_tflops: float | None
+    fwd_bwd_tflops: float | None
+    fwd_ratio: float | None
+    fwd_bwd_ratio: float | None
+
+
+class AttentionCase(TypedDict):
+    """One layout at one sequence length in ``run_attention``: its rows, the first the baseline."""
+
+    layout: str
+    seq: int
+    batch: int
+    rows: list[AttentionRow]
+
+
+def _row_result(row: Row, base: Row, batch: int, seq: int) -> AttentionRow:
     c = row.call
-    result = {
+    result: AttentionRow = {
         "kind": row.kind.value, "kernel": row.kernel, "q_heads": c.num_q_heads, "kv_heads": c.num_kv_heads,
         "qk_dim": c.qk_dim, "v_dim": c.v_dim, "fwd_flops": forward_flops(c, batch, seq),
         "fwd_bwd_flops": forward_backward_flops(c, batch, seq), "reason": row.reason,
@@ -210,12 +240,13 @@ def _row_result(row: Row, base: Row, batch: int, seq: int) -> dict:
     }
     if row.reason is not None:
         return result
-    for key, times in (("fwd", row.fwd_s), ("fwd_bwd", row.fwd_bwd_s)):
-        t = statistics.median(times)
-        result[f"{key}_ms"] = t * 1e3
-        result[f"{key}_tflops"] = result[f"{key}_flops"] / t / 1e12
-        if base.reason is None:
-            result[f"{key}_ratio"] = statistics.median(getattr(base, f"{key}_s")) / t
+    fwd, fwd_bwd = statistics.median(row.fwd_s), statistics.median(row.fwd_bwd_s)
+    result["fwd_ms"], result["fwd_bwd_ms"] = fwd * 1e3, fwd_bwd * 1e3
+    result["fwd_tflops"] = result["fwd_flops"] / fwd / 1e12
+    result["fwd_bwd_tflops"] = result["fwd_bwd_flops"] / fwd_bwd / 1e12
+    if base.reason is None:
+        result["fwd_ratio"] = statistics.median(base.fwd_s) / fwd
+        result["fwd_bwd_ratio"] = statistics.median(base.fwd_bwd_s) / fwd_bwd
     return result
 
 
@@ -248,7 +279,7 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     batch_tokens = batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
     torch.manual_seed(0)
-    cases = []
+    cases: list[AttentionCase] = []
     for size in layouts:
         models = layout_models(size)
         for seq in seqs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from contextlib import nullcontext
+from typing import TypedDict
 
 import torch
 from torch.nn import functional as F
@@ -30,8 +31,30 @@ from diffsweep.model import counting
 from diffsweep.model.transformer import build_model
 from diffsweep.train.optim import build_optimizer
 
-GPU_DEFAULTS = {"size": "1.4B", "seq": 2048, "micro_batch": 4, "steps": 10, "warmup": 3}
-CPU_DEFAULTS = {"size": "tiny-m", "seq": 256, "micro_batch": 8, "steps": 10, "warmup": 2}
+
+class _Defaults(TypedDict):
+    size: str
+    seq: int
+    micro_batch: int
+    steps: int
+    warmup: int
+
+
+class ModelRow(TypedDict):
+    """One kind's line of ``run_model``'s ``rows`` (the timings None where ``reason`` says why)."""
+
+    kind: str
+    backend: str
+    params: int
+    non_embedding_params: int
+    reason: str | None
+    ms_per_step: float | None
+    tokens_per_s: float | None
+    ratio: float | None
+
+
+GPU_DEFAULTS: _Defaults = {"size": "1.4B", "seq": 2048, "micro_batch": 4, "steps": 10, "warmup": 3}
+CPU_DEFAULTS: _Defaults = {"size": "tiny-m", "seq": 256, "micro_batch": 8, "steps": 10, "warmup": 2}
 
 
 def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_batch: int, steps: int,
@@ -84,11 +107,11 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     steps, warmup = steps or d["steps"], d["warmup"] if warmup is None else warmup
     baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
 
-    rows = []
+    rows: list[ModelRow] = []
     for kind in dict.fromkeys(chosen):
         cfg = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
                                  f"model.attention.backend={backend_name.value}"])
-        row = {"kind": kind.value, "backend": backend_name.value, "params": counting.num_params(cfg.model),
+        row: ModelRow = {"kind": kind.value, "backend": backend_name.value, "params": counting.num_params(cfg.model),
                "non_embedding_params": counting.num_non_embedding_params(cfg.model), "reason": None,
                "ms_per_step": None, "tokens_per_s": None, "ratio": None}
         torch.manual_seed(0)

@@ -60,6 +60,11 @@ class AttentionKind(StrEnum, metaclass=_OpenKindType):
     DIFF_V1 = "diff_v1"  # Differential Transformer, paper eq. 1-3
     DIFF_V2 = "diff_v2"  # Differential Transformer V2 (blog): 2h query heads, per-token lambda
 
+    # What ``enum`` sets on every member it creates and ``_extend`` sets on the members it adds
+    # (typeshed declares neither). Annotations only: no value, so no member and no class attribute.
+    __objclass__: type[AttentionKind]
+    _sort_order_: int
+
     @classmethod
     def _extend(cls, value: str) -> AttentionKind:
         """The member named ``value``, added to the enum if it is new (used by kind registration).
@@ -69,7 +74,7 @@ class AttentionKind(StrEnum, metaclass=_OpenKindType):
         ``_value2member_map_``), the same way ``enum`` itself creates a member.
         """
         existing = cls._value2member_map_.get(value)
-        if existing is not None:
+        if isinstance(existing, cls):  # the map holds this enum's members only: None or a kind
             return existing
         member = str.__new__(cls, value)
         member._name_, member._value_ = value.upper(), value

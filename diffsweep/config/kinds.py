@@ -95,7 +95,8 @@ def kind_spec(kind: AttentionKind | str) -> KindSpec:
     ensure_registered()
     spec = _SPECS.get(kind) if isinstance(kind, AttentionKind) else None
     if spec is None:
-        spec = _SPECS.get(AttentionKind._value2member_map_.get(str(kind)))  # type: ignore[arg-type]
+        member = AttentionKind._value2member_map_.get(str(kind))
+        spec = _SPECS.get(member) if isinstance(member, AttentionKind) else None
     if spec is None:
         raise ConfigError(KIND_KEY, f"expected one of [{', '.join(k.value for k in _SPECS)}], got {str(kind)!r}")
     return spec

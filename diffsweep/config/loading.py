@@ -275,7 +275,7 @@ def _decode_value(tp: Any, value: Any, key: str) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _decode_value(inner, value, key)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section (a class, not an instance)
         return _decode_section(tp, value, key)
     if isinstance(tp, type) and issubclass(tp, Enum):
         allowed = [m.value for m in tp]

@@ -22,6 +22,7 @@ import sys
 import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.data.prepare import Document
@@ -164,7 +165,7 @@ def _deb_data_tar(deb: Path) -> tarfile.TarFile:
         size = int(header[48:58])
         pos += 60
         if name.startswith("data.tar"):
-            modes = {"data.tar.xz": "r:xz", "data.tar.gz": "r:gz"}
+            modes: dict[str, Literal["r:xz", "r:gz"]] = {"data.tar.xz": "r:xz", "data.tar.gz": "r:gz"}
             if name not in modes:
                 raise ConfigError(str(deb), f"{name} inside is not supported (only data.tar.xz or .gz)")
             return tarfile.open(fileobj=io.BytesIO(raw[pos : pos + size]), mode=modes[name])

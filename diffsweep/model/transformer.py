@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -26,8 +27,17 @@ def attention_module(kind: AttentionKind) -> type[AttentionModule]:
     return cls
 
 
+@runtime_checkable
+class _Resettable(Protocol):
+    """A module that initialises its own parameters (norms, attention modules, plug-ins' modules)."""
+
+    def reset_parameters(self) -> None: ...
+
+
 class Block(nn.Module):
     """Pre-norm residual block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``."""
+
+    attention: AttentionModule
 
     def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
@@ -68,7 +78,7 @@ class LanguageModel(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
-            elif module is not self and hasattr(module, "reset_parameters"):
+            elif module is not self and isinstance(module, _Resettable):  # has reset_parameters
                 module.reset_parameters()
 
     def rope(self, seq_len: int, device: torch.device) -> Rotary:
@@ -77,6 +87,10 @@ class LanguageModel(nn.Module):
         if rope is None or rope.seq_len < seq_len:
             rope = self._rope[device] = Rotary(seq_len, self.cfg.attention.head_dim, self.cfg.rope_theta, device=device)
         return rope
+
+    def blocks(self) -> list[Block]:
+        """``layers``, typed as the blocks they are (``nn.ModuleList`` is typed as holding any module)."""
+        return [block for block in self.layers if isinstance(block, Block)]
 
     def output_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight

@@ -29,11 +29,15 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.identity import identity_fields
 from diffsweep.sweep.expand import SEED_KEY, PlannedRun
 from diffsweep.sweep.spec import SweepSpec
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 WITHIN = "within seed noise"
 BEYOND = "beyond seed noise"
@@ -209,7 +213,8 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
         raise ConfigError("--baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(spec.experiment)
-    found, token = [], None
+    found: list[Run] = []
+    token = None
     if exp is not None:
         while True:
             page = client.search_runs([exp.experiment_id], f"tags.`diffsweep.sweep` = '{spec.name}'",

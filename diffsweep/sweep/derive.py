@@ -83,7 +83,7 @@ def check_rule(raw: Any, key: str, where: str) -> dict[str, Any]:
                 pass
         if value is None or isinstance(value, bool) or not isinstance(value, tp):
             raise ConfigError(f"{where}.{name}", f"rule {rule.value} needs {name}, got {value!r}")
-        if tp == (int, float) and not (math.isfinite(value) and value > 0):
+        if isinstance(value, (int, float)) and tp == (int, float) and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{where}.{name}", f"expected a finite positive number, got {value!r}")
     targets = TARGETS.get(rule)
     if targets is not None and key not in targets:

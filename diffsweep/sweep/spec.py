@@ -116,7 +116,7 @@ def _keys(cls: type, prefix: str) -> frozenset[str]:
     out: set[str] = set()
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section (a class, not an instance)
             out |= _keys(tp, f"{prefix}{f.name}.")
         else:
             out.add(f"{prefix}{f.name}")

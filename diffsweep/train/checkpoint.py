@@ -314,7 +314,7 @@ def _replace_dir(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
 
 
-def _dcp_error(exc: Exception) -> str:
+def _dcp_error(exc: BaseException) -> str:
     """The root cause inside DCP's multi-rank report (its last line), cleaned to one line."""
     lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
     return (lines[-1] if lines else type(exc).__name__)[:200]

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from diffsweep.config import Parallel
+from diffsweep.model.transformer import LanguageModel
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def process_group(world: World, device: torch.device) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module, parallel: Parallel, world: World, device: torch.device,
+def wrap(model: LanguageModel, parallel: Parallel, world: World, device: torch.device,
          param_dtype: torch.dtype | None) -> nn.Module:
     """``model`` ready for data-parallel training: as is for one process, else DDP or FSDP2.
 
@@ -119,7 +120,10 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[d
     otherwise) and the optimizer's hyperparameter groups (plain values, saved beside them). An
     optimizer that has not stepped yet gets its state allocated, so a checkpoint can fill it."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optimizer": optim_state["state"]}, optim_state["param_groups"]
+    groups = optim_state["param_groups"]
+    # A list (one dict per group); torch types the values of the optimizer state as dict | list.
+    assert isinstance(groups, list), "an optimizer state's param_groups are a list"
+    return {"model": model_state, "optimizer": optim_state["state"]}, groups
 
 
 def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict, groups: list) -> None:

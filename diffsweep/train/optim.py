@@ -33,7 +33,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": [p for n, p in params if decays(n, p)], "weight_decay": cfg.weight_decay},
         {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    b0, b1 = cfg.betas  # a list when read from YAML
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(b0, b1), eps=cfg.eps)
 
 
 def _linear(progress: float) -> float:

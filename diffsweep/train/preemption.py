@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): saved, try again
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
@@ -27,7 +29,8 @@ class PreemptionFlag:
 
     def __init__(self) -> None:
         self.signal: signal.Signals | None = None
-        self._previous: dict[signal.Signals, object] = {}
+        # What signal.signal returned: a Python handler, SIG_DFL/SIG_IGN, or None (installed outside Python).
+        self._previous: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
     @property
     def requested(self) -> bool:

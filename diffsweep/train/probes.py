@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
@@ -97,33 +98,43 @@ class _LogitProbe(AttentionBackend):
         return self.inner.diff_attend(q1, k1, q2, k2, v, lam, scale=scale)
 
 
+@dataclass
+class _Readings:
+    """What the probes of one forward pass found."""
+
+    hidden_top: float = 0.0  # the largest |hidden state|
+    logit_top: float = 0.0  # the largest |attention logit| (set after the forward)
+    layers: dict[int, dict[str, float]] = field(default_factory=dict)  # each attention module's ``probe``
+
+
 @contextlib.contextmanager
-def _probed(model: LanguageModel) -> Iterator[dict[str, object]]:
+def _probed(model: LanguageModel) -> Iterator[_Readings]:
     """Attach the probes for one forward pass; yields where their readings land."""
-    found: dict[str, object] = {"hidden_top": 0.0, "layers": {}}
-    attentions = [block.attention for block in model.layers]
+    found = _Readings()
+    blocks = model.blocks()
+    attentions = [block.attention for block in blocks]
     originals = [a.backend for a in attentions]
     probes = [_LogitProbe(b) for b in originals]
     handles = []
 
     def hidden_hook(module, inputs, output):
-        found["hidden_top"] = max(found["hidden_top"], float(output.detach().float().abs().max()))
+        found.hidden_top = max(found.hidden_top, float(output.detach().float().abs().max()))
 
     def layer_hook(index):
         # A pre-hook runs inside the block's forward, where FSDP has gathered the layer's parameters.
         def hook(module, inputs):
             readings = module.probe(inputs[0])
             if readings:
-                found["layers"][index] = readings
+                found.layers[index] = readings
         return hook
 
     try:
-        for index, (block, attention, probe) in enumerate(zip(model.layers, attentions, probes, strict=True)):
+        for index, (block, attention, probe) in enumerate(zip(blocks, attentions, probes, strict=True)):
             attention.backend = probe
             handles.append(block.register_forward_hook(hidden_hook))
             handles.append(attention.register_forward_pre_hook(layer_hook(index)))
         yield found
-        found["logit_top"] = max(p.top for p in probes)
+        found.logit_top = max(p.top for p in probes)
     finally:
         for attention, original in zip(attentions, originals, strict=True):
             attention.backend = original
@@ -144,10 +155,10 @@ def probe(model: LanguageModel, window: torch.Tensor) -> dict[str, float]:
     out: dict[str, float] = {}
     with _probed(model) as found:
         model(window[:, :-1])
-    for index, readings in sorted(found["layers"].items()):
+    for index, readings in sorted(found.layers.items()):
         for name, value in readings.items():
             family, _, rest = name.partition("/")
             out[f"{family}/layer_{index + 1:02d}" + (f"/{rest}" if rest else "")] = value
-    out["outliers/attn_logit_top1"] = found["logit_top"]
-    out["outliers/hidden_top1"] = found["hidden_top"]
+    out["outliers/attn_logit_top1"] = found.logit_top
+    out["outliers/hidden_top1"] = found.hidden_top
     return out

@@ -134,9 +134,9 @@ def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenD
         return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
     torch.manual_seed(t.seed)
     autocast_dtype = _autocast_dtype(t.precision, device)
-    model = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
-    model.activation_checkpointing = t.activation_checkpointing
-    model = distributed.wrap(model, t.parallel, world, device, autocast_dtype)
+    built = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+    built.activation_checkpointing = t.activation_checkpointing
+    model: torch.nn.Module = distributed.wrap(built, t.parallel, world, device, autocast_dtype)
     optimizer = build_optimizer(model, t)
     run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
     if state is not None:
@@ -190,17 +190,28 @@ class _Run:
         self.train_tokens, self.val_tokens = dataset.split("train"), dataset.split("val")
         self.fingerprint = dataset.meta.fingerprint
         self.model = model  # the model as trained: wrapped in DDP, sharded by FSDP2, or plain
-        self.module: LanguageModel = distributed.unwrap(model)
+        module = distributed.unwrap(model)
+        assert isinstance(module, LanguageModel)  # DDP's module, or the model itself (FSDP2 shards in place)
+        self.module = module
         self.optimizer = optimizer
         self.device, self.autocast_dtype = device, autocast_dtype
         self.run_dir, self.echo = run_dir, echo
         self.total = total_steps(self.t)
         self.sequences_per_step = self.t.batch_tokens // self.t.seq_len
         self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
-        self.run_key, self.tracker = run_key(config), None
+        self.run_key = run_key(config)
+        # Set once the run is tracked (after restore), before loop; a NullTracker on ranks other than 0.
+        self.tracker: MlflowTracker | None = None
         flops = counting.train_flops_per_token(config.model, self.t.seq_len)
         peak = peak_flops(device) if autocast_dtype == torch.bfloat16 else None  # peaks are bf16 figures
         self.mfu_scale = flops / peak if peak else None
+
+    @property
+    def tracking(self) -> MlflowTracker:
+        """``tracker``, which the loop and what it calls (save, state) need."""
+        if self.tracker is None:
+            raise RuntimeError("the run is not tracked yet: set its tracker before the loop")
+        return self.tracker
 
     def loop(self, flag: PreemptionFlag, callbacks: tuple[StepCallback, ...]) -> TrainResult:
         saved_at = self.step
@@ -211,7 +222,7 @@ class _Run:
             metrics = self.train_step()
             if self.step % self.t.eval_every == 0 or self.step == self.total:
                 metrics |= self.evaluate()
-            self.tracker.log(self.step, metrics)
+            self.tracking.log(self.step, metrics)
             for callback in callbacks:
                 callback(self.step, metrics)
             if self.step % self.t.log_every == 0 or self.step == self.total:
@@ -223,9 +234,9 @@ class _Run:
                 if saved_at != self.step:
                     self.save()
                 return self._preempted(flag)
-        self.tracker.finish("FINISHED")
-        self.echo(f"finished {self.total} steps; MLflow run {self.tracker.run_id}")
-        return TrainResult("finished", self.step, self.total, self.run_dir, self.tracker.run_id)
+        self.tracking.finish("FINISHED")
+        self.echo(f"finished {self.total} steps; MLflow run {self.tracking.run_id}")
+        return TrainResult("finished", self.step, self.total, self.run_dir, self.tracking.run_id)
 
     def _stop(self, flag: PreemptionFlag) -> bool:
         """Whether to stop now: every process decides the same (a signal may reach only one)."""
@@ -234,9 +245,9 @@ class _Run:
     def _preempted(self, flag: PreemptionFlag) -> TrainResult:
         name = flag.signal.name if flag.signal is not None else "a signal to another process"
         reason = f"preempted by {name} at step {self.step}; resume to continue"
-        self.tracker.finish("KILLED", reason)
+        self.tracking.finish("KILLED", reason)
         self.echo(f"{reason} (checkpoint in {self.run_dir / 'checkpoints'})")
-        return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracker.run_id, reason,
+        return TrainResult("preempted", self.step, self.total, self.run_dir, self.tracking.run_id, reason,
                            flag.signal.name if flag.signal is not None else None)
 
     def _autocast(self):
@@ -270,8 +281,8 @@ class _Run:
                 (loss / num_micro).backward()  # DDP / FSDP2 average the gradients over processes
             loss_sum += loss.detach()
         clip = self.t.grad_clip if self.t.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2
+        total_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)  # FSDP2
         loss_value = distributed.mean(float(loss_sum) / num_micro, self.world)
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             raise Diverged(f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} "
@@ -335,7 +346,7 @@ class _Run:
             "data": {"seed": self.t.seed, "next_step": self.step + 1, "fingerprint": self.fingerprint},
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda},
             "run_key": self.run_key,
-            "mlflow_run_id": self.tracker.run_id,
+            "mlflow_run_id": self.tracking.run_id,
             "metrics_state": {"spikes": self.spikes.state_dict()},
             "config": to_dict(self.config),
         }
@@ -362,7 +373,7 @@ class _Run:
         """Checkpoint: every process writes its own shards. Metrics go to the store first: if the
         job dies in between, the resume replays from the older checkpoint and skips the steps the
         store already has."""
-        self.tracker.flush()
+        self.tracking.flush()
         tensors, groups = distributed.sharded_state(self.model, self.optimizer)
         bad = distributed.non_finite(tensors["model"])
         if distributed.any_rank(bool(bad), self.world):

@@ -8,15 +8,23 @@ call, the kind's combination and per-head norm, up to ``wo``'s input).
 
 from __future__ import annotations
 
+from typing import Generic, TypeVarTuple
+
 import torch
 from torch import nn
 
 from diffsweep.model.attention.backends import AttentionBackend
 from diffsweep.model.layers import Rotary
 
+Inputs = TypeVarTuple("Inputs")
 
-class AttentionModule(nn.Module):
+
+class AttentionModule(nn.Module, Generic[*Inputs]):
     """Base class of attention kinds' modules; subclasses define ``project`` and ``core`` and a ``wo``.
+
+    ``Inputs`` is what ``project`` returns and ``core`` takes, positionally: e.g. a subclass of
+    ``AttentionModule[Tensor, Tensor, Tensor]`` defines ``core(self, q, k, v)`` (a subclass that
+    does not say stands for ``AttentionModule[*tuple[Any, ...]]``).
 
     ``nn.Linear`` weights and ``RMSNorm`` gains are initialised by the model (N(0, init_std), ones);
     parameters of the module's own (DIFF V1's λ vectors) are initialised by ``reset_parameters``,
@@ -35,11 +43,11 @@ class AttentionModule(nn.Module):
             raise NotImplementedError(f"{type(self).__name__} has its own parameters {own}: "
                                       "define reset_parameters to initialise them")
 
-    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[*Inputs]:
         """The inputs of ``core`` from the normalised block input ``x`` ``(B, T, D)``."""
         raise NotImplementedError
 
-    def core(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def core(self, *inputs: *Inputs) -> torch.Tensor:
         """Attention from ``project``'s outputs: ``(B, T, channels)``, the input of ``wo``."""
         raise NotImplementedError
 

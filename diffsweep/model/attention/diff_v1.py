@@ -13,7 +13,7 @@ from diffsweep.model.layers import HEAD_NORMS, Rotary, upcast
 LAMBDA_STD = 0.1  # paper §2.1 / official code: λ vectors initialised N(0, 0.1)
 
 
-class DiffAttentionV1(AttentionModule):
+class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]):
     """Differential attention: ``(softmax(Q1 K1ᵀ/√d) − λ softmax(Q2 K2ᵀ/√d)) V`` per head.
 
     h heads (half the baseline's); each head has sub-heads Q1, Q2 of dim d and a V of dim 2d.
@@ -65,7 +65,7 @@ class DiffAttentionV1(AttentionModule):
         lam2 = torch.exp(torch.sum(upcast(self.lambda_q2) * upcast(self.lambda_k2)))
         return lam1 - lam2 + self.lambda_init
 
-    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         # Sub-heads are interleaved per head (see the layout above): split them with one permute.

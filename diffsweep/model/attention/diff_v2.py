@@ -38,7 +38,7 @@ LAMBDA_ACTIVATIONS: dict[V2Lambda, Callable[[torch.Tensor], torch.Tensor] | None
 }
 
 
-class DiffAttentionV2(AttentionModule):
+class DiffAttentionV2(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, *tuple[torch.Tensor, ...]]):
     """``out_i = attn_{2i} − λ_i · attn_{2i+1}`` over 2h query heads of dim d on h_kv K/V heads.
 
     One standard attention call (any backend, no custom kernel). With ``v2_pairing: same_group``
@@ -79,7 +79,8 @@ class DiffAttentionV2(AttentionModule):
             return None
         return self.activation(self.wlambda(x))
 
-    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                              *tuple[torch.Tensor, ...]]:
         B, T, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q_bhtd = rope.apply(self.wq(x).view(B, T, 2 * h, d).transpose(1, 2))  # (B, 2h, T, d)
@@ -89,7 +90,9 @@ class DiffAttentionV2(AttentionModule):
         return (q_bhtd, k_bhtd, v_bhtd) if lam is None else (q_bhtd, k_bhtd, v_bhtd, lam)
 
     def core(self, q_bhtd: torch.Tensor, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor,
-             lam: torch.Tensor | None = None) -> torch.Tensor:
+             *lam_bth: torch.Tensor) -> torch.Tensor:
+        """``lam_bth``: ``project``'s λ ``(B, T, h)``, or nothing for ``v2_lambda: none`` (λ = 1)."""
+        (lam,) = lam_bth or (None,)
         B, _, T, d = q_bhtd.shape
         h = self.num_heads
         out = self.backend.attend(q_bhtd, k_bhtd, v_bhtd, scale=d**-0.5)  # (B, 2h, T, d)

@@ -11,7 +11,7 @@ from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import HEAD_NORMS, Rotary
 
 
-class StandardAttention(AttentionModule):
+class StandardAttention(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor]):
     """Causal multi-head attention with RoPE, h heads of dim d on h_kv K/V heads (GQA).
 
     Parameter layout (``nn.Linear`` weights are ``(out, in)``):
@@ -36,7 +36,7 @@ class StandardAttention(AttentionModule):
         self.wo = nn.Linear(h * d, D, bias=False)
         self.head_norm = HEAD_NORMS[a.head_norm](d, cfg.norm_eps)
 
-    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         q_bhtd = rope.apply(self.wq(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2))
         k_bhtd = rope.apply(self.wk(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2))
