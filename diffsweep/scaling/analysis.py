@@ -10,6 +10,8 @@ to its flags.
 
 from __future__ import annotations
 
+from typing import Any
+
 import warnings
 from dataclasses import dataclass, replace
 
@@ -255,7 +257,7 @@ def _paper_reading(pure: dict[str, Curve] | None, main: dict[str, Curve], base: 
                    measured: tuple[float, float], req: FitRequest) -> dict:
     """The paper's reading (pure law at its reference) beside this fit's law at the same reference."""
     at, claim = PAPER_READING[axis]
-    out = {"law": "pure", "at": at, "at_label": human(at), "paper": claim, "available": False, "why": None,
+    out: dict[str, Any] = {"law": "pure", "at": at, "at_label": human(at), "paper": claim, "available": False, "why": None,
            "rows": []}
     if pure is None:
         return out | {"why": "no pure-law fit was made"}
@@ -264,7 +266,7 @@ def _paper_reading(pure: dict[str, Curve] | None, main: dict[str, Curve], base: 
                              f"{human(measured[0])}-{human(measured[1])}, so no fit here can be read there"}
     refs = np.array([at])
     for cand in (c for c in main if c != base):
-        row = {"candidate": cand}
+        row: dict[str, Any] = {"candidate": cand}
         for key, curves in (("pure_law", pure), ("this_fit", main)):
             lo, hi, undefined = interval(ratio(curves[base], curves[cand], refs, boot=True), req.level)
             row[key] = {"ratio": _f(ratio(curves[base], curves[cand], refs)[0]), "lo": _f(lo[0]), "hi": _f(hi[0]),
@@ -345,7 +347,7 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
                                      f"so the optimum is fragile (another start could find a different law)"))
         corr = np.abs(fit.correlation() - np.eye(fit.law.num_params))
         if corr.max() > NEAR_SINGULAR:
-            i, j = np.unravel_index(np.argmax(corr), corr.shape)
+            i, j = (int(k) for k in np.unravel_index(np.argmax(corr), corr.shape))
             warnings.warn(FitWarning(f"{who}: near-singular fit ({fit.law.names[i]} and {fit.law.names[j]} have "
                                      f"|correlation| {corr.max():.6f}), so those parameters are not separately "
                                      f"determined"))

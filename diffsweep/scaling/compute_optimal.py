@@ -7,6 +7,8 @@ G = (αA/(βB))^(1/(α+β)). Each output gets a percentile CI from the bootstrap
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from diffsweep.config.units import human
@@ -37,10 +39,10 @@ def compute_optimal(curve: Curve, largest_compute: float, level: float) -> dict:
     def summary(est: np.ndarray, d: np.ndarray) -> dict:
         lo, hi, _ = interval(d[:, None], level)
         finite = d[np.isfinite(d)]
-        return {"value": _f(est), "lo": _f(lo[0]), "hi": _f(hi[0]),
+        return {"value": _f(float(est)), "lo": _f(lo[0]), "hi": _f(hi[0]),
                 "se": float(np.std(finite)) if finite.size > 1 else None}
 
-    out = {k: summary(point[k][0], draws[k]) for k in ("a", "b", "G")}
+    out: dict[str, Any] = {k: summary(point[k][0], draws[k]) for k in ("a", "b", "G")}
     out["budgets"] = []
     for i, (c, m) in enumerate(zip(budgets, BUDGET_MULTIPLES)):
         label = f"{c:.2g} FLOPs" + (" (largest measured run)" if m == 1 else f" ({m:g}x the largest run)")

@@ -14,7 +14,7 @@ Two solvers, each with one job:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from scipy.optimize import minimize
@@ -26,6 +26,16 @@ if TYPE_CHECKING:  # annotations only: the law forms (imported by forms.py) use 
     from diffsweep.scaling.forms import Law
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, approach 3
+
+
+class Predicts(Protocol):
+    """What the local solver needs of a law: its bounds and its prediction with the Jacobian
+    (a registered form's ``Law``, or the joint size-multiplier model of shift.py)."""
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def predict(self, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None = None,
+                group: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 MAX_BASINS = 2  # local optima of the grid besides the best kept as extra bootstrap starts
 
 
@@ -52,17 +62,17 @@ class Data:
     v: np.ndarray | None = None
     group: np.ndarray | None = None
 
-    def predict(self, law: Law, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, law: Predicts, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return law.predict(theta, self.u, self.v, self.group)
 
 
-def objective_value(law: Law, data: Data, theta: np.ndarray, objective: Objective,
+def objective_value(law: Predicts, data: Data, theta: np.ndarray, objective: Objective,
                     y: np.ndarray | None = None) -> np.ndarray:
     log_loss, _ = data.predict(law, np.atleast_2d(theta))
     return penalty(objective, log_loss - (data.y if y is None else y)).sum(axis=1)
 
 
-def solve_batch(law: Law, data: Data, theta: np.ndarray, objective: Objective, y: np.ndarray | None = None,
+def solve_batch(law: Predicts, data: Data, theta: np.ndarray, objective: Objective, y: np.ndarray | None = None,
                 max_iter: int = 200, tol: float = 1e-13,
                 weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Refine each row of ``theta`` (B, p) against ``y`` (n,) or per-row targets (B, n).

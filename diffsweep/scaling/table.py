@@ -152,7 +152,8 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
         raise ConfigError("--experiment", f"no experiment '{experiment}' in {uri}; experiments there: "
                           f"{', '.join(names) or 'none'}")
     query = f"tags.`diffsweep.sweep` = '{sweep}'" if sweep else ""
-    runs, token = [], None
+    runs: list = []
+    token = None
     while True:
         page = client.search_runs([exp.experiment_id], query, max_results=5000, page_token=token)
         runs.extend(page)
