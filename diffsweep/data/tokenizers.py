@@ -40,7 +40,7 @@ class Tokenizer(ABC):
     def fingerprint(self) -> str:
         """sha256 of what defines the tokenizer (part of a dataset's identity)."""
 
-    def save(self, directory: Path) -> None:
+    def save(self, directory: Path) -> None:  # noqa: B027 (optional: a tokenizer defined by its name saves nothing)
         """Write whatever is needed to load this tokenizer again from ``directory``."""
 
 

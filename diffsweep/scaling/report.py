@@ -372,7 +372,9 @@ def models_markdown(r: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|---|"]
 
         def cell(v: dict, fmt) -> str:
-            show = (lambda x: "—" if x is None else fmt(x))
+            def show(x) -> str:
+                return "—" if x is None else fmt(x)
+
             return f"{show(v['value'])} [{show(v['lo'])}, {show(v['hi'])}]"
 
         for arch, c in r["compute_optimal"].items():

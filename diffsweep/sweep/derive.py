@@ -70,7 +70,7 @@ def check_rule(raw: Any, key: str, where: str) -> dict[str, Any]:
                           f"got {raw['rule']!r}") from None
     args = {k: v for k, v in raw.items() if k != "rule"}
     wanted = ARGS[rule]
-    for name, value in args.items():
+    for name in args:
         if name not in wanted:
             raise ConfigError(f"{where}.{name}", f"unknown argument for rule {rule.value}; expected "
                               f"[{', '.join(wanted) or 'no arguments'}]")

@@ -211,7 +211,7 @@ def expected_diff_v2(m: DiffAttentionV2, x: torch.Tensor, theta: float, pairing:
     for b in range(x.shape[0]):
         xb = x[b]
 
-        def attn(j: int) -> torch.Tensor:
+        def attn(j: int, xb: torch.Tensor = xb) -> torch.Tensor:
             g = j // per_group
             q = rope(xb @ rows(wq, j, d).T, theta)
             k = rope(xb @ rows(wk, g, d).T, theta)

@@ -124,6 +124,8 @@ def test_one_seed_ladder_ci_is_calibrated_and_only_as_wide_as_its_noise_estimate
         known = analyse(points, FitRequest(n_boot=150, at=(11e9,), seed=k, noise_sd=0.005)).ratios[2]
         hi = np.inf if est["hi"] is None else est["hi"]
         hits.append(est["lo"] <= TRUE_RATIO <= hi)
-        cap = lambda v: 10.0 if v is None else min(v, 10.0)  # an unbounded upper end counts as 10x
+        def cap(v):  # an unbounded upper end counts as 10x
+            return 10.0 if v is None else min(v, 10.0)
+
         ratio.append((cap(est["hi"]) - est["lo"]) / (cap(known["hi"]) - known["lo"]))
     assert np.mean(hits) >= 0.85 and np.median(ratio) <= 1.7, (np.mean(hits), np.median(ratio))

@@ -173,7 +173,7 @@ def test_failed_save_leaves_no_torn_checkpoint(tmp_path, trained):
     nor a checkpoint, and the existing checkpoints untouched."""
     good = _save(tmp_path, trained)
     before = {p.name: p.read_bytes() for p in good.iterdir()}
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (what pickling a lambda raises differs across Python versions)
         _save(tmp_path, trained, step=4, metrics_state={"f": lambda: 0})
     assert [p.name for p in tmp_path.iterdir()] == [good.name]
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
