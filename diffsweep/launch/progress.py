@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffsweep.launch.jobfile import read_job_state
+from diffsweep.rundir import read_job_state
 from diffsweep.launch.plan import SweepPlan
 from diffsweep.launch.state import ACTIVE_STATES, RUNNING
 
