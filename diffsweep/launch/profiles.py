@@ -271,11 +271,6 @@ def slurm_minutes(text: str, where: str) -> float:
     return (days or 0) * 1440 + hours * 60 + minutes + seconds / 60
 
 
-def slurm_parameter_names() -> frozenset[str]:
-    """Parameters of submitit's SlurmExecutor (read from submitit itself)."""
-    return get_scheduler(ExecutorKind.SLURM.value).parameter_names() or frozenset()
-
-
 def _accelerator(raw: Any, where: str) -> Accelerator:
     if raw is None:
         return Accelerator()
