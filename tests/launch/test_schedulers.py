@@ -115,3 +115,14 @@ def test_local_takes_no_job_settings_and_replaces_a_declared_cluster_profile(tmp
                     + "}\ngrid: {model.size: [tiny-xs]}\n")
     assert choose_profile(load_sweep(path), None, "local").executor == "local"
     assert choose_profile(load_sweep(path), None, None).name == "h100-example"
+
+
+def test_logs_are_the_recorded_paths_else_where_submitit_writes_them(tmp_path):
+    folder = tmp_path / "jobs" / "12_3"
+    folder.mkdir(parents=True)
+    (folder / "12_3_0_log.out").write_text("out\n")
+    recorded = attempt("slurm", "12_3", folder=str(folder), stdout=str(tmp_path / "x.out"), stderr=None)
+    assert get_scheduler("slurm").log_files(recorded) == []  # recorded, not written yet
+    (tmp_path / "x.out").write_text("x\n")
+    assert get_scheduler("slurm").log_files(recorded) == [tmp_path / "x.out"]
+    assert get_scheduler("slurm").log_files(attempt("slurm", "12_3", folder=str(folder))) == [folder / "12_3_0_log.out"]
