@@ -6,6 +6,7 @@ the list of known ones (it is never taken for Slurm)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -26,8 +27,8 @@ class FakeScheduler(Scheduler):
     name = "fake"
     label = "the fake cluster"
     runs_jobs = "on the fake cluster"
-    asked: list[list[str]] = []
-    cancelled: list[list[str]] = []
+    asked: ClassVar[list[list[str]]] = []
+    cancelled: ClassVar[list[list[str]]] = []
 
     def default_profile(self) -> Profile:
         return Profile(name="fake", executor=self.name, gpus_per_node=4)
