@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and d
 
 def now() -> str:
     """The time now, UTC, to the second (ISO 8601): how every diffsweep file stamps times."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _write_atomically(path: Path, text: str, *, sync: bool = False) -> None:

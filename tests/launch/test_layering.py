@@ -71,7 +71,7 @@ def test_store_and_rundir_import_no_torch_mlflow_or_trainer():
 
 
 def test_help_imports_no_torch_or_mlflow():
-    code = "import contextlib, io\nfrom diffsweep.cli import app\nwith contextlib.redirect_stdout(io.StringIO()):\n" \
-           "    try:\n        app(['--help'])\n    except SystemExit:\n        pass"
+    code = ("import contextlib, io\nfrom diffsweep.cli import app\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        app(['--help'])\n    except SystemExit:\n        pass")
     modules = loaded(code)
     assert not [m for m in modules if m.split(".")[0] in ("torch", "mlflow", "submitit")]

@@ -92,15 +92,14 @@ class Scheduler(ABC):
         parameters its submitit executor takes); None: it takes no job settings (nor ``--setup``)."""
         return None
 
-    def check_profile(self, profile: Profile, where: str) -> None:
-        """Scheduler-specific checks of a loaded profile; ``ConfigError`` naming ``where`` and the key."""
-
     def check_plan(self, plan: SweepPlan) -> None:
         """What ``diffsweep plan`` checks with the scheduler (cheap; a profile of another cluster
         is planned, not checked)."""
+        return None  # nothing to check, unless the scheduler says otherwise
 
     def check_launch(self, plan: SweepPlan) -> None:
         """Everything ``launch`` checks with the scheduler before writing or submitting anything."""
+        return None
 
     def parameters(self, resources: Resources, profile: Profile, *, job_name: str, code_dir: str,
                    max_parallel: int | None) -> dict[str, Any]:

@@ -91,7 +91,7 @@ class SlurmScheduler(Scheduler):
                 try:
                     with executor.batch():
                         handles = [executor.submit(submission.job(r)) for r in batch]
-                except Exception as exc:  # sbatch refused (bad partition, account, limits)
+                except Exception as exc:  # noqa: BLE001 (sbatch refused: bad partition, account, limits)
                     done = (f" ({len(submitted)} runs were submitted before; launch again after fixing it)"
                             if submitted else "")
                     raise ConfigError("slurm", f"sbatch refused the job array: {_first_line(exc)}{done}") from None
