@@ -186,7 +186,7 @@ def plan(
     launched), job and state (new, pending, running, done, failed, cancelled, changed, unknown),
     plus the sweep's total GPU-hours, and the launched runs the sweep no longer makes (orphaned).
     """
-    from diffsweep.launch.schedulers import get_scheduler
+    from diffsweep.launch.scheduler import get_scheduler
 
     p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
     get_scheduler(p.profile.executor).check_plan(p)
@@ -267,7 +267,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
     else:
         parallel = max_parallel or p.spec.launch.max_parallel
         submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
-        from diffsweep.launch.schedulers import get_scheduler
+        from diffsweep.launch.scheduler import get_scheduler
 
         where = get_scheduler(p.profile.executor).label
         again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])

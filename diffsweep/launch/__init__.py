@@ -1,4 +1,4 @@
 """Launching sweeps: cluster profiles, resources per run (pure), the ledger, the job callable,
-code snapshots, submission through a scheduler (``schedulers``: Slurm arrays or local processes,
-one registered class each), run states and reconciliation. Imports of submitit and mlflow happen
-where they are used."""
+code snapshots, submission through a scheduler (``scheduler``: the interface and registry;
+``slurm_scheduler``: Slurm arrays; ``local_scheduler``: local processes), run states and
+reconciliation. Imports of submitit and mlflow happen where they are used."""

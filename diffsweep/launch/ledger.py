@@ -27,7 +27,7 @@ LOCK_FILE = ".ledger.lock"
 class Attempt:
     """One submission of a run."""
 
-    executor: str  # the scheduler's name (diffsweep.launch.schedulers): slurm, local, ...
+    executor: str  # the scheduler's name (diffsweep.launch.scheduler): slurm, local, ...
     submitted: str
     code_dir: str
     folder: str  # submitit folder of the job (pickles, logs)

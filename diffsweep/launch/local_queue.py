@@ -1,4 +1,4 @@
-"""The local scheduler's queue (``diffsweep.launch.schedulers.local``): a detached process (started
+"""The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process (started
 by ``launch``) that starts its queued runs through submitit's ``LocalExecutor``, at most N at a
 time, records each job in the ledger, and exits when all have ended. A later launch of the same sweep hands its runs to a live queue, so
 N holds for the sweep. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
@@ -15,7 +15,7 @@ import submitit
 
 from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
-from diffsweep.launch.schedulers.local import closed_marker
+from diffsweep.launch.local_scheduler import closed_marker
 from diffsweep.lockfile import proc_start
 from diffsweep.rundir import read_launch_config
 

@@ -40,12 +40,12 @@ from typing import Any
 
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.loading import read_yaml
-from diffsweep.launch.schedulers.base import get_scheduler
+from diffsweep.launch.scheduler import get_scheduler
 
 
 class ExecutorKind(StrEnum):
     """The built-in schedulers' names. ``Profile.executor`` is a scheduler's name, any registered
-    one (``diffsweep.launch.schedulers``), not only these."""
+    one (``diffsweep.launch.scheduler``), not only these."""
 
     SLURM = "slurm"  # sbatch job arrays through submitit
     LOCAL = "local"  # processes on this machine through submitit's local executor
@@ -66,7 +66,7 @@ class Profile:
     """A cluster (or this machine) as the launcher sees it."""
 
     name: str = "local"
-    executor: str = ExecutorKind.LOCAL.value  # the scheduler's name (diffsweep.launch.schedulers)
+    executor: str = ExecutorKind.LOCAL.value  # the scheduler's name (diffsweep.launch.scheduler)
     gpu: Accelerator = field(default_factory=Accelerator)
     gpus_per_node: int = 0  # 0: CPU-only (local executor)
     cpus_per_gpu: int = 8

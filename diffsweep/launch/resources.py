@@ -21,7 +21,7 @@ from typing import Any
 
 from diffsweep.config import ConfigError, Parallel
 from diffsweep.launch.profiles import Profile
-from diffsweep.launch.schedulers.base import get_scheduler
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.model import memory
 from diffsweep.sweep.expand import PlannedRun
 

@@ -1,4 +1,4 @@
-"""Run states from the ledger, the scheduler (each attempt's, ``diffsweep.launch.schedulers``) and
+"""Run states from the ledger, the scheduler (each attempt's, ``diffsweep.launch.scheduler``) and
 the job's own ``job.json``; and reconciliation: a job that died without reporting gets its MLflow run
 marked FAILED or KILLED with the scheduler's state as the reason.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
-from diffsweep.launch.schedulers.base import get_scheduler
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.lockfile import pid_alive
 from diffsweep.rundir import read_job_state, run_info, write_job_state
 

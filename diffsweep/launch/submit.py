@@ -2,7 +2,7 @@
 budget) and cancelled runs through submitit, and return. Finished runs are skipped and running
 ones left alone, so launching again is always safe.
 
-How jobs are submitted is the profile's scheduler's (``diffsweep.launch.schedulers``): Slurm
+How jobs are submitted is the profile's scheduler's (``diffsweep.launch.scheduler``): Slurm
 arrays, or a local queue process; this module checks, snapshots the code, and records each
 submission in the ledger.
 """
@@ -20,7 +20,7 @@ from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan
-from diffsweep.launch.schedulers import Submission, get_scheduler
+from diffsweep.launch.scheduler import Submission, get_scheduler
 from diffsweep.rundir import write_launch_config
 
 

@@ -65,7 +65,7 @@ def loaded(code: str) -> list[str]:
 
 
 def test_store_and_rundir_import_no_torch_mlflow_or_trainer():
-    modules = loaded("import diffsweep.store, diffsweep.rundir, diffsweep.launch.schedulers")
+    modules = loaded("import diffsweep.store, diffsweep.rundir, diffsweep.launch.scheduler")
     heavy = [m for m in modules if m.split(".")[0] in ("torch", "mlflow", "submitit") or m.startswith("diffsweep.train")]
     assert not heavy, heavy
 

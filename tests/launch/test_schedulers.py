@@ -11,12 +11,12 @@ from typing import ClassVar
 import pytest
 
 from diffsweep.config import ConfigError
-from diffsweep.launch import schedulers
+from diffsweep.launch import scheduler as schedulers
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
 from diffsweep.launch.plan import choose_profile
 from diffsweep.launch.profiles import Profile, parse_profile, with_overrides
 from diffsweep.launch.resources import estimate
-from diffsweep.launch.schedulers import Scheduler, get_scheduler, register, scheduler_names
+from diffsweep.launch.scheduler import Scheduler, get_scheduler, register, scheduler_names
 from diffsweep.launch.state import attempt_state, scheduler_states
 from diffsweep.sweep import expand, load_sweep
 
@@ -53,8 +53,8 @@ def fake():
     register("fake", FakeScheduler)
     FakeScheduler.asked.clear()
     yield get_scheduler("fake")
-    schedulers.base._registered.pop("fake", None)
-    schedulers.base._instances.pop("fake", None)
+    schedulers._registered.pop("fake", None)
+    schedulers._instances.pop("fake", None)
 
 
 def sweep(tmp_path: Path):

@@ -20,7 +20,7 @@ from pathlib import Path
 from diffsweep.launch.ledger import Attempt, locked, now, read_ledger
 from diffsweep.launch.plan import RunPlan, cpu_count
 from diffsweep.launch.profiles import LOCAL, Profile
-from diffsweep.launch.schedulers.base import Scheduler, Submission
+from diffsweep.launch.scheduler import Scheduler, Submission
 from diffsweep.lockfile import pid_alive, proc_start
 
 

@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # only for annotations: the launcher's modules import this on
 ENTRY_POINT_GROUP = "diffsweep.schedulers"
 # In this order: error messages list them so, and the automatic choice tries them so (by auto_rank).
 BUILTIN: dict[str, str] = {
-    "slurm": "diffsweep.launch.schedulers.slurm:SlurmScheduler",
-    "local": "diffsweep.launch.schedulers.local:LocalScheduler",
+    "slurm": "diffsweep.launch.slurm_scheduler:SlurmScheduler",
+    "local": "diffsweep.launch.local_scheduler:LocalScheduler",
 }
 
 

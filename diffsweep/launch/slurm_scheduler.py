@@ -27,7 +27,7 @@ from diffsweep.launch.ledger import Attempt, now
 from diffsweep.launch.plan import RunPlan, SweepPlan
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
-from diffsweep.launch.schedulers.base import Scheduler, Submission
+from diffsweep.launch.scheduler import Scheduler, Submission
 from diffsweep.launch.state import WAITING
 
 DEFAULT_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize
