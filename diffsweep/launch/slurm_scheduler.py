@@ -75,7 +75,8 @@ class SlurmScheduler(Scheduler):
     def submit(self, submission: Submission) -> list[tuple[RunPlan, Attempt]]:
         import submitit
 
-        plan, submitted = submission.plan, []
+        plan = submission.plan
+        submitted: list[tuple[RunPlan, Attempt]] = []
         classes: dict[Resources, list[RunPlan]] = defaultdict(list)
         for r in submission.runs:
             classes[r.estimate.resources].append(r)
