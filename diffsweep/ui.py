@@ -276,7 +276,7 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
     is started. Raises ``UiError`` when the store, port or server is unusable, and ``ConfigError``
     (naming ``MLFLOW_TRACKING_URI``) when the store is no usable tracking store.
     """
-    from diffsweep.train.store import check_tracking
+    from diffsweep.store import check_tracking
 
     if is_remote(store_uri):
         check_tracking(store_uri)  # answers within seconds, or the reason it does not

@@ -27,9 +27,9 @@ def compare(
 ) -> None:
     """Each row's mean over its seeds and its difference from the baseline row with a confidence
     interval from the seed-to-seed spread: within or beyond seed noise."""
+    from diffsweep.store import existing_store, tracking_uri
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.compare import compare_sweep
-    from diffsweep.train.store import existing_store, tracking_uri
 
     if not 0.5 < level < 1:
         raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")

@@ -15,8 +15,9 @@ SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
                                                 "YAML path (default: the sweep's launch.profile, else automatic).",
                                                 show_default=False)]
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local (default: the profile's; without "
-                                                 "a profile, slurm if sbatch is on PATH, else local).",
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local, or a scheduler a package "
+                                                 "registers (default: the profile's; without a profile, slurm if "
+                                                 "a Slurm controller answers, else local).",
                                                  show_default=False)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
@@ -81,7 +82,7 @@ def _ids(entry, run_dir: Path) -> dict:
         return {"job_id": None, "mlflow_run_id": None}
     run_id = entry.mlflow_run_id
     if run_id is None:  # status records it in the ledger; until then the run directory knows it
-        from diffsweep.launch.state import run_info
+        from diffsweep.rundir import run_info
 
         run_id = run_info(run_dir).get("run_id")
     return {"job_id": entry.latest.job_id if entry.latest else None, "mlflow_run_id": run_id}
@@ -115,7 +116,7 @@ def _render(plan, all_rows: bool, status: bool) -> None:
     gpu = plan.profile.gpus_per_node > 0
     launched = plan.ledger is not None
     table = Table(title=f"sweep {plan.spec.name}: {len(plan.runs)} runs on profile {plan.profile.name} "
-                        f"({plan.profile.executor.value})")
+                        f"({plan.profile.executor})")
     for col in ("key", "name", "arch", "size", "params", "tokens", "FLOPs", "GPU-h" if gpu else "hours",
                 "mem/GPU" if gpu else "memory", "resources", *(["job"] if launched else []), "state"):
         table.add_column(col, justify="right" if col in ("params", "tokens", "FLOPs", "GPU-h", "hours", "mem/GPU",
@@ -185,13 +186,13 @@ def plan(
     launched), job and state (new, pending, running, done, failed, cancelled, changed, unknown),
     plus the sweep's total GPU-hours, and the launched runs the sweep no longer makes (orphaned).
     """
-    from diffsweep.launch.cluster import check_planned
+    from diffsweep.launch.scheduler import get_scheduler
 
     p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
-    check_planned(p)
+    get_scheduler(p.profile.executor).check_plan(p)
     _warn(p)
     if json_:
-        _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor.value,
+        _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor,
                         "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
                         "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, False) for r in p.runs]})
     else:
@@ -241,7 +242,7 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
     import os
 
     from diffsweep.launch.submit import check_launch, launch as submit, select
-    from diffsweep.train.store import tracking_uri
+    from diffsweep.store import tracking_uri
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
 
@@ -266,7 +267,9 @@ def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, 
     else:
         parallel = max_parallel or p.spec.launch.max_parallel
         submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
-        where = "Slurm" if p.profile.executor.value == "slurm" else "the local queue"
+        from diffsweep.launch.scheduler import get_scheduler
+
+        where = get_scheduler(p.profile.executor).label
         again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
         typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}{again}")
 

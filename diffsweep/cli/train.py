@@ -39,7 +39,7 @@ def train(
     from diffsweep.train.preemption import EXIT_PREEMPTED
     from diffsweep.train.trainer import Diverged
     from diffsweep.train.trainer import train as run_training
-    from diffsweep.train.store import tracking_uri
+    from diffsweep.store import tracking_uri
 
     run_dir = out / run_name(cfg)
     typer.echo(f"run {run_dir.name} -> {run_dir}")

@@ -1,6 +1,7 @@
-"""What the Slurm cluster itself says about a plan, before anything is submitted: a controller
-answers, the partition exists, its nodes have the GPUs a job asks for per node (``sinfo``), and
-the account and QoS are the user's (``sacctmgr``, where accounting answers).
+"""What the Slurm cluster itself says about a plan, before anything is submitted (for
+``diffsweep.launch.slurm_scheduler``): a controller answers, the partition exists, its nodes have
+the GPUs a job asks for per node (``sinfo``), and the account and QoS are the user's
+(``sacctmgr``, where accounting answers).
 
 ``launch`` checks all of it; ``plan`` checks the partition's GPUs, account and QoS when the
 profile names a partition of the cluster it reaches (a profile of another cluster is planned,
@@ -16,7 +17,6 @@ import subprocess
 
 from diffsweep.config import ConfigError
 from diffsweep.launch.plan import SweepPlan
-from diffsweep.launch.profiles import ExecutorKind
 
 
 def check_cluster(plan: SweepPlan) -> None:
@@ -28,10 +28,8 @@ def check_cluster(plan: SweepPlan) -> None:
 
 
 def check_planned(plan: SweepPlan) -> None:
-    """What ``plan`` checks: the GPUs, account and QoS, if the profile is a Slurm one whose
-    partition is one of the reachable cluster's."""
-    if plan.profile.executor is not ExecutorKind.SLURM:
-        return
+    """What ``plan`` checks of a Slurm profile (``SlurmScheduler.check_plan``): the GPUs, account
+    and QoS, if its partition is one of the reachable cluster's."""
     wanted = plan.profile.slurm.get("partition")
     if wanted is not None and str(wanted) in partitions():
         check_gpus(plan)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -12,27 +9,28 @@ from pathlib import Path
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.config.identity import run_name_of
-from diffsweep.launch.jobfile import read_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SweepPlan
-from diffsweep.launch.state import (ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, scheduler_states,
-                                    slurm_states)
-from diffsweep.lockfile import pid_alive
+from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.state import ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, scheduler_states
+from diffsweep.rundir import read_job_state
 
 
 def cancel(plan: SweepPlan) -> list[str]:
-    """Cancel the plan's pending and running runs, orphans included (Slurm: scancel; local:
-    SIGTERM; queued: dropped); returns their names. A running job saves a checkpoint at the step
-    boundary first, so launching again resumes it. A Slurm job that is still running after scancel
-    (checked with Slurm, not from scancel's exit status) stays running in the ledger, and the
-    error names it. A sweep never launched is an error: there is nothing to cancel."""
+    """Cancel the plan's pending and running runs, orphans included (each job through its
+    attempt's scheduler: Slurm's scancel, a local job's SIGTERM; queued ones are dropped); returns
+    their names. A running job saves a checkpoint at the step boundary first, so launching again
+    resumes it. A job that is still running after its scheduler was told to stop (checked with the
+    scheduler, not from scancel's exit status) stays running in the ledger, and the error names
+    it. A sweep never launched is an error: there is nothing to cancel."""
     require_launched(plan)
     cancelled = []
+    errors = []
     with locked(plan.out):
         ledger = read_ledger(plan.out)
         if ledger is None:
             return []
-        slurm: dict[str, tuple[str, Attempt]] = {}
+        jobs: dict[str, list[tuple[str, Attempt]]] = {}  # by scheduler: marked once it has stopped them
         targets = [(r.run.key, r.run.name, r.state) for r in plan.runs]
         targets += [(o.entry.key, o.entry.name, o.state) for o in plan.orphans]
         for key, name, state in targets:
@@ -42,28 +40,27 @@ def cancel(plan: SweepPlan) -> list[str]:
             a = entry.latest
             if a.state == "cancelled":  # already stopping
                 continue
-            if a.executor == "slurm" and a.state == "submitted" and a.job_id is not None:
-                slurm[a.job_id] = (name, a)  # marked once Slurm has stopped it
+            if a.state == "submitted" and a.job_id is not None:
+                jobs.setdefault(a.executor, []).append((name, a))
                 continue
-            if a.state == "submitted" and a.job_id is not None and pid_alive(int(a.job_id), a.job_start):
-                # submitit's local controller forwards SIGTERM: the trainer saves and stops (the
-                # start time tells the job from a later process that got its pid)
-                os.kill(int(a.job_id), signal.SIGTERM)
-            a.state = "cancelled"
+            a.state = "cancelled"  # queued: the local queue drops it
             cancelled.append(name)
-        still, why = dict.fromkeys(slurm, "unknown"), ""  # until Slurm says otherwise
         try:
-            if slurm:
-                still, why = scancel(list(slurm))
+            for executor, named in jobs.items():
+                still, why = {a.job_id: "unknown" for _, a in named}, ""  # until the scheduler says otherwise
+                try:
+                    still, why = get_scheduler(executor).cancel([a for _, a in named])
+                finally:
+                    for name, a in named:
+                        if a.job_id not in still:
+                            a.state = "cancelled"
+                            cancelled.append(name)
+                if why:
+                    errors.append(why)
         finally:
-            for job_id, (name, a) in slurm.items():
-                if job_id not in still:
-                    a.state = "cancelled"
-                    cancelled.append(name)
             write_ledger(plan.out, ledger)
-    if still:
-        jobs = ", ".join(f"{j} ({state})" for j, state in sorted(still.items()))
-        raise EnvironmentUnavailable(f"scancel did not stop Slurm jobs {jobs} ({why}); run `diffsweep cancel` again")
+    if errors:
+        raise EnvironmentUnavailable(f"{'; '.join(errors)}; run `diffsweep cancel` again")
     return cancelled
 
 
@@ -72,29 +69,6 @@ def require_launched(plan: SweepPlan) -> None:
     if not ledger_path(plan.out).is_file():
         raise ConfigError(str(plan.spec.path), f"sweep {plan.spec.name} was never launched (no ledger in "
                           f"{plan.out}); nothing to cancel")
-
-
-# Slurm states of a job that scancel has not stopped (a cancelled one reads COMPLETING, then CANCELLED).
-_NOT_STOPPED = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
-                          "SUSPENDED", "STOPPED", "RESIZING"})
-
-
-def scancel(job_ids: list[str], wait_s: float = 15.0) -> tuple[dict[str, str], str]:
-    """Cancel Slurm jobs. Returns those Slurm still shows pending or running, with their states,
-    and what scancel said. Its exit status is not the answer: it can fail although the jobs were
-    signalled, and fails for a job that ended meanwhile; so on failure Slurm is asked, for up to
-    ``wait_s`` (a job takes a moment to stop)."""
-    out = subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)
-    if out.returncode == 0:
-        return {}, ""
-    said = (out.stderr.strip().splitlines() or [f"scancel exited {out.returncode}"])[0]
-    deadline = time.monotonic() + wait_s
-    while True:
-        states = slurm_states(job_ids)  # a job Slurm no longer knows has stopped
-        live = {j: states[j] for j in job_ids if j in states and states[j].split()[0] in _NOT_STOPPED}
-        if not live or time.monotonic() > deadline:
-            return live, said
-        time.sleep(1)
 
 
 def find_entry(run: str, outs: list[Path]) -> tuple[Path, Entry]:
@@ -165,7 +139,7 @@ def header(entry: Entry, number: int, state: RunState | None) -> str:
 
 def log_files(attempt: Attempt) -> list[Path]:
     """The attempt's stdout and stderr files that exist (none before its job has started)."""
-    return [Path(p) for p in (attempt.stdout, attempt.stderr) if p and Path(p).is_file()]
+    return get_scheduler(attempt.executor, "ledger: executor").log_files(attempt)
 
 
 def no_logs(entry: Entry, attempt: Attempt, state: RunState | None) -> str:

@@ -6,7 +6,7 @@ submitit, whose handler calls ``checkpoint()`` and requeues. The requeued job is
 callable: it resumes from the run directory's **newest** checkpoint, and the trainer continues
 the MLflow run named in ``run.json``, so nothing from the first submission goes stale.
 
-The job records its state in the run directory's ``job.json`` (``diffsweep.launch.jobfile``):
+The job records its state in the run directory's ``job.json`` (``diffsweep.rundir``):
 at each start (how many times this job has started: Slurm requeues reuse the job id and append to
 its log files, so each start also prints a marker line to both), every ``STEP_EVERY_S`` seconds
 while training (the step and the measured seconds per step, for ``status`` and ``launch --wait``),
@@ -25,8 +25,7 @@ from typing import Any
 
 import submitit
 
-from diffsweep.launch.jobfile import read_job_state, write_job_state as _write_job_state
-from diffsweep.launch.ledger import now
+from diffsweep.rundir import now, read_job_state, write_job_state as _write_job_state
 
 STEP_EVERY_S = 10.0  # job.json's step is rewritten at most this often (a small file, read by status)
 

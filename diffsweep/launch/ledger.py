@@ -12,26 +12,22 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
+from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-exported for the launcher)
 
 FORMAT = "diffsweep-ledger/1"
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = ".ledger.lock"
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 @dataclass
 class Attempt:
     """One submission of a run."""
 
-    executor: str  # slurm | local
+    executor: str  # the scheduler's name (diffsweep.launch.scheduler): slurm, local, ...
     submitted: str
     code_dir: str
     folder: str  # submitit folder of the job (pickles, logs)

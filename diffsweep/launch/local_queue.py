@@ -1,6 +1,6 @@
-"""The local executor's queue: a detached process (started by ``launch``) that starts its queued
-runs through submitit's ``LocalExecutor``, at most N at a time, records each job in the ledger,
-and exits when all have ended. A later launch of the same sweep hands its runs to a live queue, so
+"""The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process (started
+by ``launch``) that starts its queued runs through submitit's ``LocalExecutor``, at most N at a
+time, records each job in the ledger, and exits when all have ended. A later launch of the same sweep hands its runs to a live queue, so
 N holds for the sweep. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
 """
 
@@ -15,15 +15,12 @@ import submitit
 
 from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
+from diffsweep.launch.local_scheduler import closed_marker
 from diffsweep.lockfile import proc_start
+from diffsweep.rundir import read_launch_config
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0
-
-
-def closed_marker(out: Path, pid: int) -> Path:
-    """Written (under the ledger lock) when a queue has decided to exit: launch must not hand it runs."""
-    return out / f".queue-{pid}.closed"
 
 
 def main(out: Path, parallel: int) -> None:
@@ -49,7 +46,7 @@ def main(out: Path, parallel: int) -> None:
                 a = entry.latest
                 os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
                 try:
-                    job = executor.submit(TrainJob(_config(entry.run_dir), entry.run_dir, ledger.experiment,
+                    job = executor.submit(TrainJob(read_launch_config(Path(entry.run_dir)), entry.run_dir, ledger.experiment,
                                                    ledger.tracking_uri, tags))
                 except Exception as exc:  # noqa: BLE001 (one bad run must not strand the others)
                     a.state = "failed-to-start"
@@ -61,14 +58,6 @@ def main(out: Path, parallel: int) -> None:
                     print(f"started {entry.name} as local job {job.job_id}", flush=True)
                 write_ledger(out, ledger)  # at once: the job exists now
         time.sleep(POLL_S)
-
-
-def _config(run_dir: str) -> dict:
-    import yaml
-
-    from diffsweep.launch.submit import LAUNCH_CONFIG
-
-    return yaml.safe_load((Path(run_dir) / LAUNCH_CONFIG).read_text())
 
 
 if __name__ == "__main__":

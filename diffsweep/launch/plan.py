@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Entry, Ledger, read_ledger
-from diffsweep.launch.profiles import LOCAL, ExecutorKind, Profile, load_profile
+from diffsweep.launch.profiles import LOCAL, Profile, load_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import Estimate, Resources, estimate
+from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 from diffsweep.launch.state import (CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state,
                                     scheduler_states)
 from diffsweep.sweep import PlannedRun, SweepSpec, expand
 
-SLURM_DEFAULT = Profile(name="slurm", executor=ExecutorKind.SLURM, gpus_per_node=8)  # a cluster we know nothing of
 SUBMITTABLE = (NEW, CHANGED, FAILED, CANCELLED)
 
 
@@ -82,34 +80,23 @@ def submitted_resources(entry: Entry | None) -> tuple[Resources, str] | None:
 
 
 def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -> Profile:
-    """``--profile`` > the sweep's ``launch.profile`` (unless ``--executor local`` overrides a Slurm
-    one) > (``--executor slurm`` or a reachable Slurm: a generic Slurm profile) > the local
-    executor. ``--executor`` must agree with an explicit ``--profile``."""
-    if executor is not None and executor not in {e.value for e in ExecutorKind}:
-        raise ConfigError("--executor", f"expected one of [{', '.join(e.value for e in ExecutorKind)}], got {executor!r}")
+    """``--profile`` > the sweep's ``launch.profile`` (unless ``--executor`` names a scheduler that
+    may replace it, e.g. ``local``) > ``--executor``'s default profile > the automatic choice: the
+    default profile of the scheduler that answers here (Slurm if a controller answers, else this
+    machine). ``--executor`` must agree with an explicit ``--profile``."""
+    named = get_scheduler(executor) if executor is not None else None  # an unknown name lists the known ones
     declared = load_profile(spec.launch.profile) if spec.launch.profile is not None else None  # always checked
     if profile is not None:
         chosen = load_profile(profile)
-    elif declared is not None and not (executor == ExecutorKind.LOCAL and declared.executor != executor):
+    elif declared is not None and not (named is not None and named.replaces_declared_profile
+                                       and declared.executor != named.name):
         chosen = declared
-    elif executor == ExecutorKind.SLURM or (executor is None and slurm_reachable()):
-        chosen = SLURM_DEFAULT
     else:
-        chosen = LOCAL
-    if executor is not None and chosen.executor != executor:
+        chosen = (named or detect_scheduler()).default_profile()
+    if named is not None and chosen.executor != named.name:
         raise ConfigError("--executor", f"{executor} disagrees with profile {chosen.name!r} "
-                          f"(executor: {chosen.executor.value}); pick a {executor} profile with --profile")
+                          f"(executor: {chosen.executor}); pick a {executor} profile with --profile")
     return chosen
-
-
-def slurm_reachable() -> bool:
-    """Whether a Slurm controller answers here (the automatic executor choice)."""
-    if shutil.which("sinfo") is None:
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def output_dir(spec: SweepSpec, out: Path | None) -> Path:

@@ -4,7 +4,7 @@ setup commands) as YAML under ``slurm/profiles/``. Resources per run are derived
 
 A profile file::
 
-    executor: slurm                 # slurm | local
+    executor: slurm                 # the scheduler: slurm | local | one a package registers
     gpu: {name: H100, memory_gb: 80, peak_tflops: 989, mfu: 0.40}
     gpus_per_node: 8
     cpus_per_gpu: 16
@@ -32,17 +32,20 @@ import difflib
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.loading import read_yaml
+from diffsweep.launch.scheduler import get_scheduler
 
 
 class ExecutorKind(StrEnum):
-    """Where jobs run."""
+    """The built-in schedulers' names. ``Profile.executor`` is a scheduler's name, any registered
+    one (``diffsweep.launch.scheduler``), not only these."""
 
     SLURM = "slurm"  # sbatch job arrays through submitit
     LOCAL = "local"  # processes on this machine through submitit's local executor
@@ -63,7 +66,7 @@ class Profile:
     """A cluster (or this machine) as the launcher sees it."""
 
     name: str = "local"
-    executor: ExecutorKind = ExecutorKind.LOCAL
+    executor: str = ExecutorKind.LOCAL.value  # the scheduler's name (diffsweep.launch.scheduler)
     gpu: Accelerator = field(default_factory=Accelerator)
     gpus_per_node: int = 0  # 0: CPU-only (local executor)
     cpus_per_gpu: int = 8
@@ -139,12 +142,9 @@ def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{where}: {key}", f"unknown profile key{hint}; expected one of [{', '.join(allowed)}]")
         values[key] = value
-    try:
-        executor = ExecutorKind(values.get("executor", "slurm"))
-    except ValueError:
-        raise ConfigError(f"{where}: executor", f"expected one of [{', '.join(e.value for e in ExecutorKind)}], "
-                          f"got {values['executor']!r}") from None
-    values["executor"] = executor
+    executor = values.get("executor", ExecutorKind.SLURM.value)  # a profile file is a cluster's unless it says
+    scheduler = get_scheduler(str(executor), f"{where}: executor")
+    values["executor"] = scheduler.name
     values["gpu"] = _accelerator(values.get("gpu"), f"{where}: gpu")
     for key in ("gpus_per_node", "cpus_per_gpu", "mem_per_gpu_gb", "min_time_minutes", "signal_delay_s",
                 "max_num_timeout"):
@@ -160,19 +160,25 @@ def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     if not isinstance(setup, list) or any(not isinstance(s, str) for s in setup):
         raise ConfigError(f"{where}: setup", f"expected a list of shell lines, got {setup!r}")
     values["setup"] = tuple(setup)
-    values["slurm"] = check_slurm_params(values.get("slurm") or {}, f"{where}: slurm")
+    values["slurm"] = check_slurm_params(values.get("slurm") or {}, f"{where}: slurm", executor=scheduler.name)
     profile = Profile(**values)
     check_times(profile, where)
     return profile
 
 
-def check_slurm_params(params: Any, where: str, sep: str = ".") -> dict[str, Any]:
-    """Profile ``slurm:`` keys must be parameters submitit's SlurmExecutor accepts, not ones
-    diffsweep derives, and their values must be plain (they become ``#SBATCH`` lines). Errors
-    name ``where``, ``sep`` and the key."""
+def check_slurm_params(params: Any, where: str, sep: str = ".", executor: str = ExecutorKind.SLURM.value
+                       ) -> dict[str, Any]:
+    """Profile ``slurm:`` keys must be parameters the scheduler's submitit executor accepts
+    (``Scheduler.parameter_names``), not ones diffsweep derives, and their values must be plain
+    (they become ``#SBATCH`` lines). Errors name ``where``, ``sep`` and the key. A scheduler that
+    takes no settings (local) ignores them, with a warning."""
     if not isinstance(params, dict):
         raise ConfigError(where, f"expected a mapping of submitit Slurm parameters, got {params!r}")
-    valid = slurm_parameter_names()
+    valid = get_scheduler(executor).parameter_names()
+    if valid is None:
+        if params:
+            warnings.warn(ConfigWarning(f"{where}: ignored; executor {executor} takes no job settings"), stacklevel=2)
+        return dict(params)
     for key, value in params.items():
         if key in DERIVED_SLURM_KEYS:
             raise ConfigError(f"{where}{sep}{key}", "is derived per run by diffsweep (from the size and the "
@@ -206,7 +212,7 @@ def check_times(profile: Profile, where: str) -> None:
     if profile.max_time_minutes < 1:
         raise ConfigError(key, f"expected at least one minute, got {profile.max_time_hours * 60:g} minutes (Slurm "
                           "reads a time limit of 0 as no limit)")
-    if profile.executor is not ExecutorKind.SLURM:
+    if not get_scheduler(profile.executor).time_limit_signal:
         return
     shortest = min(profile.min_time_minutes, profile.max_time_minutes)
     needed_s = profile.signal_delay_s + max(SIGNAL_SLACK_S, profile.signal_delay_s)
@@ -225,9 +231,10 @@ def with_overrides(profile: Profile, slurm: list[str] | None, setup: list[str] |
     after the profile's setup lines)."""
     if not slurm and not setup:
         return profile
-    if profile.executor is not ExecutorKind.SLURM:
-        raise ConfigError("--slurm" if slurm else "--setup", f"profile {profile.name} runs jobs on this machine "
-                          "(executor: local), which takes no Slurm settings; pick a Slurm profile with --profile")
+    if get_scheduler(profile.executor).parameter_names() is None:
+        raise ConfigError("--slurm" if slurm else "--setup", f"profile {profile.name} runs jobs "
+                          f"{get_scheduler(profile.executor).runs_jobs} (executor: {profile.executor}), which takes "
+                          "no Slurm settings; pick a Slurm profile with --profile")
     params, max_hours, cli_keys = {}, profile.max_time_hours, set()
     for item in slurm or []:
         key, sep, value = item.partition("=")
@@ -239,7 +246,7 @@ def with_overrides(profile: Profile, slurm: list[str] | None, setup: list[str] |
             max_hours = slurm_minutes(value, "--slurm time") / 60
         else:
             params[key] = value
-    params = check_slurm_params(params, "--slurm", sep=" ")
+    params = check_slurm_params(params, "--slurm", sep=" ", executor=profile.executor)
     changed = dataclasses.replace(profile, slurm={**profile.slurm, **params}, max_time_hours=max_hours,
                                   setup=(*profile.setup, *(setup or [])), overridden=profile.overridden | cli_keys)
     check_times(changed, f"profile {profile.name}")
@@ -262,13 +269,6 @@ def slurm_minutes(text: str, where: str) -> float:
     else:  # M or M:S
         hours, minutes, seconds = 0, a, b or 0
     return (days or 0) * 1440 + hours * 60 + minutes + seconds / 60
-
-
-def slurm_parameter_names() -> frozenset[str]:
-    """Parameters of submitit's SlurmExecutor (read from submitit itself)."""
-    import submitit
-
-    return frozenset(submitit.SlurmExecutor._valid_parameters())
 
 
 def _accelerator(raw: Any, where: str) -> Accelerator:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffsweep.config import ConfigError, Parallel
-from diffsweep.launch.profiles import ExecutorKind, Profile
+from diffsweep.launch.profiles import Profile
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.model import memory
 from diffsweep.sweep.expand import PlannedRun
 
@@ -96,7 +97,8 @@ def gpus_for(run: PlannedRun, profile: Profile, gpus: int | None = None) -> memo
 def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Estimate:
     """Resources and time of ``run`` on ``profile`` (pure); ``gpus`` fixes the GPU count
     (``launch.gpus_per_run``) instead of the fewest that fit."""
-    if profile.executor is ExecutorKind.LOCAL or profile.gpus_per_node == 0:
+    reserves = get_scheduler(profile.executor).reserves_resources  # a name, its class attribute: still pure
+    if not reserves or profile.gpus_per_node == 0:
         gpus, nodes, per_node = 0, 1, 0
         need_gb = memory.estimate(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
     else:
@@ -110,7 +112,7 @@ def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Esti
     time_min = min(max(time_min, profile.min_time_minutes), profile.max_time_minutes)
     tasks = max(per_node, 1)
     cpus = profile.cpus_per_gpu  # per task: one task per GPU, or the one CPU task
-    mem = 0 if profile.executor is ExecutorKind.LOCAL else profile.mem_per_gpu_gb * max(per_node, 1)
+    mem = profile.mem_per_gpu_gb * max(per_node, 1) if reserves else 0
     resources = Resources(nodes=nodes, gpus_per_node=per_node, tasks_per_node=tasks, cpus_per_task=cpus,
                           mem_gb=mem, time_min=time_min)
     return Estimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from diffsweep.train.tracking import SNAPSHOT_FILE
+from diffsweep.rundir import SNAPSHOT_FILE
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*")
 

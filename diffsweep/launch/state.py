@@ -1,5 +1,5 @@
-"""Run states from the ledger, the scheduler (Slurm's squeue/sacct, or local process ids) and the
-job's own ``job.json``; and reconciliation: a job that died without reporting gets its MLflow run
+"""Run states from the ledger, the scheduler (each attempt's, ``diffsweep.launch.scheduler``) and
+the job's own ``job.json``; and reconciliation: a job that died without reporting gets its MLflow run
 marked FAILED or KILLED with the scheduler's state as the reason.
 
 States: ``new`` (never launched), ``changed`` (a run of the same name was launched with another
@@ -12,23 +12,23 @@ launch skips it.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from diffsweep.config import Config, EnvironmentUnavailable
+from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
-from diffsweep.launch.jobfile import read_job_state, write_job_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.lockfile import pid_alive
+from diffsweep.rundir import read_job_state, run_info, write_job_state
 
 NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
     "new", "changed", "pending", "running", "done", "failed", "cancelled")
 ACTIVE_STATES = (PENDING, RUNNING)  # a job exists and may still train: never submit another one
 UNKNOWN_STATE = "unknown"  # launched, but neither the scheduler nor the job says what became of it
 UNKNOWN = "UNKNOWN"  # scheduler state of a job id nobody reports
+# Schedulers report states in Slurm's words (``Scheduler.states``); these are the words read here.
 # Slurm job states (squeue %T / sacct State) in which a job may still run.
 ACTIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                     "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
@@ -104,7 +104,7 @@ def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str])
         return RunState(UNKNOWN_STATE, "the scheduler does not know job " + str(attempt.job_id),
                         blocked="its job's state is unknown (cancel it to allow a resubmission)")
     if sched.startswith("CANCELLED"):
-        return RunState(CANCELLED, "cancelled in Slurm")
+        return RunState(CANCELLED, f"cancelled in {get_scheduler(attempt.executor, _key(attempt)).label}")
     if sched in ("COMPLETED", "EXITED"):
         return RunState(FAILED, "the job ended without finishing the run")
     return RunState(FAILED, sched)
@@ -128,59 +128,24 @@ def changed_fields(old: dict[str, object], new: dict[str, object]) -> list[str]:
 
 
 def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
-    """Scheduler state of every latest attempt's job id in the ledger."""
+    """Scheduler state of every latest attempt's job id in the ledger, each asked of its own
+    attempt's scheduler (a ledger may hold local and Slurm attempts)."""
     if ledger is None:
         return {}
-    slurm_ids, out = [], {}
+    by_scheduler: dict[str, list[Attempt]] = {}
     for entry in ledger.entries.values():
         a = entry.latest
-        if a is None or a.job_id is None:
-            continue
-        if a.executor == "local":
-            out[a.job_id] = "RUNNING" if pid_alive(int(a.job_id), a.job_start) else "EXITED"
-        else:
-            slurm_ids.append(a.job_id)
-    if slurm_ids:
-        out |= slurm_states(slurm_ids)
+        if a is not None and a.job_id is not None:
+            by_scheduler.setdefault(a.executor, []).append(a)
+    out: dict[str, str] = {}
+    for name, attempts in by_scheduler.items():
+        out |= get_scheduler(name, _key(attempts[0])).states(attempts)
     return out
 
 
-def slurm_states(job_ids: list[str]) -> dict[str, str]:
-    """Slurm states by job id (``123`` or ``123_4``): squeue for jobs slurmctld still holds,
-    sacct for the rest; a waiting job's state carries squeue's reason: ``PENDING (Resources)``.
-    Ids neither knows are left out. If squeue itself fails, nothing can be told apart (a pending
-    job would look lost), so that is an error, not a guess."""
-    wanted = set(job_ids)
-    states: dict[str, str] = {}
-    out = _slurm(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"])
-    for line in out.splitlines():
-        jid, state, reason = (line.split("|") + ["", ""])[:3]
-        if jid in wanted:
-            states[jid] = state.strip()
-            if state.strip() in WAITING and reason.strip() not in ("", "None"):
-                states[jid] += f" ({reason.strip()})"  # Resources, Priority, BeginTime, JobArrayTaskLimit, ...
-    missing = sorted(wanted - states.keys())
-    if missing:
-        try:  # sacct fails without accounting; jobs slurmctld forgot then stay unknown
-            out = _slurm(["sacct", "-n", "-P", "-X", "--format=JobID,State", "-j", ",".join(missing)])
-        except EnvironmentUnavailable:
-            out = ""
-        for line in out.splitlines():
-            jid, _, state = line.partition("|")
-            if jid in wanted and state.strip():
-                states[jid] = state.split()[0]
-    return states
-
-
-def _slurm(argv: list[str]) -> str:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EnvironmentUnavailable(f"{argv[0]} failed ({exc}); cannot tell the sweep's job states") from None
-    if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[0]
-        raise EnvironmentUnavailable(f"{argv[0]} failed ({first}); cannot tell the sweep's job states")
-    return out.stdout
+def _key(attempt: Attempt) -> str:
+    """How an error names an attempt's scheduler (a ledger may name one no longer installed)."""
+    return f"ledger: executor of job {attempt.job_id}" if attempt.job_id else "ledger: executor"
 
 
 def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
@@ -202,7 +167,7 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
         job = read_job_state(run_dir)
         if job and job.get("state") in ("finished", "failed", "preempted"):
             continue  # the job reported how it ended
-        where = "local job" if a.executor == "local" else "slurm job"
+        where = f"{a.executor} job"
         cancelled = a.state == "cancelled" or sched.split()[0] in KILLED_STATES
         reason = f"{where} {a.job_id} ended as {sched} without reporting" + (" (cancelled)" if a.state == "cancelled"
                                                                                else "")
@@ -218,23 +183,10 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
     return marked
 
 
-def run_info(run_dir: Path) -> dict:
-    """The run directory's ``run.json`` (MLflow run id and store), or {} before the job made it."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-        return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _mark_mlflow(run_dir: Path, status: str, reason: str) -> None:
     info = run_info(run_dir)
     if "run_id" not in info or "tracking_uri" not in info:
         return  # the job died before creating its MLflow run
-    from mlflow.tracking import MlflowClient
+    from diffsweep.store import end_run
 
-    client = MlflowClient(info["tracking_uri"])
-    run = client.get_run(info["run_id"])
-    if run.info.status in ("RUNNING", "SCHEDULED"):
-        client.set_tag(info["run_id"], "diffsweep.end_reason", reason)
-        client.set_terminated(info["run_id"], status=status)
+    end_run(info["tracking_uri"], info["run_id"], status, reason)

@@ -174,8 +174,7 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
     from mlflow.tracking import MlflowClient
 
     from diffsweep.scaling.report import sentence
-    from diffsweep.train.store import ensure_experiment
-    from diffsweep.train.tracking import source_tags
+    from diffsweep.store import ensure_experiment, source_tags
 
     r = outcome.result
     experiment = source.experiment or FIT_EXPERIMENT

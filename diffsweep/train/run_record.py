@@ -1,11 +1,10 @@
-"""The MLflow run of a run directory: ``run.json`` (written when the run is created) names the run
-and its store, so a resume from any working directory continues the same run in the same store;
-``start_tracking`` resumes that run, or creates it, with this attempt recorded (see
-``diffsweep.train.tracking``)."""
+"""The MLflow run of a run directory: ``run.json`` (``diffsweep.rundir``, written when the run is
+created) names the run and its store, so a resume from any working directory continues the same
+run in the same store; ``start_tracking`` resumes that run, or creates it, with this attempt
+recorded (see ``diffsweep.train.tracking``)."""
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,28 +14,10 @@ import torch
 from diffsweep.config import ConfigError, dump_yaml, to_dict
 from diffsweep.config.identity import flatten, run_key, run_name
 from diffsweep.model import counting
+from diffsweep.rundir import RUN_FILE, read_run_file, write_run_file  # noqa: F401  (RUN_FILE: re-exported)
+from diffsweep.store import ensure_experiment, source_tags, tracking_uri
 from diffsweep.train.distributed import World
-from diffsweep.train.store import ensure_experiment, tracking_uri
-from diffsweep.train.tracking import MlflowTracker, NullTracker, source_tags
-
-RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
-
-
-def read_run_file(run_dir: Path) -> dict[str, str] | None:
-    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
-    an unreadable one is a ``ConfigError`` saying what to do."""
-    run_file = run_dir / RUN_FILE
-    if not run_file.exists():
-        return None
-    try:
-        found = json.loads(run_file.read_text())
-        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
-            raise ValueError("not an object with run_id and tracking_uri")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
-                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
-                          "./mlflow.db)") from exc
-    return found
+from diffsweep.train.tracking import MlflowTracker, NullTracker
 
 
 def run_tracking_uri(run_dir: Path) -> str:
@@ -92,10 +73,5 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
         "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
     } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
-    tmp = run_dir / f".{RUN_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps({"run_id": tracker.run_id, "tracking_uri": uri, "run_key": run_key(config)}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())  # a crash right after must not leave an empty run.json behind the rename
-    os.replace(tmp, run_dir / RUN_FILE)
+    write_run_file(run_dir, tracker.run_id, uri, run_key(config))
     return tracker

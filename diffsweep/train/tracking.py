@@ -1,8 +1,10 @@
-"""MLflow tracking behind a narrow interface: the trainer calls ``log``, ``flush`` and ``finish``.
+"""The trainer's metric logger: one MLflow run behind a narrow interface (the trainer calls ``log``,
+``flush`` and ``finish``).
 
-- The store (where it is, checking it, and opening it safely from many processes at once) is
-  ``diffsweep.train.store``. Creating, resuming and ending a run, and sending metrics before a
-  checkpoint, retry a busy SQLite store.
+- The store (where it is, checking it, opening it safely from many processes at once, the source
+  tags) is ``diffsweep.store``; the run directory's files (``run.json``) are ``diffsweep.rundir``.
+  Creating, resuming and ending a run, and sending metrics before a checkpoint, retry a busy
+  SQLite store.
 - Metrics are buffered and sent with ``log_batch`` (one SQLite call per value costs ~5 ms).
 - A resumed run continues the same MLflow run. Points already stored are not sent again, so the
   history has each step exactly once however often the job was interrupted.
@@ -15,64 +17,22 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import socket
-import subprocess
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from diffsweep.config import ConfigError
-from diffsweep.train.store import KEY, init_store, retry_busy, shown
+from diffsweep.store import KEY, SOURCE_KEYS, init_store, retry_busy, shown
 
 T = TypeVar("T")
 
 FLUSH_SECONDS = 10.0  # send buffered metrics at least this often
 FLUSH_ITEMS = 900  # ... or when this many are waiting (log_batch takes at most 1,000)
-SNAPSHOT_FILE = "SNAPSHOT.json"  # written by the launcher into a job's code snapshot (commit, dirty)
 MAX_BUFFERED = 200_000  # a store unreachable for this long fails the run instead of growing memory
 ATTEMPTS_FILE = "attempts.json"
-SOURCE_KEYS = ("diffsweep.host", "diffsweep.git_commit", "mlflow.source.git.commit", "diffsweep.git_dirty",
-               "diffsweep.code", "diffsweep.slurm_job_id", "diffsweep.slurm_array_job_id",
-               "diffsweep.slurm_array_task_id")  # what ``source_tags`` may set: the attempt's origin
 _ATTEMPT_TAG = re.compile(r"^diffsweep\.attempt\.(\d+)\.(.+)$")
-
-
-def source_tags() -> dict[str, str]:
-    """Where this code and job come from: git commit and dirty flag, host, Slurm job."""
-    tags = {"diffsweep.host": socket.gethostname()}
-    root = Path(__file__).resolve().parents[2]
-    snapshot = root / SNAPSHOT_FILE  # a launched job runs a copy of the code, made from a checkout
-    if snapshot.is_file():
-        info = json.loads(snapshot.read_text())
-        return tags | {"diffsweep.git_commit": info["git_commit"], "mlflow.source.git.commit": info["git_commit"],
-                       "diffsweep.git_dirty": info["git_dirty"], "diffsweep.code": str(root)} | _slurm_tags()
-    try:
-        commit = _git(root, "rev-parse", "HEAD")
-        dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
-        tags |= {"diffsweep.git_commit": commit, "mlflow.source.git.commit": commit,
-                 "diffsweep.git_dirty": str(dirty).lower()}
-    except (OSError, subprocess.SubprocessError):
-        tags |= {"diffsweep.git_commit": "unknown", "diffsweep.git_dirty": "unknown"}
-    return tags | _slurm_tags()
-
-
-def _slurm_tags() -> dict[str, str]:
-    tags = {}
-    for env, tag in (("SLURM_JOB_ID", "diffsweep.slurm_job_id"), ("SLURM_ARRAY_JOB_ID", "diffsweep.slurm_array_job_id"),
-                     ("SLURM_ARRAY_TASK_ID", "diffsweep.slurm_array_task_id")):
-        if os.environ.get(env):
-            tags[tag] = os.environ[env]
-    return tags
-
-
-def _git(root: Path, *args: str) -> str:
-    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True)
-    return out.stdout.strip()
 
 
 class MlflowTracker:

@@ -37,7 +37,7 @@ from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
 from diffsweep.train.metrics import SpikeCounter, peak_flops
 from diffsweep.train.run_record import run_tracking_uri, start_tracking
-from diffsweep.train.store import check_tracking
+from diffsweep.store import check_tracking
 from diffsweep.train.tracking import MlflowTracker
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created

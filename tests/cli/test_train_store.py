@@ -114,7 +114,7 @@ def test_unusable_tracking_stores_are_one_line_exit_2_and_create_nothing(text_da
 ], ids=["file-uri", "memory", "memory-short", "sql-no-driver", "no-directory", "foreign-sqlite", "short-file"])
 def test_check_tracking_refuses(tmp_path, uri, words):
     from diffsweep.config import ConfigError
-    from diffsweep.train.store import check_tracking
+    from diffsweep.store import check_tracking
 
     with sqlite3.connect(tmp_path / "foreign.db") as connection:
         connection.execute("CREATE TABLE mine (x)")
@@ -126,7 +126,7 @@ def test_check_tracking_refuses(tmp_path, uri, words):
 
 
 def test_check_tracking_accepts_a_new_an_empty_and_a_working_store(tmp_path, mlflow_store):
-    from diffsweep.train.store import check_tracking
+    from diffsweep.store import check_tracking
 
     (tmp_path / "empty.db").touch()  # SQLite's empty database, which MLflow fills
     for uri in (f"sqlite:///{tmp_path / 'new.db'}", f"sqlite:///{tmp_path / 'empty.db'}", mlflow_store):
@@ -137,7 +137,7 @@ def test_check_tracking_accepts_a_new_an_empty_and_a_working_store(tmp_path, mlf
 def _half_migrate(database: Path, *, runs: bool) -> None:
     """What a schema migration raced by another process leaves: a store with alembic's temporary
     copy of a table it was rebuilding."""
-    from diffsweep.train.store import ensure_experiment
+    from diffsweep.store import ensure_experiment
 
     uri = f"sqlite:///{database}"
     experiment = ensure_experiment(uri, "half")
@@ -191,7 +191,7 @@ def test_a_damaged_run_json_is_one_line_naming_it(text_dataset, tmp_path, mlflow
 def test_a_run_is_created_even_when_the_store_stays_locked_past_sqlites_timeout(tmp_path):
     """Another process holds the database's write lock for longer than the 20 s MLflow lets
     SQLite wait: creating the run is retried until the lock is free, instead of failing."""
-    from diffsweep.train.store import ensure_experiment
+    from diffsweep.store import ensure_experiment
     from diffsweep.train.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

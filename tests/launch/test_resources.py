@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from diffsweep.config import ConfigError
-from diffsweep.launch.profiles import LOCAL, ExecutorKind, load_profile, parse_profile
+from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile
 from diffsweep.launch.resources import Resources, chunks, estimate, slurm_parameters
 from diffsweep.sweep import expand, load_sweep
 
@@ -23,7 +23,7 @@ def planned(tmp_path: Path, sizes: list[str], kind: str = "diff_v1"):
 
 def test_paper_sizes_on_h100(tmp_path):
     h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
-    assert h100.executor is ExecutorKind.SLURM and h100.slurm["partition"] == "gpu"
+    assert h100.executor == "slurm" and h100.slurm["partition"] == "gpu"
     runs = {r.size: r for r in planned(tmp_path, ["830M", "1.4B", "2.8B", "6.8B", "13.1B"])}
     gpus = {size: estimate(r, h100).resources.gpus for size, r in runs.items()}
     # diffsweep.model.memory at the paper recipe (micro-batch 1, T = 2048, bf16, no activation

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.launch.jobfile import read_job_state
+from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.launch.conftest import TINY_SET, cli, ledger, wait_for, write_sweep
 

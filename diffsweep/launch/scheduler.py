@@ -1,0 +1,179 @@
+"""The scheduler interface and its registry: everything the launcher needs to know about where jobs
+run (Slurm, this machine, or a scheduler a package adds) lives in one ``Scheduler`` subclass,
+registered once under its name. Code elsewhere asks the scheduler of a profile or of a ledger
+attempt (``get_scheduler(profile.executor)``) and never branches on the name.
+
+Registration: the built-in schedulers are listed in ``BUILTIN``; ``register`` adds one at run
+time (tests, a site's own ``sitecustomize``); a package adds one through the entry point group
+``diffsweep.schedulers`` (``name = "package.module:Class"``). Implementations are imported when
+first asked for, so naming a scheduler costs nothing at start-up (``diffsweep --help`` imports no
+submitit).
+
+See docs/extending-schedulers.md for how to write one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from diffsweep.config import ConfigError
+
+if TYPE_CHECKING:  # only for annotations: the launcher's modules import this one
+    from diffsweep.launch.job import TrainJob
+    from diffsweep.launch.ledger import Attempt
+    from diffsweep.launch.plan import RunPlan, SweepPlan
+    from diffsweep.launch.profiles import Profile
+    from diffsweep.launch.resources import Resources
+
+ENTRY_POINT_GROUP = "diffsweep.schedulers"
+# In this order: error messages list them so, and the automatic choice tries them so (by auto_rank).
+BUILTIN: dict[str, str] = {
+    "slurm": "diffsweep.launch.slurm_scheduler:SlurmScheduler",
+    "local": "diffsweep.launch.local_scheduler:LocalScheduler",
+}
+
+
+@dataclass
+class Submission:
+    """What ``Scheduler.submit`` gets: the runs to submit, checked, with everything they need."""
+
+    plan: SweepPlan
+    runs: list[RunPlan]  # the runs to submit now (each has ``estimate.resources``)
+    code_dir: str  # the launch's code snapshot: jobs put it first on PYTHONPATH
+    tracking_uri: str
+    max_parallel: int | None  # runs executing at once (None: the scheduler's default)
+    job: Callable[[RunPlan], TrainJob]  # the submitit-checkpointable callable a run's job runs
+    # Adds (run, attempt) pairs to the ledger. Call it as soon as the scheduler has the jobs, so a
+    # failure later in the launch cannot lose them; ``lock=False`` when already holding the
+    # ledger lock (``diffsweep.launch.ledger.locked``).
+    record: Callable[..., None]
+    echo: Callable[[str], None] = print
+
+
+class Scheduler(ABC):
+    """Where jobs run: one subclass per scheduler, registered under ``name``.
+
+    Job states are reported in Slurm's words (``PENDING``, ``RUNNING``, ``COMPLETED``,
+    ``FAILED``, ``CANCELLED``, ``TIMEOUT``, ... ; ``diffsweep.launch.state``): a scheduler maps
+    its own states onto them. A waiting job's state may carry why: ``PENDING (Resources)``.
+    """
+
+    name: ClassVar[str]  # as profiles (``executor:``), ``--executor`` and the ledger name it
+    label: ClassVar[str]  # how messages name it: "launched 4 runs on Slurm", "... on the local queue"
+    runs_jobs: ClassVar[str]  # where jobs run, as messages say it: "on this machine"
+    # Jobs get what their resources say reserved (GPUs, memory per node, a time limit). False:
+    # a process on this machine that takes what it finds (no GPUs estimated, no memory asked for).
+    reserves_resources: ClassVar[bool] = True
+    # Jobs get USR2 ``signal_delay_s`` before their time limit (the profile's timing is checked).
+    time_limit_signal: ClassVar[bool] = True
+    # ``--executor NAME`` may replace a sweep's declared profile of another scheduler by this
+    # one's default profile (local: a sweep written for a cluster can be tried on this machine).
+    replaces_declared_profile: ClassVar[bool] = False
+    # The automatic choice (no --profile, no --executor, no launch.profile) takes the available
+    # scheduler of lowest rank.
+    auto_rank: ClassVar[int] = 100
+
+    def available(self) -> bool:
+        """Whether this scheduler answers here (for the automatic choice; cheap, no errors)."""
+        return False
+
+    @abstractmethod
+    def default_profile(self) -> Profile:
+        """The profile used when the user names this scheduler but no profile."""
+
+    def parameter_names(self) -> frozenset[str] | None:
+        """The keys a profile's ``slurm:`` mapping and ``--slurm KEY=VALUE`` may set (the
+        parameters its submitit executor takes); None: it takes no job settings (nor ``--setup``)."""
+        return None
+
+    def check_plan(self, plan: SweepPlan) -> None:
+        """What ``diffsweep plan`` checks with the scheduler (cheap; a profile of another cluster
+        is planned, not checked)."""
+        return None  # nothing to check, unless the scheduler says otherwise
+
+    def check_launch(self, plan: SweepPlan) -> None:
+        """Everything ``launch`` checks with the scheduler before writing or submitting anything."""
+        return None
+
+    def parameters(self, resources: Resources, profile: Profile, *, job_name: str, code_dir: str,
+                   max_parallel: int | None) -> dict[str, Any]:
+        """The submitit executor parameters of one resource class (pure; golden-tested)."""
+        return {}
+
+    @abstractmethod
+    def submit(self, submission: Submission) -> list[tuple[RunPlan, Attempt]]:
+        """Submit ``submission.runs``; returns each run with its ledger attempt (``executor`` is
+        ``self.name``), recorded with ``submission.record`` as soon as the scheduler has it."""
+
+    @abstractmethod
+    def states(self, attempts: list[Attempt]) -> dict[str, str]:
+        """The scheduler's state of each attempt's job, by job id (attempts have a job id). Leave
+        out ids it does not know; raise ``EnvironmentUnavailable`` if it cannot be asked."""
+
+    @abstractmethod
+    def cancel(self, attempts: list[Attempt]) -> tuple[dict[str, str], str]:
+        """Stop the attempts' jobs (they save a checkpoint first). Returns the jobs still pending or
+        running afterwards, by id with their states, and an error saying why ("" if none are)."""
+
+    def log_files(self, attempt: Attempt) -> list[Path]:
+        """The attempt's stdout and stderr files that exist (none before its job has started)."""
+        paths = [attempt.stdout, attempt.stderr]
+        if paths == [None, None] and attempt.job_id is not None:  # not recorded: where submitit writes them
+            from submitit.core.utils import JobPaths
+
+            job = JobPaths(attempt.folder, job_id=attempt.job_id)
+            paths = [str(job.stdout), str(job.stderr)]
+        return [Path(p) for p in paths if p and Path(p).is_file()]
+
+
+_registered: dict[str, str | type[Scheduler]] = dict(BUILTIN)
+_instances: dict[str, Scheduler] = {}
+
+
+def register(name: str, scheduler: str | type[Scheduler]) -> None:
+    """Register ``scheduler`` (a ``Scheduler`` subclass, or ``"module:Class"`` to import when first
+    used) under ``name``, replacing any scheduler of that name."""
+    _registered[name] = scheduler
+    _instances.pop(name, None)
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def scheduler_names() -> list[str]:
+    """Every scheduler's name: built-in and registered ones, then those packages add."""
+    return [*_registered, *(n for n in _entry_points() if n not in _registered)]
+
+
+def get_scheduler(name: str, key: str = "--executor") -> Scheduler:
+    """The scheduler registered as ``name``; an unknown name is a ``ConfigError`` on ``key``
+    listing the known ones."""
+    if name in _instances:
+        return _instances[name]
+    target = _registered.get(name) or _entry_points().get(name)
+    if target is None:
+        raise ConfigError(key, f"expected one of [{', '.join(scheduler_names())}], got {name!r}")
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+    scheduler = target()
+    if scheduler.name != name:
+        raise ConfigError(key, f"scheduler {name!r} is registered as {target!r}, whose name is {scheduler.name!r}")
+    _instances[name] = scheduler
+    return scheduler
+
+
+def detect_scheduler() -> Scheduler:
+    """The scheduler the automatic choice takes: the available one of lowest ``auto_rank``."""
+    candidates = sorted((get_scheduler(n) for n in scheduler_names()), key=lambda s: s.auto_rank)
+    for scheduler in candidates:
+        if scheduler.available():
+            return scheduler
+    raise ConfigError("--executor", f"no scheduler is available here; expected one of [{', '.join(scheduler_names())}]")

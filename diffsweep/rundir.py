@@ -1,0 +1,117 @@
+"""The run directory's layout: the names of the files diffsweep keeps in it, and their readers and
+writers. One place for them, so that the trainer, the launcher and ``status`` agree on a name
+without importing each other.
+
+A run directory (``<sweep output>/runs/<name>-<key>/``, or ``train --out``'s ``<out>/<name>``) holds:
+
+- ``run.json`` (``RUN_FILE``): the run's MLflow run id and store, written by the trainer when it
+  creates the run, so a resume from any working directory continues the same run in the same
+  store (``read_run_file``, ``write_run_file``; ``run_info`` for readers that must not fail).
+- ``launch_config.yaml`` (``LAUNCH_CONFIG``): the resolved config a launched job trains, written at
+  submission (``write_launch_config``, ``read_launch_config``).
+- ``job.json`` (``JOB_FILE``): the state a launched job last reached (running, finished,
+  preempted, failed) with its job id and reason (``write_job_state``, ``read_job_state``).
+- checkpoints (``diffsweep.train.checkpoint``).
+
+A launch's code snapshot (``<sweep output>/code/<hash>/``) holds ``SNAPSHOT.json``
+(``SNAPSHOT_FILE``): the git commit and dirty flag the copy was made from.
+
+Light on purpose: no torch, no mlflow, no diffsweep module above ``config``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from diffsweep.config import ConfigError
+
+RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
+JOB_FILE = "job.json"  # the launched job's last state
+LAUNCH_CONFIG = "launch_config.yaml"  # the resolved config a launched job trains
+SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and dirty flag it was made from
+
+
+def now() -> str:
+    """The time now, UTC, to the second (ISO 8601): how every diffsweep file stamps times."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
+    the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
+    right after cannot leave an empty file behind the rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_run_file(run_dir: Path) -> dict[str, str] | None:
+    """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
+    an unreadable one is a ``ConfigError`` saying what to do."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        found = json.loads(run_file.read_text())
+        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
+            raise ValueError("not an object with run_id and tracking_uri")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
+                          "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
+                          "./mlflow.db)") from exc
+    return found
+
+
+def run_info(run_dir: Path) -> dict[str, Any]:
+    """The run directory's ``run.json``, or {} before the job made it (or if it is unreadable):
+    for ``status`` and the like, which show what they can rather than fail."""
+    try:
+        info = json.loads((run_dir / RUN_FILE).read_text())
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_run_file(run_dir: Path, run_id: str, tracking_uri: str, run_key: str) -> None:
+    """Record the run's MLflow run and store in ``run.json`` (atomically, synced)."""
+    data = {"run_id": run_id, "tracking_uri": tracking_uri, "run_key": run_key}
+    _write_atomically(run_dir / RUN_FILE, json.dumps(data) + "\n", sync=True)
+
+
+def write_launch_config(run_dir: Path, config: dict[str, Any]) -> None:
+    """Write the resolved config (as plain data) that the run's launched job trains."""
+    import yaml  # not at module level: most readers of the run directory never need it
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / LAUNCH_CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def read_launch_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved config written by ``write_launch_config``."""
+    import yaml
+
+    return yaml.safe_load((run_dir / LAUNCH_CONFIG).read_text())
+
+
+def write_job_state(run_dir: Path, state: str, **extra: Any) -> None:
+    """Record the job's state atomically (the launcher and ``status`` read it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"state": state, "updated": now(), "host": socket.gethostname(), **extra}
+    _write_atomically(run_dir / JOB_FILE, json.dumps(record) + "\n")
+
+
+def read_job_state(run_dir: Path) -> dict[str, Any] | None:
+    """The job's last recorded state (``write_job_state``), None if it has written none."""
+    try:
+        return json.loads((run_dir / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
