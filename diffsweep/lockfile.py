@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from diffsweep.config import ConfigError
@@ -76,7 +76,7 @@ class LockBusy(ConfigError):
 def this_process(what: str) -> Holder:
     """The holder record of the calling process."""
     return Holder(host=socket.gethostname(), pid=os.getpid(), start=proc_start(os.getpid()),
-                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"), what=what,
+                  created=datetime.now(UTC).isoformat(timespec="seconds"), what=what,
                   job=slurm_job(), restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
 
 

@@ -58,7 +58,7 @@ def text_dataset(tmp_path_factory) -> Path:
 def mlflow_store(tmp_path_factory) -> str:
     """One SQLite MLflow store for the session (creating one costs seconds); tests use their own
     experiments in it."""
-    from diffsweep.train.store import ensure_experiment
+    from diffsweep.store import ensure_experiment
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     ensure_experiment(uri, "warm-up")  # creates the tables once

@@ -84,14 +84,7 @@ NOT_AT_IMPORT: dict[str, tuple[str, ...]] = {
 NOWHERE = {"config": ("torch",)}  # not even inside a function
 
 # Where main breaks a rule today: (importing module, imported module) -> why it is allowed for now.
-ALLOWED_TODAY: dict[tuple[str, str], str] = {
-    # The run store lives in train/ today; launch, fit and the UI reach into train for it.
-    ("diffsweep.launch.snapshot", "diffsweep.train.tracking"): "removed by the store/rundir refactor",
-    ("diffsweep.launch.submit", "diffsweep.train.store"): "removed by the store/rundir refactor",
-    ("diffsweep.scaling.pipeline", "diffsweep.train.store"): "removed by the store/rundir refactor",
-    ("diffsweep.scaling.pipeline", "diffsweep.train.tracking"): "removed by the store/rundir refactor",
-    ("diffsweep.ui", "diffsweep.train.store"): "removed by the store/rundir refactor",
-}
+ALLOWED_TODAY: dict[tuple[str, str], str] = {}  # none: keep it that way
 
 
 @dataclass(frozen=True)

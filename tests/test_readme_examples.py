@@ -57,12 +57,12 @@ CHECKS: dict[str, tuple] = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && diffsweep data fetch-demo "
     "&& diffsweep data prepare --demo --force && diffsweep launch sweeps/demo-ladder.yaml --executor local --wait "
     "&& diffsweep fit sweeps/demo-ladder.yaml --holdout largest":
-        ("steps", "venv + pip are the environment this test runs in; fetch-demo, prepare, launch and fit are "
-                  "checked by their own entries (fit sweeps/demo-ladder.yaml --holdout largest runs for real)"),
+        ("steps", ("venv + pip are the environment this test runs in; fetch-demo, prepare, launch and fit are "
+                  "checked by their own entries (fit sweeps/demo-ladder.yaml --holdout largest runs for real)")),
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test,lint]' && diffsweep data "
     "fetch-demo && bash .ci/lint && python -m pytest -n 3 --dist loadgroup":
-        ("steps", "the environment this test runs in, the static checks .ci/run runs with it, and the test "
-                  "suite this test is part of"),
+        ("steps", ("the environment this test runs in, the static checks .ci/run runs with it, and the test "
+                  "suite this test is part of")),
     "diffsweep model sizes": ("run", ["model", "sizes"]),
     "diffsweep ui": ("cheap", ["ui", HELP], "it serves the MLflow UI until Ctrl-C"),
     "diffsweep model info --size 1.4B --arch diff_v1": ("run", ["model", "info", "--size", "1.4B", "--arch", "diff_v1"]),
@@ -79,8 +79,8 @@ CHECKS: dict[str, tuple] = {
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
         ("cheap", ["data", "prepare", "my_texts/", "--out", "data/mine", "--tokenizer", "cl100k_base", HELP],
          "my_texts/ is the user's own folder, and cl100k_base downloads its vocabulary"),
-    "diffsweep data info data/demo": ("data-info", "data/demo is made by the network-fetched demo sources: the "
-                                                   "same command on a dataset prepared from local text"),
+    "diffsweep data info data/demo": ("data-info", ("data/demo is made by the network-fetched demo sources: the "
+                                                   "same command on a dataset prepared from local text")),
     "diffsweep train sweeps/runs/demo-diff_v1.yaml --set train.max_steps=100":
         ("cheap", ["config", "show", "sweeps/runs/demo-diff_v1.yaml", "--set", "train.max_steps=100"],
          "training needs data/demo (the network); config show resolves and validates the same config and --set"),
@@ -256,8 +256,8 @@ def _log_runs(uri: str, sweep: Path, loss, offset=lambda run: 0.0) -> None:
     from diffsweep.config.identity import flatten
     from diffsweep.config.loading import to_dict
     from diffsweep.model import counting
+    from diffsweep.store import ensure_experiment
     from diffsweep.sweep import expand, load_sweep
-    from diffsweep.train.store import ensure_experiment
 
     spec = load_sweep(sweep, ())
     client = MlflowClient(uri)

@@ -74,7 +74,7 @@ def main() -> None:
                  "train.eval_tokens=8192", "train.checkpoint_every=100", "train.log_every=1000000"]
     cfg = load_config(None, overrides)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
-    from diffsweep.train.store import ensure_experiment
+    from diffsweep.store import ensure_experiment
 
     ensure_experiment(os.environ["MLFLOW_TRACKING_URI"], "bench")  # DB creation is set-up, not per step
 

@@ -41,8 +41,15 @@ from diffsweep.bench.common import (
     resolve_dtype,
     time_call,
 )
-from diffsweep.config import (SIZES, AttentionKind, Backend, ConfigError, EnvironmentUnavailable, ModelConfig,
-                              load_config)
+from diffsweep.config import (
+    SIZES,
+    AttentionKind,
+    Backend,
+    ConfigError,
+    EnvironmentUnavailable,
+    ModelConfig,
+    load_config,
+)
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
 from diffsweep.model.layers import Rotary

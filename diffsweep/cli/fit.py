@@ -168,9 +168,7 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
             check_tracking(uri)
         return Source(uri=uri, csv=csv)
     if sweep is not None:
-        from diffsweep.sweep import load_sweep
-
-        from diffsweep.sweep import expand
+        from diffsweep.sweep import expand, load_sweep
 
         spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
         keys = frozenset(run.key for run in expand(spec).runs)

@@ -241,7 +241,8 @@ def launch(
 def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets) -> None:
     import os
 
-    from diffsweep.launch.submit import check_launch, launch as submit, select
+    from diffsweep.launch.submit import check_launch, select
+    from diffsweep.launch.submit import launch as submit
     from diffsweep.store import tracking_uri
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
@@ -313,14 +314,15 @@ def _wait_lines(poll, console):
 
 def _wait_bars(poll, console):
     """rich progress bars (a terminal): the sweep's ended runs, and one bar per running run."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
     from diffsweep.launch.progress import changes, duration
     from diffsweep.launch.state import ACTIVE_STATES, RUNNING
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"))
     with Progress(*columns, console=console) as bars:
-        sweep_bar, run_bars, before = bars.add_task("sweep", total=None, note=""), {}, None
+        sweep_bar, before = bars.add_task("sweep", total=None, note=""), None
+        run_bars: dict[str, TaskID] = {}
         while True:
             now = poll()
             for line in changes(before, now):
@@ -372,7 +374,8 @@ def status(
 def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path | None) -> list[dict]:
     from diffsweep.launch.ledger import locked, read_ledger, write_ledger
     from diffsweep.launch.plan import output_dir
-    from diffsweep.launch.state import reconcile as mark, scheduler_states
+    from diffsweep.launch.state import reconcile as mark
+    from diffsweep.launch.state import scheduler_states
     from diffsweep.sweep import load_sweep
 
     spec = load_sweep(sweep)
@@ -414,7 +417,8 @@ def cancel(
 
     Jobs save a checkpoint at the step boundary before they stop: launching again resumes them.
     """
-    from diffsweep.launch.control import cancel as stop, require_launched
+    from diffsweep.launch.control import cancel as stop
+    from diffsweep.launch.control import require_launched
     from diffsweep.launch.submit import launch_lock
 
     p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)

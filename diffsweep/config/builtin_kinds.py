@@ -1,7 +1,7 @@
 """The paper's attention kinds: one ``KindSpec`` each (registered by ``BUILTIN_KINDS`` at the end).
 
 Adding a kind to diffsweep: one class here (the entry) and its module under
-``diffsweep/model/attention/`` (see docs/extending-attention.md).
+``diffsweep/model/attention/`` (see docs/extending.md).
 """
 
 from __future__ import annotations

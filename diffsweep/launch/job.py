@@ -25,7 +25,8 @@ from typing import Any
 
 import submitit
 
-from diffsweep.rundir import now, read_job_state, write_job_state as _write_job_state
+from diffsweep.rundir import now, read_job_state
+from diffsweep.rundir import write_job_state as _write_job_state
 
 STEP_EVERY_S = 10.0  # job.json's step is rewritten at most this often (a small file, read by status)
 

@@ -16,8 +16,7 @@ from diffsweep.launch.ledger import Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, Profile, load_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import Estimate, Resources, estimate
 from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
-from diffsweep.launch.state import (CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state,
-                                    scheduler_states)
+from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state, scheduler_states
 from diffsweep.sweep import PlannedRun, SweepSpec, expand
 
 SUBMITTABLE = (NEW, CHANGED, FAILED, CANCELLED)

@@ -9,7 +9,7 @@ time (tests, a site's own ``sitecustomize``); a package adds one through the ent
 first asked for, so naming a scheduler costs nothing at start-up (``diffsweep --help`` imports no
 submitit).
 
-See docs/extending-schedulers.md for how to write one.
+See docs/extending.md for how to write one.
 """
 
 from __future__ import annotations

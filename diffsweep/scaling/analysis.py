@@ -10,10 +10,9 @@ to its flags.
 
 from __future__ import annotations
 
-from typing import Any
-
 import warnings
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd

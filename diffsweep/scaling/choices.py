@@ -14,7 +14,7 @@ class Form(StrEnum):
     """The law fitted to loss against N (parameters), D (tokens) or both.
 
     Each member has exactly one definition, registered in ``diffsweep.scaling.laws`` (a test
-    checks that the two agree); see docs/extending-law-forms.md."""
+    checks that the two agree); see docs/extending.md."""
 
     OFFSET = "offset"  # L = E + A x^-α          (the default; Chinchilla-style offset)
     PURE = "pure"  # L = A x^-α                  (Kaplan et al. 2020: no irreducible term)

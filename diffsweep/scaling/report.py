@@ -110,8 +110,8 @@ def first_paragraph(r: dict[str, Any]) -> list[str]:
     """The report's opening, in plain words: law, references, noise, resampling, extrapolation,
     the fit's own caveats, and the takeaway."""
     axis = r["axis"].split(",")[0]
-    lines = [f"- **Law**: {law_text(r)}, {_law(r).words}, fitted to each architecture "
-             f"({r['objective']} loss on log L, multi-start)."]
+    lines = [(f"- **Law**: {law_text(r)}, {_law(r).words}, fitted to each architecture "
+             f"({r['objective']} loss on log L, multi-start).")]
     if r["ratios"]:
         refs = ", ".join(_references(r))
         lines.append(f"- **Reference**: the ratios are read at {refs} of the {arch_name(r['baseline'])}'s "
@@ -187,20 +187,20 @@ def paper_lines(r: dict[str, Any]) -> list[str]:
         return []
     level = f"{100 * r['level']:.0f}% CI"
     lines = ["", "## The paper's reading", "",
-             f"The DIFF paper fits Kaplan-style pure power laws L = A·x^-α to its Fig. 3 curves and reads the ratios "
+             (f"The DIFF paper fits Kaplan-style pure power laws L = A·x^-α to its Fig. 3 curves and reads the ratios "
              f"off them at {paper['at_label']} (its claim: {paper['paper']}). This report's headline uses "
              f"{law_text(r)} at the largest measured size and the geometric mean of the measured sizes, because "
-             f"those references are inside the data."]
+             f"those references are inside the data.")]
     if not paper["available"]:
         return lines + ["", f"The paper's reference cannot be read from these data: {paper['why']}."]
-    lines += ["", f"| candidate | pure power law at {paper['at_label']} (the paper's reading) | {law_text(r)} at "
-              f"{paper['at_label']} (this fit) |", "|---|---|---|"]
+    lines += ["", (f"| candidate | pure power law at {paper['at_label']} (the paper's reading) | {law_text(r)} at "
+              f"{paper['at_label']} (this fit) |"), "|---|---|---|"]
     for row in paper["rows"]:
         cells = [f"{pct(v['ratio'])} ({level} {pct(v['lo'])}–{pct(v['hi'])})" for v in (row["pure_law"], row["this_fit"])]
         lines.append(f"| {arch_name(row['candidate'])} | {cells[0]} | {cells[1]} |")
     if paper.get("extrapolated"):
         lines += ["", f"{paper['at_label']} is outside the measured range: both readings there are extrapolations."]
-    lines += ["", "Why the two readings differ: a loss curve that levels off towards an irreducible loss E is not a "
+    lines += ["", ("Why the two readings differ: a loss curve that levels off towards an irreducible loss E is not a "
               "straight line on log-log axes, and a pure power law is. Fitted to such curves, each pure law bends "
               "its exponent to the curvature over the measured range, and the candidate's curve (lower, so nearer "
               "its floor) is flatter there and gets a smaller exponent; the ratio read off two misfitted lines is "
@@ -209,7 +209,7 @@ def paper_lines(r: dict[str, Any]) -> list[str]:
               "docs/references.md §4). On noisy Fig. 3a-shaped synthetic ladders with a true ratio of "
               "62.2% at 11B, the offset law read 68–69% and the pure law 75–78%. The pure-law number is the one "
               "comparable with the paper's; the offset law's is the better estimate of the truth, and its CI says "
-              "how far to trust it."]
+              "how far to trust it.")]
     return lines
 
 
@@ -289,8 +289,8 @@ def markdown(r: dict[str, Any], source: str) -> str:
     diagnostics, the held-out check and the warnings."""
     level = f"{100 * r['level']:.0f}% CI"
     lines = [f"# Scaling fit: {source}", "", *first_paragraph(r), "",
-             f"N counts {'all' if r['count'] == 'total' else 'non-embedding'} parameters. "
-             f"{r['points_used']} points used (see `points.csv`).", ""]
+             (f"N counts {'all' if r['count'] == 'total' else 'non-embedding'} parameters. "
+             f"{r['points_used']} points used (see `points.csv`)."), ""]
     if r["ratios"]:
         lines += ["## Answer", ""] + [f"- {sentence(r, row)}" for row in r["ratios"]] + [""]
     names = list(next(iter(r["fits"].values()))["params"])
@@ -299,8 +299,8 @@ def markdown(r: dict[str, Any], source: str) -> str:
     for arch, fit in r["fits"].items():
         lines.append(f"| {arch_name(arch)} | " + " | ".join(_param_cell(fit, n) for n in names) + f" | {fit['n_points']} |")
     if r["ratios"]:
-        lines += ["", "## Ratios", "", f"| candidate | at | ratio | {level} | candidate's x at equal loss | undefined | "
-                  "pure power law |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "## Ratios", "", (f"| candidate | at | ratio | {level} | candidate's x at equal loss | undefined | "
+                  "pure power law |"), "|---|---|---|---|---|---|---|"]
         for row in r["ratios"]:
             pure = row.get("pure_law")
             cand_x = row.get("candidate_x")
@@ -315,8 +315,8 @@ def markdown(r: dict[str, Any], source: str) -> str:
                   for p in r["per_point"]]
     if r["ratios"]:
         lines += paper_lines(r)
-    lines += ["", "## Diagnostics", "", "| architecture | starts at best | on a bound | equals its start | grad norm | "
-              "residual sd | max abs residual |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Diagnostics", "", ("| architecture | starts at best | on a bound | equals its start | grad norm | "
+              "residual sd | max abs residual |"), "|---|---|---|---|---|---|---|"]
     for arch, fit in r["fits"].items():
         d = fit["diagnostics"]
         lines.append(f"| {arch_name(arch)} | {d['starts_at_best']}/{d['starts']} | {', '.join(d['on_bound']) or 'none'} | "
@@ -324,10 +324,10 @@ def markdown(r: dict[str, Any], source: str) -> str:
                      f"{d['max_abs_residual']:.3g} |")
     if "holdout" in r:
         lines += ["", "## Held-out check (largest size left out of the fit)", "",
-                  f"The observed value is a mean of runs, so it is compared with a {100 * r['level']:.0f}% prediction "
+                  (f"The observed value is a mean of runs, so it is compared with a {100 * r['level']:.0f}% prediction "
                   "interval: "
                   "the curve's bootstrap band widened by the observation noise of that mean (the curve's own band "
-                  "is shown beside it).", "",
+                  "is shown beside it)."), "",
                   "| architecture | x | predicted | prediction interval | curve band | observed | error |",
                   "|---|---|---|---|---|---|---|"]
         for arch, p in r["holdout"]["predictions"].items():

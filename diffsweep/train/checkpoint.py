@@ -237,8 +237,8 @@ def _bad_files(path: Path, checksums: dict[str, dict[str, int]], names: list[str
             bad.append((name, f"unreadable ({exc.strerror})"))
             continue
         if found != checksums[name]:
-            bad.append((name, f"corrupt (CRC-32 {found['crc32']:08x}, {checksums[name]['crc32']:08x} when "
-                              "written)"))
+            bad.append((name, (f"corrupt (CRC-32 {found['crc32']:08x}, {checksums[name]['crc32']:08x} when "
+                              "written)")))
     return bad
 
 

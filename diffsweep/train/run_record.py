@@ -6,7 +6,7 @@ recorded (see ``diffsweep.train.tracking``)."""
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
     attempt = {key.removeprefix("diffsweep."): value for key, value in source.items() if key.startswith("diffsweep.")}
     attempt |= {"first_step": str(state["step"] + 1 if state else 1), "processes": str(world.world_size),
                 "threads": str(torch.get_num_threads()),
-                "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "started": datetime.now(UTC).isoformat(timespec="seconds")}
     if resume_path is not None:
         attempt["checkpoint"] = str(resume_path.absolute())
     run_file = read_run_file(run_dir)

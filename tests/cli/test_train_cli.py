@@ -274,8 +274,8 @@ def test_triton_backend_without_gpu_or_interpreter_is_one_line_exit_3_and_create
                             env=without_interpreter | {"MLFLOW_TRACKING_URI": store})
     assert result.returncode == 3, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "error: model.attention.backend: 'triton' needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 "
-        "runs the kernel in Triton's CPU interpreter, for tests)"], result.stderr
+        ("error: model.attention.backend: 'triton' needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 "
+        "runs the kernel in Triton's CPU interpreter, for tests)")], result.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert not (tmp_path / "mlflow.db").exists() or not MlflowClient(store).search_runs(
         [e.experiment_id for e in MlflowClient(store).search_experiments()])

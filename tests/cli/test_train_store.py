@@ -106,8 +106,8 @@ def test_unusable_tracking_stores_are_one_line_exit_2_and_create_nothing(text_da
     ("file:///tmp/mlruns", "file store"),
     ("sqlite:///:memory:", "in-memory"),
     ("sqlite://", "in-memory"),
-    ("postgresql://me:secret@127.0.0.1/mlflow", "postgresql://me:***@127.0.0.1/mlflow: cannot use this database from "
-                                                "here (ModuleNotFoundError"),
+    ("postgresql://me:secret@127.0.0.1/mlflow", ("postgresql://me:***@127.0.0.1/mlflow: cannot use this database from "
+                                                "here (ModuleNotFoundError")),
     ("sqlite:///{tmp}/nowhere/mlflow.db", "cannot write the SQLite store"),
     ("sqlite:///{tmp}/foreign.db", "is an SQLite database but not an MLflow store"),
     ("sqlite:///{tmp}/short.db", "is not an SQLite database"),

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from diffsweep.config import AttentionKind, ConfigError, LambdaInitStrategy, load_config
+from diffsweep.config.builtin_kinds import DiffV1
 from diffsweep.config.kinds import (
     ENTRY_POINT_GROUP,
     KindSpec,
@@ -20,7 +21,6 @@ from diffsweep.config.kinds import (
     kind_specs,
     register_kind,
 )
-from diffsweep.config.builtin_kinds import DiffV1
 from diffsweep.config.lambda_init import LambdaInit
 
 

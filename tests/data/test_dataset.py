@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pydoc_data.topics
 from pathlib import Path
 
 import numpy as np
-import pydoc_data.topics
 import pytest
 
 from diffsweep.config import ConfigError, TokenizerKind

@@ -3,10 +3,10 @@ file system as it found it when it fails (parent folders of ``--out`` included).
 
 from __future__ import annotations
 
+import pydoc_data.topics
 import time
 from pathlib import Path
 
-import pydoc_data.topics
 import pytest
 
 from diffsweep.config import ConfigError, TokenizerKind

@@ -4,8 +4,8 @@ sizes, end-of-document ids, fingerprints, and saving/loading a trained BPE."""
 from __future__ import annotations
 
 import json
-
 import pydoc_data.topics
+
 import pytest
 
 from diffsweep.config import ConfigError, TokenizerKind

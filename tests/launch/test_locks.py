@@ -110,8 +110,8 @@ def test_slurm_holders_gone_by_slurms_word_or_requeued_are_taken_over(tmp_path, 
 
 def test_an_unreadable_lock_file_is_refused(tmp_path):
     path = tmp_path / ".x.lock"
-    for text in ("", "{not json", "[]", '{"host": "h"}', '{"host": 1, "pid": "x", "start": null, "created": "",'
-                 ' "what": "w"}'):
+    for text in ("", "{not json", "[]", '{"host": "h"}', ('{"host": 1, "pid": "x", "start": null, "created": "",'
+                 ' "what": "w"}')):
         path.write_text(text)
         with pytest.raises(LockBusy, match="unreadable"):
             with hold(path, "launch", "--out", "busy"):

@@ -16,9 +16,9 @@ SLURM = {"executor": "slurm", "gpus_per_node": 2}
 @pytest.mark.parametrize("fields, key, message", [
     # the case: USR2 180 s before the end of a 3-minute job
     ({"max_time_hours": 0.05, "min_time_minutes": 3, "signal_delay_s": 180}, "p.yaml: max_time_hours",
-     "3-minute jobs are too short for signal_delay_s 180: USR2 comes 180 s before the limit and up to 60 s earlier, "
+     ("3-minute jobs are too short for signal_delay_s 180: USR2 comes 180 s before the limit and up to 60 s earlier, "
      "so a job needs at least 6 minutes (the delay plus max(60 s, the delay)); make jobs longer or lower "
-     "signal_delay_s"),
+     "signal_delay_s")),
     ({"min_time_minutes": 1, "signal_delay_s": 30}, "p.yaml: min_time_minutes", "at least 2 minutes"),
     ({"max_time_hours": 0.01}, "p.yaml: max_time_hours",
      "expected at least one minute, got 0.6 minutes (Slurm reads a time limit of 0 as no limit)"),
@@ -73,8 +73,8 @@ def test_command_line_overrides_of_a_profile():
 
 
 @pytest.mark.parametrize("slurm, setup, message", [
-    (["partitoin=gpu"], None, "--slurm partitoin: submitit's Slurm executor does not accept this parameter (did you "
-                              "mean 'partition'?)"),
+    (["partitoin=gpu"], None, ("--slurm partitoin: submitit's Slurm executor does not accept this parameter (did you "
+                              "mean 'partition'?)")),
     (["nodes=2"], None, "--slurm nodes: is derived per run by diffsweep"),
     (["account"], None, "--slurm: expected KEY=VALUE (e.g. account=myproj, time=4:00:00), got 'account'"),
     (["account=a;b"], None, "--slurm account: value 'a;b' has characters that are not allowed"),

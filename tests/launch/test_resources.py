@@ -30,7 +30,7 @@ def test_paper_sizes_on_h100(tmp_path):
     # checkpointing): sharded state + activations + logits + overhead within 90% of 80 GB. 6.8B
     # does not fit on 2 GPUs and 3 do not divide its 128 sequences; 13.1B needs a whole node.
     assert gpus == {"830M": 1, "1.4B": 1, "2.8B": 1, "6.8B": 4, "13.1B": 8}
-    for size, n in gpus.items():
+    for size in gpus:
         assert estimate(runs[size], h100).memory_gb <= 0.9 * 80
     e = estimate(runs["1.4B"], h100)
     # 1.4B, 10.5B tokens: 6ND-style FLOPs / (989 TFLOP/s x 0.40) -> about 72 GPU-hours
@@ -106,8 +106,8 @@ def test_chunks_respect_max_array_size():
 
 
 @pytest.mark.parametrize("text, match", [
-    ("slurm: {partitoin: gpu}\n", r"slurm.partitoin: submitit's Slurm executor does not accept this parameter "
-                                  r"\(did you mean 'partition'"),
+    ("slurm: {partitoin: gpu}\n", (r"slurm.partitoin: submitit's Slurm executor does not accept this parameter "
+                                  r"\(did you mean 'partition'")),
     ("slurm: {time: 60}\n", "derived per run"),
     ("slurm: {partition: 'gpu; rm -rf /'}\n", "not allowed in an #SBATCH line"),
     ("gpus: 8\n", r"unknown profile key \(did you mean 'gpu'"),

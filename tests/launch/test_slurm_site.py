@@ -100,10 +100,10 @@ def test_runs_needing_more_gpus_per_node_than_the_nodes_have_are_refused_at_plan
 
 
 @pytest.mark.parametrize("override, message", [
-    ("account=nope", "error: --slurm account: 'nope' is not an account of user root on this cluster (sacctmgr); "
-                     "expected one of [root]\n"),
-    ("qos=fast", "error: --slurm qos: 'fast' is not a QoS of user root on this cluster (sacctmgr); expected one of "
-                 "[normal]\n"),
+    ("account=nope", ("error: --slurm account: 'nope' is not an account of user root on this cluster (sacctmgr); "
+                     "expected one of [root]\n")),
+    ("qos=fast", ("error: --slurm qos: 'fast' is not a QoS of user root on this cluster (sacctmgr); expected one of "
+                 "[normal]\n")),
 ])
 def test_an_account_or_qos_the_user_lacks_is_refused_with_the_ones_there_are(tmp_path, text_dataset, store, override,
                                                                               message):

@@ -197,8 +197,8 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     both = cli("logs", name, "--attempt", "all", cwd=tmp_path, env=store).stdout
     assert both.index("attempt 1 of 2") < both.index("attempt 2 of 2")
     r = cli("logs", name, "--attempt", "3", cwd=tmp_path, env=store)
-    assert (r.returncode, r.stderr) == (2, f"error: --attempt: expected a number from 1 to 2 (the attempts of {name}) "
-                                           "or 'all', got '3'\n")
+    assert (r.returncode, r.stderr) == (2, (f"error: --attempt: expected a number from 1 to 2 (the attempts of {name}) "
+                                           "or 'all', got '3'\n"))
 
     from mlflow.tracking import MlflowClient
 

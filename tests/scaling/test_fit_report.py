@@ -65,8 +65,8 @@ def test_the_first_paragraph_says_law_reference_noise_resampling_and_the_takeawa
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1), ratios={"diff_v1": TRUE_RATIO, "diff_v2": 1.0})
     result, report, terminal = fit_csv(tmp_path, points, "--holdout", "largest")
     opening = first_paragraph(report)
-    for needle in ("**Law**: L = E + A·N^-α", "**Reference**: the ratios are read at 13.1B (largest measured), "
-                   "3.11B (geometric mean) of the Transformer's parameters", "**Noise**: run-to-run noise",
+    for needle in ("**Law**: L = E + A·N^-α", ("**Reference**: the ratios are read at 13.1B (largest measured), "
+                   "3.11B (geometric mean) of the Transformer's parameters"), "**Noise**: run-to-run noise",
                    "from seed replicates",
                    "**Resampling**: 200 draws of a parametric bootstrap", "**Extrapolation**: none"):
         assert needle in opening, opening

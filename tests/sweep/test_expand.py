@@ -195,13 +195,13 @@ def test_unknown_size_label(tmp_path):
 
 @pytest.mark.parametrize("text, match", [
     ("grid: {model.size: [tiny-xs]\n", r"not valid YAML \(line 2"),
-    ("grid: {model.atention.kind: [diff_v1]}\n", r"grid.model.atention.kind: unknown config key \(did you mean "
-                                                 r"'model.attention.kind'"),
+    ("grid: {model.atention.kind: [diff_v1]}\n", (r"grid.model.atention.kind: unknown config key \(did you mean "
+                                                 r"'model.attention.kind'")),
     ("name: x\n", "empty sweep"),
     ("grid: {model.size: []}\n", "empty list of values"),
     ("grid: {model.size: tiny-xs}\n", "expected a list of values"),
-    ("zip: [{train.lr: [0.1, 0.2], train.warmup_steps: [1]}]\n", r"conflicting lengths \(train.lr has 2, "
-                                                                 r"train.warmup_steps has 1\)"),
+    ("zip: [{train.lr: [0.1, 0.2], train.warmup_steps: [1]}]\n", (r"conflicting lengths \(train.lr has 2, "
+                                                                 r"train.warmup_steps has 1\)")),
     ("grids: {model.size: [tiny-xs]}\n", r"unknown sweep key \(did you mean 'grid'"),
     ("grid: {data.path: ['x; rm -rf ~']}\n", r"contains ';'.*shell metacharacters"),
     ("grid: {data.path: [\"a'b\"]}\n", r"contains \"'\""),

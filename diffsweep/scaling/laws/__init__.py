@@ -2,7 +2,7 @@
 
 ``law_form(name)`` is the only way code reaches a form's behaviour. The built-in forms are
 registered at the bottom of this module, one line each; a new form is one file (a ``LawForm``
-subclass, see docs/extending-law-forms.md), its line here and its ``Form`` member in
+subclass, see docs/extending.md), its line here and its ``Form`` member in
 ``diffsweep.scaling.choices`` (the CLI's numpy-free list of choices). ``register`` also takes a
 form defined elsewhere at run time (a test, a user's package): it is then fitted by name through
 the library, ``FitRequest(form="my_form")``, though not offered by the CLI's ``--form``.
