@@ -10,7 +10,8 @@ dotted key, the value and what is allowed::
 ``decode(cls, raw, path, source=...)`` recurses into nested dataclasses (sections) and decodes
 each field by its type hint:
 
-- a dataclass: a mapping of its fields; a missing field keeps its default, an empty section
+- a dataclass: a mapping of its fields; a missing field keeps its default (one without a
+  default is required), an empty section
   (``model:`` with nothing under it) means all defaults, an unknown key is an error listing the
   fields (with a close match suggested);
 - an ``Enum``: one of its values; ``bool``; ``int`` (an integral float is accepted); ``float``
@@ -133,14 +134,17 @@ def positive_number(value: Any, key: str) -> Any:
 class _Schema:
     hints: dict[str, Any]  # the fields a file may set, by name, with their type hints
     names: tuple[str, ...]  # the same, in declaration order (for "expected one of [...]")
+    required: tuple[str, ...]  # those without a default
 
 
 @functools.cache
 def _schema(cls: type) -> _Schema:
     # get_type_hints re-evaluates string annotations on every call; a sweep decodes thousands.
     hints = typing.get_type_hints(cls, include_extras=True)
-    names = tuple(f.name for f in dataclasses.fields(cls) if INTERNAL not in _markers(hints[f.name]))
-    return _Schema({name: hints[name] for name in names}, names)
+    fields = [f for f in dataclasses.fields(cls) if INTERNAL not in _markers(hints[f.name])]
+    required = tuple(f.name for f in fields
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return _Schema({f.name: hints[f.name] for f in fields}, tuple(f.name for f in fields), required)
 
 
 def _markers(tp: Any) -> tuple[Any, ...]:
@@ -157,6 +161,9 @@ def _section(cls: type[T], data: Any, key: str, prefix: str, noun: str = "key", 
     for name in data:
         if name not in hints:
             raise unknown_key(name, schema.names, prefix, noun)
+    for name in schema.required:
+        if name not in data:
+            raise ConfigError(f"{prefix}{name}", "is required and missing")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         tp = hints[name]
