@@ -151,7 +151,7 @@ def _markers(tp: Any) -> tuple[Any, ...]:
     return tp.__metadata__ if typing.get_origin(tp) is Annotated else ()
 
 
-def _section(cls: type[T], data: Any, key: str, prefix: str, noun: str = "key", expected: str | None = None) -> T:
+def _section(cls: type, data: Any, key: str, prefix: str, noun: str = "key", expected: str | None = None) -> Any:
     if data is None:  # an empty section (``model:`` with nothing under it) means the defaults
         data = {}
     if not isinstance(data, dict):
