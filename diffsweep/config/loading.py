@@ -1,24 +1,20 @@
 """Loading: defaults -> size preset -> YAML -> ``--set a.b=c`` -> strict decode -> validate -> resolve.
 
-Strict decoding turns a plain nested dict into the typed dataclasses of ``schema``; an unknown
-key, a wrong type or an enum value outside its members is a ``ConfigError`` naming the dotted key,
-the bad value and what is allowed.
+Strict decoding (``diffsweep.config.decode``) turns a plain nested dict into the typed dataclasses
+of ``schema``; an unknown key, a wrong type or an enum value outside its members is a
+``ConfigError`` naming the dotted key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import math
-import types
-import typing
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from diffsweep.config.decode import decode
 from diffsweep.config.errors import ConfigError
 from diffsweep.config.schema import Config
 from diffsweep.config.sizes import SIZES
@@ -48,7 +44,7 @@ def declared_config(raw: dict[str, Any]) -> Config:
     """
     if not isinstance(raw, dict):
         raise ConfigError("", f"expected a mapping at the top level, got {type(raw).__name__}")
-    return decode(Config, apply_size_preset(raw), "")
+    return decode(Config, apply_size_preset(raw))
 
 
 def load_declared(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -211,111 +207,6 @@ def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         below = out.get(key)
         out[key] = _merged(below, value) if isinstance(value, dict) and isinstance(below, dict) else value
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Strict decoding of plain data into dataclasses
-
-
-def decode(cls: type, data: Any, prefix: str) -> Any:
-    """Decode ``data`` into dataclass ``cls``; ``prefix`` is the dotted path for error messages."""
-    if data is None:  # an empty section (``model:`` with nothing under it) means the defaults
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(prefix, f"expected a mapping of {cls.__name__} fields, got {data!r}")
-    hints, fields = _fields(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        tp = hints.get(key)
-        if tp is not None and type(value) is _FAST.get(tp):  # the common case: already the right type
-            kwargs[key] = value
-            continue
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(dotted, f"unknown key{hint}; expected one of [{', '.join(fields)}]")
-        kwargs[key] = _decode_value(hints[key], value, dotted)
-    return cls(**kwargs)
-
-
-def _decode_section(cls: type, data: Any, prefix: str) -> Any:
-    # Sections are frozen, so equal data can share one decoded instance: a sweep decodes the same
-    # model section for thousands of runs. Errors are not cached (they are raised every time).
-    try:
-        memo_key = (cls, prefix, repr(data))
-    except Exception:  # noqa: BLE001 (an unrepresentable value is decoded, and reported, normally)
-        return decode(cls, data, prefix)
-    hit = _SECTIONS.get(memo_key)
-    if hit is None:
-        hit = decode(cls, data, prefix)
-        if len(_SECTIONS) > 4096:
-            _SECTIONS.clear()
-        _SECTIONS[memo_key] = hit
-    return hit
-
-
-_SECTIONS: dict[tuple, Any] = {}
-# Field types whose values need no conversion when YAML already gave exactly that type (floats
-# still go through the finiteness check below, so they are not here).
-_FAST: dict[Any, type] = {int: int, str: str, bool: bool, int | None: int, str | None: str}
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
-    # get_type_hints re-evaluates string annotations on every call; a sweep decodes thousands.
-    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
-
-
-def _decode_value(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _decode_value(inner, value, key)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section (a class, not an instance)
-        return _decode_section(tp, value, key)
-    if isinstance(tp, type) and issubclass(tp, Enum):
-        allowed = [m.value for m in tp]
-        if value not in allowed:
-            raise ConfigError(key, f"expected one of [{', '.join(allowed)}], got {value!r}")
-        return tp(value)
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(key, f"expected a list of {len(args)} numbers, got {value!r}")
-        return tuple(_decode_value(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(key, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        # YAML 1.1 reads 1e-4 (no dot) as a string; accept any numeric spelling.
-        if isinstance(value, bool):
-            raise ConfigError(key, f"expected a number, got {value!r}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"expected a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise ConfigError(key, f"expected a finite number, got {value!r}")
-        return number
-    if tp is str:
-        # YAML reads `path: 2024` as a number; a number is a fine string (a bool is likely a typo).
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str):
-            raise ConfigError(key, f"expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config field type {tp!r} at {key}")  # internal: schema bug
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

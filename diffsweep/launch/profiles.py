@@ -28,7 +28,6 @@ per task (``diffsweep.launch.resources.slurm_parameters``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -36,9 +35,10 @@ import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from diffsweep.config import ConfigError, ConfigWarning
+from diffsweep.config.decode import INTERNAL, AtLeast, Check, Described, decode, did_you_mean, positive_number
 from diffsweep.config.loading import read_yaml
 from diffsweep.launch.scheduler import get_scheduler
 
@@ -51,34 +51,58 @@ class ExecutorKind(StrEnum):
     LOCAL = "local"  # processes on this machine through submitit's local executor
 
 
+def _fraction(value: Any, key: str) -> Any:
+    value = positive_number(value, key)
+    if value > 1:
+        raise ConfigError(key, f"expected a fraction in (0, 1], got {value!r}")
+    return value
+
+
+def _scheduler_name(value: Any, key: str) -> str:
+    return get_scheduler(str(value), key).name
+
+
+def _shell_lines(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or any(not isinstance(s, str) for s in value):
+        raise ConfigError(key, f"expected a list of shell lines, got {value!r}")
+    return tuple(value)
+
+
+def _checked_with_the_executor(value: Any, key: str) -> Any:
+    return value  # ``slurm:`` depends on the executor: ``parse_profile`` checks it once both are read
+
+
 @dataclass(frozen=True, kw_only=True)
 class Accelerator:
     """The device a job trains on, for time estimates (FLOPs / (peak x MFU))."""
 
     name: str = "cpu"
-    memory_gb: float = 16.0
-    peak_tflops: float = 0.2  # dense bf16 (GPU) or fp32 (CPU) peak
-    mfu: float = 0.3  # assumed model FLOPs utilisation
+    memory_gb: Annotated[float, Check(positive_number)] = 16.0
+    peak_tflops: Annotated[float, Check(positive_number)] = 0.2  # dense bf16 (GPU) or fp32 (CPU) peak
+    mfu: Annotated[float, Check(_fraction)] = 0.3  # assumed model FLOPs utilisation
 
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """A cluster (or this machine) as the launcher sees it."""
+    """A cluster (or this machine) as the launcher sees it. A profile file sets every field but
+    ``name`` (the file's stem) and ``overridden`` (``parse_profile``)."""
 
-    name: str = "local"
-    executor: str = ExecutorKind.LOCAL.value  # the scheduler's name (diffsweep.launch.scheduler)
-    gpu: Accelerator = field(default_factory=Accelerator)
-    gpus_per_node: int = 0  # 0: CPU-only (local executor)
-    cpus_per_gpu: int = 8
-    mem_per_gpu_gb: int = 64
-    max_time_hours: float = 48.0
-    min_time_minutes: int = 30
-    signal_delay_s: int = 120
-    max_array_size: int | None = None
-    max_num_timeout: int = 100
-    setup: tuple[str, ...] = ()
-    slurm: dict[str, Any] = field(default_factory=dict)
-    overridden: frozenset[str] = frozenset()  # keys set with --slurm (errors name them so)
+    name: Annotated[str, INTERNAL] = "local"
+    # the scheduler's name (diffsweep.launch.scheduler); a profile file that names none is slurm
+    executor: Annotated[str, Check(_scheduler_name)] = ExecutorKind.LOCAL.value
+    gpu: Annotated[Accelerator, Described("a mapping (name, memory_gb, peak_tflops, mfu)")] = field(
+        default_factory=Accelerator)
+    gpus_per_node: Annotated[int, AtLeast(0)] = 0  # 0: CPU-only (local executor)
+    cpus_per_gpu: Annotated[int, AtLeast(1)] = 8
+    mem_per_gpu_gb: Annotated[int, AtLeast(1)] = 64
+    max_time_hours: Annotated[float, Check(positive_number)] = 48.0
+    min_time_minutes: Annotated[int, AtLeast(1)] = 30
+    signal_delay_s: Annotated[int, AtLeast(1)] = 120
+    max_array_size: Annotated[int, AtLeast(1)] | None = None
+    max_num_timeout: Annotated[int, AtLeast(1)] = 100
+    setup: Annotated[tuple[str, ...], Check(_shell_lines)] = ()
+    slurm: Annotated[dict[str, Any], Check(_checked_with_the_executor)] = field(default_factory=dict)
+    overridden: Annotated[frozenset[str], INTERNAL] = frozenset()  # keys set with --slurm (errors name them so)
 
     @property
     def max_time_minutes(self) -> int:
@@ -134,34 +158,11 @@ def load_profile(name_or_path: str | None) -> Profile:
 
 def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     """Strictly decode a profile mapping; errors name ``where`` and the key."""
-    allowed = [f.name for f in dataclasses.fields(Profile) if f.name not in ("name", "overridden")]
-    values: dict[str, Any] = {"name": name}
-    for key, value in raw.items():
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: {key}", f"unknown profile key{hint}; expected one of [{', '.join(allowed)}]")
-        values[key] = value
-    executor = values.get("executor", ExecutorKind.SLURM.value)  # a profile file is a cluster's unless it says
-    scheduler = get_scheduler(str(executor), f"{where}: executor")
-    values["executor"] = scheduler.name
-    values["gpu"] = _accelerator(values.get("gpu"), f"{where}: gpu")
-    for key in ("gpus_per_node", "cpus_per_gpu", "mem_per_gpu_gb", "min_time_minutes", "signal_delay_s",
-                "max_num_timeout"):
-        if key in values:
-            _int(values[key], f"{where}: {key}", minimum=0 if key == "gpus_per_node" else 1)
-    if "max_array_size" in values and values["max_array_size"] is not None:
-        _int(values["max_array_size"], f"{where}: max_array_size", minimum=1)
-    if "max_time_hours" in values:
-        v = values["max_time_hours"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ConfigError(f"{where}: max_time_hours", f"expected a positive number, got {v!r}")
-    setup = values.get("setup", [])
-    if not isinstance(setup, list) or any(not isinstance(s, str) for s in setup):
-        raise ConfigError(f"{where}: setup", f"expected a list of shell lines, got {setup!r}")
-    values["setup"] = tuple(setup)
-    values["slurm"] = check_slurm_params(values.get("slurm") or {}, f"{where}: slurm", executor=scheduler.name)
-    profile = Profile(**values)
+    if isinstance(raw, dict):  # a profile file is a cluster's unless it names another executor
+        raw = {"executor": ExecutorKind.SLURM.value, **raw}
+    profile = decode(Profile, raw, source=where, noun="profile key")
+    slurm = check_slurm_params(profile.slurm or {}, f"{where}: slurm", executor=profile.executor)
+    profile = dataclasses.replace(profile, name=name, slurm=slurm)
     check_times(profile, where)
     return profile
 
@@ -184,9 +185,8 @@ def check_slurm_params(params: Any, where: str, sep: str = ".", executor: str = 
             raise ConfigError(f"{where}{sep}{key}", "is derived per run by diffsweep (from the size and the "
                               "profile's gpus_per_node, cpus_per_gpu, mem_per_gpu_gb, max_time_hours); remove it")
         if key not in valid:
-            close = difflib.get_close_matches(str(key), sorted(valid), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}{sep}{key}", f"submitit's Slurm executor does not accept this parameter{hint}")
+            raise ConfigError(f"{where}{sep}{key}", "submitit's Slurm executor does not accept this "
+                              f"parameter{did_you_mean(str(key), valid)}")
         for item in (value.items() if isinstance(value, dict) else [(None, value)]):
             for text in item:
                 if text is not None and not _SAFE_SLURM_VALUE.match(str(text)):
@@ -269,24 +269,3 @@ def slurm_minutes(text: str, where: str) -> float:
     else:  # M or M:S
         hours, minutes, seconds = 0, a, b or 0
     return (days or 0) * 1440 + hours * 60 + minutes + seconds / 60
-
-
-def _accelerator(raw: Any, where: str) -> Accelerator:
-    if raw is None:
-        return Accelerator()
-    if not isinstance(raw, dict):
-        raise ConfigError(where, f"expected a mapping (name, memory_gb, peak_tflops, mfu), got {raw!r}")
-    allowed = [f.name for f in dataclasses.fields(Accelerator)]
-    for key, value in raw.items():
-        if key not in allowed:
-            raise ConfigError(f"{where}.{key}", f"unknown key; expected one of [{', '.join(allowed)}]")
-        if key != "name" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"{where}.{key}", f"expected a positive number, got {value!r}")
-    if "mfu" in raw and raw["mfu"] > 1:
-        raise ConfigError(f"{where}.mfu", f"expected a fraction in (0, 1], got {raw['mfu']!r}")
-    return Accelerator(**raw)
-
-
-def _int(value: Any, where: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(where, f"expected an integer >= {minimum}, got {value!r}")

@@ -42,7 +42,6 @@ lengths before anything is expanded. Launch settings never enter a run's identit
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -50,9 +49,10 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from diffsweep.config import Config, ConfigError
+from diffsweep.config.decode import AtLeast, Check, decode, decode_value, did_you_mean, strict_string, unknown_key
 from diffsweep.config.loading import parse_override, read_yaml
 from diffsweep.sweep.derive import check_rule
 
@@ -68,12 +68,14 @@ SEED_KEY = "train.seed"
 class LaunchSettings:
     """How a sweep is launched (never part of a run's identity)."""
 
-    profile: str | None = None  # cluster profile name or YAML path (slurm/profiles/); None: auto
-    max_retries: int = 2  # a failed run is resubmitted at most this many times
-    max_parallel: int | None = None  # runs executing at once (Slurm array %N; local workers)
-    output: str | None = None  # sweep output directory; None: runs/<sweep name> beside the sweep file
-    gpus_per_run: int | None = None  # None: the fewest GPUs each run fits on (memory estimate)
-    max_runs: int = 100_000  # refuse a sweep that expands to more runs (a typo in seeds or an axis)
+    # The annotations are what the decoder checks (diffsweep.config.decode): strings as written,
+    # integers with a lower bound.
+    profile: Annotated[str, Check(strict_string)] | None = None  # cluster profile name or YAML path; None: auto
+    max_retries: Annotated[int, AtLeast(0)] = 2  # a failed run is resubmitted at most this many times
+    max_parallel: Annotated[int, AtLeast(1)] | None = None  # runs executing at once (Slurm array %N; local workers)
+    output: Annotated[str, Check(strict_string)] | None = None  # None: runs/<sweep name> beside the sweep file
+    gpus_per_run: Annotated[int, AtLeast(1)] | None = None  # None: the fewest GPUs each run fits on (memory)
+    max_runs: Annotated[int, AtLeast(1)] = 100_000  # refuse a sweep that expands to more (a typo in seeds or an axis)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,8 +193,7 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
     another extends) may have no source of runs."""
     for key in raw:
         if key not in TOP_KEYS:
-            raise ConfigError(f"{where}: {key}", f"unknown sweep key{_did_you_mean(str(key), TOP_KEYS)}; "
-                              f"expected one of [{', '.join(TOP_KEYS)}]")
+            raise unknown_key(key, TOP_KEYS, f"{where}: ", "sweep key")
     _check_safe(raw, where)
     keys = config_keys()
     out: dict[str, Any] = {}
@@ -282,7 +283,7 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
                               "given or derived")
         derive[key] = check_rule(rule, key, f"{where}: derive.{key}")
 
-    out["launch"] = launch = _launch(raw.get("launch"), directory, f"{where}: launch")
+    out["launch"] = launch = _launch(raw.get("launch"), directory, where)
     _check_count(out, launch.get("max_runs", LaunchSettings().max_runs), where)
     if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")
@@ -317,7 +318,7 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, value = parse_override(item)
         if key not in keys:
-            raise ConfigError("--set", f"{key}: unknown config key{_did_you_mean(key, keys)}; expected a dotted run "
+            raise ConfigError("--set", f"{key}: unknown config key{did_you_mean(key, keys)}; expected a dotted run "
                               "config key such as model.size or train.lr")
         if key == DATA_PATH and isinstance(value, str):
             value = _absolute(value, Path.cwd())
@@ -337,19 +338,10 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
 
 
 def _launch(raw: Any, directory: Path, where: str) -> dict[str, Any]:
-    data = _mapping(raw, where)
-    allowed = [f.name for f in dataclasses.fields(LaunchSettings)]
-    for key, value in data.items():
-        if key not in allowed:
-            raise ConfigError(f"{where}.{key}", f"unknown launch setting{_did_you_mean(str(key), allowed)}; "
-                              f"expected one of [{', '.join(allowed)}]")
-        if key in ("profile", "output") and value is not None and not isinstance(value, str):
-            raise ConfigError(f"{where}.{key}", f"expected a string, got {value!r}")
-        if key == "max_retries" and not (_is_int(value) and value >= 0):
-            raise ConfigError(f"{where}.{key}", f"expected an integer >= 0, got {value!r}")
-        if (key in ("max_parallel", "gpus_per_run") and value is not None or key == "max_runs") and not (
-                _is_int(value) and value >= 1):
-            raise ConfigError(f"{where}.{key}", f"expected an integer >= 1, got {value!r}")
+    """The launch settings ``raw`` writes (only those: a child merges them over its parent's),
+    checked, with relative paths made absolute against ``directory``."""
+    settings = decode(LaunchSettings, raw, "launch", source=where, noun="launch setting", expected="a mapping")
+    data = {key: getattr(settings, key) for key in raw or {}}
     if isinstance(data.get("output"), str):
         data["output"] = _absolute(data["output"], directory)
     profile = data.get("profile")
@@ -382,7 +374,7 @@ def _check_safe(value: Any, where: str, path: str = "") -> None:
 
 def _check_key(key: Any, keys: frozenset[str], where: str) -> None:
     if not isinstance(key, str) or key not in keys:
-        raise ConfigError(f"{where}.{key}", f"unknown config key{_did_you_mean(str(key), keys)}; expected a dotted "
+        raise ConfigError(f"{where}.{key}", f"unknown config key{did_you_mean(str(key), keys)}; expected a dotted "
                           "run config key such as model.size, model.attention.kind or train.lr")
 
 
@@ -390,25 +382,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _did_you_mean(key: str, options: Any) -> str:
-    close = difflib.get_close_matches(key, sorted(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _mapping(raw: Any, where: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(where, f"expected a mapping, got {raw!r}")
-    return dict(raw)
+    """A mapping (a copy; nothing written means an empty one)."""
+    return decode_value(dict[str, Any], raw, where)
 
 
 def _list(raw: Any, where: str) -> list[Any]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise ConfigError(where, f"expected a list, got {raw!r}")
-    return raw
+    """A list (a copy; nothing written means an empty one)."""
+    return decode_value(list[Any], raw, where)
 
 
 def _values(raw: Any, key: str, directory: Path, where: str) -> list[Any]:
