@@ -8,17 +8,18 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, fail, handle_errors
+from diffsweep.cli.common import JsonOpt, fail, handle_errors, name_choice
 from diffsweep.config.units import human
+from diffsweep.launch.scheduler import scheduler_names
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
                                                 "YAML path (default: the sweep's launch.profile, else automatic).",
                                                 show_default=False)]
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local, or a scheduler a package "
-                                                 "registers (default: the profile's; without a profile, slurm if "
-                                                 "a Slurm controller answers, else local).",
-                                                 show_default=False)]
+ExecutorOpt = Annotated[str | None, name_choice(scheduler_names, "--executor", "Where jobs run: a registered "
+                                                "scheduler, a package's included (default: the profile's; without a "
+                                                "profile, slurm if a Slurm controller answers, else local).",
+                                                show_default=False)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directory (ledger, run dirs, logs) "
@@ -35,6 +36,9 @@ SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell lin
 SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
                                                        "--set model.size=tiny-m (repeatable; not a key the sweep's "
                                                        "grid, zip, runs, seeds or derive set).", show_default=False)]
+# The library's fields at fault, as the flags that set them (the store's experiment: the sweep's, as before).
+FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "--budget", "attempt": "--attempt",
+         "experiment": "--experiment"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 WAIT_POLL_S = 2.0  # launch --wait: how often it looks at the sweep
 WAIT_EVERY_S = 30.0  # ... and, printing plain lines, how often it repeats the summary without a change
@@ -166,7 +170,7 @@ def _warn(plan) -> None:
         typer.echo(f"warning: {w}", err=True)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def plan(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -203,7 +207,7 @@ def plan(
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def launch(
     sweep: SweepArg,
     executor: ExecutorOpt = None,
@@ -343,7 +347,7 @@ def _wait_bars(poll, console):
             time.sleep(WAIT_POLL_S)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def status(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -392,7 +396,7 @@ def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path
     return [{"name": e.name, "key": e.key, "scheduler_state": s, "mlflow_status": m} for e, s, m in marked]
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
     """Mark runs whose job died unreported as FAILED/KILLED in MLflow.
 
@@ -402,7 +406,7 @@ def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
     typer.echo(f"reconciled {len(marked)} runs")
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def cancel(
     sweep: SweepArg,
     only: OnlyOpt = None,
@@ -430,7 +434,7 @@ def cancel(
     typer.echo(f"cancelled {len(cancelled)} runs")
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def logs(
     run: Annotated[str, typer.Argument(help="The run: its name or key (prefix) as plan/status show them, its run "
                                        "directory's name, or its MLflow run name.", show_default=False)],
