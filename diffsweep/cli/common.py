@@ -159,7 +159,7 @@ def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Cal
         finally:
             _show(caught)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _show(caught: list[warnings.WarningMessage]) -> None:
