@@ -162,7 +162,7 @@ def _get_or_create_experiment(uri: str, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
-            raise ConfigError("--experiment", f"experiment {name!r} is deleted in {shown(uri)} "
+            raise ConfigError("experiment", f"experiment {name!r} is deleted in {shown(uri)} "
                               "(restore it in the MLflow UI, or pick another name)")
         return experiment.experiment_id
     try:

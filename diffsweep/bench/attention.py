@@ -267,16 +267,16 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     """
     for name in layouts or ():
         if name not in SIZES:
-            raise ConfigError("--layout", f"expected a size preset, one of [{', '.join(SIZES)}], got '{name}'")
+            raise ConfigError("layouts", f"expected a size preset, one of [{', '.join(SIZES)}], got '{name}'")
     for s in seqs or ():
         if s < 1:
-            raise ConfigError("--seq", f"expected a positive sequence length, got {s}")
+            raise ConfigError("seqs", f"expected a positive sequence length, got {s}")
     if batch_tokens is not None and batch_tokens < 1:
-        raise ConfigError("--batch-tokens", f"expected a positive number of tokens, got {batch_tokens}")
+        raise ConfigError("batch_tokens", f"expected a positive number of tokens, got {batch_tokens}")
     if reps < 1:
-        raise ConfigError("--reps", f"expected at least 1 timed repetition, got {reps}")
+        raise ConfigError("reps", f"expected at least 1 timed repetition, got {reps}")
     if warmup < 0:
-        raise ConfigError("--warmup", f"expected 0 or more warm-up rounds, got {warmup}")
+        raise ConfigError("warmup", f"expected 0 or more warm-up rounds, got {warmup}")
     chosen = tuple(_backend(name) for name in backends) if backends else tuple(Backend)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -307,7 +307,7 @@ def _backend(name: str) -> Backend:
         return Backend(name)
     except ValueError:
         allowed = ", ".join(b.value for b in Backend)
-        raise ConfigError("--backend", f"expected one of [{allowed}], got '{name}'") from None
+        raise ConfigError("backends", f"expected one of [{allowed}], got '{name}'") from None
 
 
 def _num(value: float | None, fmt: str) -> str:

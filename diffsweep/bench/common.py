@@ -18,7 +18,7 @@ CPU_NOTE = "CPU: tiny shapes; ratios only"
 def resolve_device(name: str) -> torch.device:
     """``auto`` (CUDA when visible, else CPU), ``cpu`` or ``cuda``. On CPU, one thread."""
     if name not in ("auto", "cpu", "cuda"):
-        raise ConfigError("--device", f"expected one of [auto, cpu, cuda], got '{name}'")
+        raise ConfigError("device", f"expected one of [auto, cpu, cuda], got '{name}'")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
@@ -33,7 +33,7 @@ def resolve_dtype(name: str | None, device: torch.device, allowed: tuple[str, ..
     if name is None:
         name = "bf16" if device.type == "cuda" else "fp32"
     if name not in allowed:
-        raise ConfigError("--dtype", f"expected one of [{', '.join(allowed)}], got '{name}'")
+        raise ConfigError("dtype", f"expected one of [{', '.join(allowed)}], got '{name}'")
     return DTYPES[name]
 
 

@@ -87,19 +87,19 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     micro-batch 8, fp32, 1 thread. The ratio is tokens/s over the Transformer's (or the first kind's).
     """
     if size is not None and size not in SIZES:
-        raise ConfigError("--size", f"expected a size preset, one of [{', '.join(SIZES)}], got '{size}'")
+        raise ConfigError("size", f"expected a size preset, one of [{', '.join(SIZES)}], got '{size}'")
     chosen = [_kind(k) for k in kinds] if kinds else list(AttentionKind)
     try:
         backend_name = Backend(backend)
     except ValueError:
-        raise ConfigError("--backend", f"expected one of [{', '.join(b.value for b in Backend)}], "
+        raise ConfigError("backend", f"expected one of [{', '.join(b.value for b in Backend)}], "
                           f"got '{backend}'") from None
-    for flag, value, least in (("--seq", seq, 1), ("--micro-batch", micro_batch, 1), ("--steps", steps, 1),
-                               ("--warmup", warmup, 0)):
+    for flag, value, least in (("seq", seq, 1), ("micro_batch", micro_batch, 1), ("steps", steps, 1),
+                               ("warmup", warmup, 0)):
         if value is not None and value < least:
             raise ConfigError(flag, f"expected an integer >= {least}, got {value}")
     if compile_model and warmup == 0:
-        raise ConfigError("--warmup", "with --compile, at least 1 warm-up step (the first step compiles)")
+        raise ConfigError("warmup", "with --compile, at least 1 warm-up step (the first step compiles)")
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, allowed=("bf16", "fp32"))
     d = GPU_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS
@@ -143,7 +143,7 @@ def _kind(name: str) -> AttentionKind:
     try:
         return AttentionKind(name)
     except ValueError:
-        raise ConfigError("--kind", f"expected one of [{', '.join(k.value for k in AttentionKind)}], "
+        raise ConfigError("kinds", f"expected one of [{', '.join(k.value for k in AttentionKind)}], "
                           f"got '{name}'") from None
 
 

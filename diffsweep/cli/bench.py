@@ -8,31 +8,39 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, handle_errors, print_json
-from diffsweep.config import ConfigError
+from diffsweep.bench.choices import MODEL_DTYPES, Device, Dtype
+from diffsweep.cli.common import JsonOpt, choice, handle_errors, name_choice, print_json
+from diffsweep.config import SIZES, AttentionKind, Backend, ConfigError
 
 app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-model training throughput.",
                   no_args_is_help=True)
 
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda (auto: CUDA when visible).")]
+DeviceOpt = Annotated[Device, choice(Device, "--device", "Where to run (auto: CUDA when visible).")]
+# The library's fields at fault, as the flags that set them.
+ATTENTION_FLAGS = {"layouts": "--layout", "seqs": "--seq", "batch_tokens": "--batch-tokens", "dtype": "--dtype",
+                   "device": "--device", "backends": "--backend", "reps": "--reps", "warmup": "--warmup"}
+MODEL_FLAGS = {"size": "--size", "kinds": "--kind", "backend": "--backend", "seq": "--seq",
+               "micro_batch": "--micro-batch", "steps": "--steps", "warmup": "--warmup", "device": "--device",
+               "dtype": "--dtype"}
 
 
 @app.command()
-@handle_errors
+@handle_errors(flags=ATTENTION_FLAGS)
 def attention(
-    layout: Annotated[list[str] | None, typer.Option("--layout", help="Head layout of a size preset, e.g. 1.4B, 3B "
-                                                     "(repeatable) (default: 1.4B and 3B on a GPU, tiny-l on CPU).",
-                                                     show_default=False)] = None,
+    layout: Annotated[list[str] | None, name_choice(lambda: SIZES, "--layout", "Head layout of a size preset: "
+                                                    "{choices} (repeatable) (default: 1.4B and 3B on a GPU, tiny-l on "
+                                                    "CPU).", expected="a size preset, one of", metavar="SIZE",
+                                                    show_default=False)] = None,
     seq: Annotated[list[int] | None, typer.Option("--seq", help="Sequence length (repeatable) (default: 2048 and "
                                                   "4096 on a GPU, 256 and 512 on CPU).", show_default=False)] = None,
     batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", help="Tokens per batch, B = N // T "
                                                      "(default: 16384 on a GPU, 2048 on CPU).",
                                                      show_default=False)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (default: bf16 on a GPU, fp32 "
-                                              "on CPU).", show_default=False)] = None,
-    device: DeviceOpt = "auto",
-    backend: Annotated[list[str] | None, typer.Option("--backend", help="DIFF V1 backend(s) to time (repeatable) "
-                                                      "(default: all).", show_default=False)] = None,
+    dtype: Annotated[Dtype | None, choice(Dtype, "--dtype", "Precision (default: bf16 on a GPU, fp32 on CPU).",
+                                          show_default=False)] = None,
+    device: DeviceOpt = Device.AUTO,
+    backend: Annotated[list[Backend] | None, choice(Backend, "--backend", "DIFF V1 backend(s) to time (repeatable) "
+                                                    "(default: all).", show_default=False)] = None,
     reps: Annotated[int, typer.Option("--reps", help="Timed rounds (the median is reported).")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds first.")] = 2,
     json_: JsonOpt = False,
@@ -44,8 +52,9 @@ def attention(
     from diffsweep.bench.attention import render, run_attention
 
     _check_out(out)
-    result = run_attention(layouts=layout, seqs=seq, batch_tokens=batch_tokens, dtype=dtype, device=device,
-                           backends=backend, reps=reps, warmup=warmup)
+    result = run_attention(layouts=layout, seqs=seq, batch_tokens=batch_tokens, dtype=_value(dtype),
+                           device=device.value, backends=[b.value for b in backend] if backend else None, reps=reps,
+                           warmup=warmup)
     if out is not None:
         out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if json_:
@@ -55,13 +64,14 @@ def attention(
 
 
 @app.command()
-@handle_errors
+@handle_errors(flags=MODEL_FLAGS)
 def model(
-    size: Annotated[str | None, typer.Option("--size", help="Size preset (default: 1.4B on a GPU, tiny-m on CPU).",
-                                             show_default=False)] = None,
-    kind: Annotated[list[str] | None, typer.Option("--kind", help="transformer | diff_v1 | diff_v2 (repeatable) "
-                                                   "(default: all three).", show_default=False)] = None,
-    backend: Annotated[str, typer.Option("--backend", help="Attention backend of every model.")] = "sdpa",
+    size: Annotated[str | None, name_choice(lambda: SIZES, "--size", "Size preset: {choices} (default: 1.4B on a "
+                                            "GPU, tiny-m on CPU).", expected="a size preset, one of", metavar="SIZE",
+                                            show_default=False)] = None,
+    kind: Annotated[list[AttentionKind] | None, choice(AttentionKind, "--kind", "Attention kind(s) (repeatable) "
+                                                       "(default: all).", show_default=False)] = None,
+    backend: Annotated[Backend, choice(Backend, "--backend", "Attention backend of every model.")] = Backend.SDPA,
     seq: Annotated[int | None, typer.Option("--seq", help="Sequence length (default: 2048 on a GPU, 256 on CPU).",
                                             show_default=False)] = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Sequences per step (default: 4 on a "
@@ -70,9 +80,9 @@ def model(
                                               show_default=False)] = None,
     warmup: Annotated[int | None, typer.Option("--warmup", help="Untimed steps first (default: 3 on a GPU, 2 on "
                                                "CPU).", show_default=False)] = None,
-    device: DeviceOpt = "auto",
-    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 (autocast) | fp32 (default: bf16 on a GPU, "
-                                              "fp32 on CPU).", show_default=False)] = None,
+    device: DeviceOpt = Device.AUTO,
+    dtype: Annotated[Dtype | None, choice(Dtype, "--dtype", "Precision, bf16 as autocast (default: bf16 on a "
+                                          "GPU, fp32 on CPU).", members=MODEL_DTYPES, show_default=False)] = None,
     compile_model: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile each model.")] = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -80,12 +90,17 @@ def model(
     with parameter counts and the ratio to the Transformer."""
     from diffsweep.bench.model import render, run_model
 
-    result = run_model(size=size, kinds=kind, backend=backend, seq=seq, micro_batch=micro_batch, steps=steps,
-                       warmup=warmup, device=device, dtype=dtype, compile_model=compile_model)
+    result = run_model(size=size, kinds=[k.value for k in kind] if kind else None, backend=backend.value, seq=seq,
+                       micro_batch=micro_batch, steps=steps, warmup=warmup, device=device.value,
+                       dtype=_value(dtype), compile_model=compile_model)
     if json_:
         print_json(result)
     else:
         render(result)
+
+
+def _value(dtype: Dtype | None) -> str | None:
+    return None if dtype is None else dtype.value
 
 
 def _check_out(out: Path | None) -> None:

@@ -1,6 +1,8 @@
-"""Shared CLI plumbing: loading a config from the command line, errors and warnings.
+"""Shared CLI plumbing: loading a config from the command line, closed choices, errors and warnings.
 
-Nothing here imports torch or mlflow.
+The library names the field (function argument, request attribute) at fault in a ``ConfigError``;
+each command maps those fields to the flags that set them (``handle_errors(flags=...)``), so the
+user reads the flag they typed. Nothing here imports torch or mlflow.
 """
 
 from __future__ import annotations
@@ -9,23 +11,106 @@ import functools
 import json
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, overload
 
 import typer
 
-from diffsweep.config import AttentionKind, Config, ConfigError, ConfigWarning, EnvironmentUnavailable, load_config
+from diffsweep.config import (
+    SIZES,
+    AttentionKind,
+    Config,
+    ConfigError,
+    ConfigWarning,
+    EnvironmentUnavailable,
+    load_config,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=StrEnum)
+Flags = Mapping[str, str]  # a library field (argument, request attribute) -> the flag that sets it
+
+
+def bad_choice(key: str, allowed: Iterable[str], value: Any, expected: str = "one of") -> NoReturn:
+    """The one-line usage error (exit 2) of a closed choice given a value outside it."""
+    fail(f"{key}: expected {expected} [{', '.join(allowed)}], got '{value}'")
+
+
+def _enum_parser(enum: type[E], key: str, members: tuple[E, ...] | None) -> Callable[[Any], E]:
+    """Parse a closed choice; a wrong value is the CLI's one-line usage error (exit 2), not Typer's box."""
+    def parse(value: Any) -> E:
+        allowed = members if members is not None else tuple(enum)
+        member = next((e for e in allowed if e == value), None)  # a member or its value (a StrEnum is a str)
+        if member is None:
+            bad_choice(key, (e.value for e in allowed), value)
+        return member
+
+    return parse
+
+
+def _option(flag: str, help: str, names: list[str], parse: Callable[[Any], Any], metavar: str | None,
+            **kw: Any) -> Any:
+    """The Typer option of a closed choice: ``{choices}`` in ``help`` becomes ``a | b | c`` (it wraps
+    between names, for long lists, with a short ``metavar``); otherwise the metavar lists them."""
+    return typer.Option(flag, help=help.replace("{choices}", " | ".join(names)), parser=parse,
+                        metavar=metavar or f"[{'|'.join(names)}]", **kw)
+
+
+def choice(enum: type[E], flag: str, help: str, *, key: str | None = None, members: Iterable[E] | None = None,
+           metavar: str | None = None, **kw: Any) -> Any:
+    """A Typer option for a StrEnum: its choices in the help, its members as values (a repeatable
+    option when annotated ``list[...]``). A wrong value is one line naming ``key`` (default: the
+    flag; an option that sets a config value names its dotted key, as the config's own error does);
+    ``members`` narrows the choice to some of the enum's members."""
+    subset = tuple(members) if members is not None else None
+    listed = subset if subset is not None else tuple(enum)
+    return _option(flag, help, [e.value for e in listed], _enum_parser(enum, key or flag, subset), metavar, **kw)
+
+
+def name_choice(names: Callable[[], Iterable[str]], flag: str, help: str, *, key: str | None = None,
+                expected: str = "one of", metavar: str | None = None, **kw: Any) -> Any:
+    """A Typer option for a closed choice of names held in a registry or a data table (schedulers,
+    size presets): the value stays a ``str``, checked against ``names()`` when the option is
+    given, so a name registered after start-up (a plug-in, a test) is accepted. The help lists the
+    names known when the CLI is imported."""
+    def parse(value: Any) -> str:
+        allowed = list(names())
+        if value not in allowed:
+            bad_choice(key or flag, allowed, value, expected)
+        return str(value)
+
+    return _option(flag, help, list(names()), parse, metavar, **kw)
+
+
+def rekeyed(exc: ConfigError, flags: Flags) -> ConfigError:
+    """``exc`` with the library's field replaced by the flag that sets it (same message)."""
+    return ConfigError(flags[exc.key], exc.message) if exc.key in flags else exc
+
+
+@contextmanager
+def flag_keys(flags: Flags) -> Iterator[None]:
+    """Re-key the library's ConfigErrors raised in the block from fields to flags (same message)."""
+    try:
+        yield
+    except ConfigError as exc:
+        new = rekeyed(exc, flags)
+        if new is exc:
+            raise
+        raise new from None
+
 
 ConfigArg = Annotated[
     Path | None, typer.Argument(help="Run config YAML (omit for the defaults).", show_default=False)
 ]
-SizeOpt = Annotated[str | None, typer.Option("--size", help="Size preset (see `diffsweep model sizes`).")]
+SizeOpt = Annotated[str | None, name_choice(lambda: SIZES, "--size", "Size preset: {choices} (see `diffsweep model "
+                                             "sizes`).", key="model.size", metavar="SIZE", show_default=False)]
 ArchOpt = Annotated[
-    str | None,
-    typer.Option("--arch", help=f"Attention kind: {' | '.join(k.value for k in AttentionKind)}.", show_default=False),
+    AttentionKind | None,
+    choice(AttentionKind, "--arch", "Attention kind: {choices}.", key="model.attention.kind", metavar="KIND",
+           show_default=False),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -38,17 +123,25 @@ EXIT_USAGE = 2  # bad input: config, file or flag the user can fix
 EXIT_ENVIRONMENT = 3  # valid input, but this machine lacks what it needs (GPU, package)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> None:
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print a one-line error to stderr and exit."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
-def handle_errors(fn: F) -> F:
+@overload
+def handle_errors(fn: F, *, flags: Flags | None = None) -> F: ...
+@overload
+def handle_errors(fn: None = None, *, flags: Flags | None = None) -> Callable[[F], F]: ...
+def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Callable[[F], F]:
     """Turn user-fixable errors into one line on stderr and exit code 2 (environment errors: 3),
-    without a traceback; print config warnings first, as ``warning:`` lines."""
+    without a traceback; print config warnings first, as ``warning:`` lines. ``flags`` maps the
+    fields the library's errors name to the command's flags (``@handle_errors(flags=...)``)."""
+    if fn is None:
+        return lambda f: handle_errors(f, flags=flags)
+    command = fn
 
-    @functools.wraps(fn)
+    @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         caught: list[warnings.WarningMessage] = []
         try:
@@ -56,17 +149,17 @@ def handle_errors(fn: F) -> F:
             # recording: ``warnings.showwarning`` inside it would append them back to the list.
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ConfigWarning)
-                return fn(*args, **kwargs)
+                return command(*args, **kwargs)
         except ConfigError as exc:
             _show(caught)
-            fail(str(exc), EXIT_USAGE)
+            fail(str(rekeyed(exc, flags or {})), EXIT_USAGE)
         except EnvironmentUnavailable as exc:
             _show(caught)
             fail(str(exc), EXIT_ENVIRONMENT)
         finally:
             _show(caught)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _show(caught: list[warnings.WarningMessage]) -> None:
@@ -79,17 +172,17 @@ def _show(caught: list[warnings.WarningMessage]) -> None:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
-def cli_overrides(size: str | None, arch: str | None, sets: list[str] | None) -> list[str]:
+def cli_overrides(size: str | None, arch: AttentionKind | None, sets: list[str] | None) -> list[str]:
     """The CLI's --size, --arch and --set as ``--set``-style overrides (later wins)."""
     overrides: list[str] = []
     if size is not None:
         overrides.append(f"model.size={size}")
     if arch is not None:
-        overrides.append(f"model.attention.kind={arch}")
+        overrides.append(f"model.attention.kind={arch.value}")
     return overrides + list(sets or [])
 
 
-def cli_config(config: Path | None, size: str | None, arch: str | None, sets: list[str] | None) -> Config:
+def cli_config(config: Path | None, size: str | None, arch: AttentionKind | None, sets: list[str] | None) -> Config:
     """Load a resolved config from the CLI's CONFIG, --size, --arch and --set (later wins)."""
     return load_config(config, cli_overrides(size, arch, sets))
 

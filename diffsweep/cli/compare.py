@@ -11,8 +11,11 @@ import typer
 from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
 
+# The library's fields at fault, as the flags that set them.
+FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level"}
 
-@handle_errors
+
+@handle_errors(flags=FLAGS)
 def compare(
     sweep: Annotated[Path, typer.Argument(help="Sweep YAML whose finished runs to compare.", show_default=False)],
     sets: Annotated[list[str] | None, typer.Option("--set", help="The --set overrides the sweep was launched with "

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import fail, handle_errors
+from diffsweep.cli.common import choice, fail, handle_errors
 from diffsweep.config import TokenizerKind
 
 app = typer.Typer(help="Prepare token datasets.", no_args_is_help=True)
@@ -37,7 +37,7 @@ def prepare(
                                                          show_default=False)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Dataset directory to create (default: data/demo "
                                              "with --demo).", show_default=False)] = None,
-    tokenizer: Annotated[TokenizerKind, typer.Option("--tokenizer", help="Tokenizer.")] = TokenizerKind.BPE,
+    tokenizer: Annotated[TokenizerKind, choice(TokenizerKind, "--tokenizer", "Tokenizer.")] = TokenizerKind.BPE,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of a trained bpe.")] = 4096,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each document kept for "
                                                 "validation.")] = 0.05,

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, fail, handle_errors, print_json
+from diffsweep.cli.common import JsonOpt, choice, flag_keys, handle_errors, print_json
 from diffsweep.config import ConfigError
 from diffsweep.scaling.choices import Axis, Count, Form, Holdout, Objective, TokenPoints
 from diffsweep.scaling.schema import CSV_SCHEMA
 
-E = TypeVar("E", bound=StrEnum)
 MAX_NOISE_SD = 1.0  # sd of log loss: a factor e of run-to-run scatter is no longer noise around a law
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -35,38 +31,8 @@ def parse_amount(text: str, flag: str = "--at") -> float:
 FLAGS = {"baseline": "--baseline", "candidates": "--candidate", "axis": "--axis", "form": "--form",
          "objective": "--objective", "count": "--count", "at": "--at", "shared_e": "--shared-e",
          "holdout": "--holdout", "token_points": "--token-points", "n_boot": "--boot", "level": "--level",
-         "seed": "--seed", "noise_sd": "--noise-sd", "run_sd": "--run-sd", "out": "--out"}
-
-
-@contextmanager
-def _flags() -> Iterator[None]:
-    """Re-key the library's ConfigErrors from fields to the flags that set them (same message)."""
-    try:
-        yield
-    except ConfigError as exc:
-        if exc.key in FLAGS:
-            raise ConfigError(FLAGS[exc.key], exc.message) from None
-        raise
-
-
-def _enum_parser(enum: type[E], flag: str) -> Callable[[Any], E]:
-    """Parse a closed choice; a wrong value is the CLI's one-line usage error (exit 2), not Typer's box."""
-    def parse(value: Any) -> E:
-        if isinstance(value, enum):
-            return value
-        try:
-            return enum(value)
-        except ValueError:
-            fail(f"{flag}: expected one of [{', '.join(e.value for e in enum)}], got '{value}'")
-            raise AssertionError("unreachable") from None  # fail() exits
-
-    return parse
-
-
-def choice(enum: type[E], flag: str, help: str, **kw: Any) -> Any:
-    """A Typer option for a StrEnum: its choices in the help, its members as values."""
-    return typer.Option(flag, help=help, parser=_enum_parser(enum, flag),
-                        metavar=f"[{'|'.join(e.value for e in enum)}]", **kw)
+         "seed": "--seed", "noise_sd": "--noise-sd", "run_sd": "--run-sd", "out": "--out",
+         "experiment": "--experiment", "sweep": "--sweep", "where": "--where"}
 
 
 @handle_errors
@@ -137,7 +103,7 @@ def fit(
         at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e, holdout=holdout is Holdout.LARGEST,
         token_points=token_points, n_boot=boot, level=level, seed=seed, noise_sd=noise_sd, run_sd=run_sd)
     source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
-    with _flags():
+    with flag_keys(FLAGS):
         outcome = run_fit(source, request, out, log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, fail, handle_errors
+from diffsweep.cli.common import JsonOpt, fail, handle_errors, name_choice
 from diffsweep.config.units import human
+from diffsweep.launch.scheduler import scheduler_names
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from rich.console import Console
+
+    from diffsweep.launch.api import LaunchReport, Reconciled, SweepTarget
+    from diffsweep.launch.progress import Snapshot
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
                                                 "YAML path (default: the sweep's launch.profile, else automatic).",
                                                 show_default=False)]
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="slurm | local, or a scheduler a package "
-                                                 "registers (default: the profile's; without a profile, slurm if "
-                                                 "a Slurm controller answers, else local).",
-                                                 show_default=False)]
+ExecutorOpt = Annotated[str | None, name_choice(scheduler_names, "--executor", "Where jobs run: a registered "
+                                                "scheduler, a package's included (default: the profile's; without a "
+                                                "profile, slurm if a Slurm controller answers, else local).",
+                                                show_default=False)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex.",
                                              show_default=False)]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Sweep output directory (ledger, run dirs, logs) "
@@ -35,20 +44,26 @@ SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell lin
 SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
                                                        "--set model.size=tiny-m (repeatable; not a key the sweep's "
                                                        "grid, zip, runs, seeds or derive set).", show_default=False)]
+# The library's fields at fault, as the flags that set them (the store's experiment: the sweep's, as before).
+FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "--budget", "attempt": "--attempt",
+         "experiment": "--experiment"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
-WAIT_POLL_S = 2.0  # launch --wait: how often it looks at the sweep
-WAIT_EVERY_S = 30.0  # ... and, printing plain lines, how often it repeats the summary without a change
+WAIT_EVERY_S = 30.0  # launch --wait, printing plain lines: how often it repeats the summary without a change
 
 
-def _plan(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          slurm: list[str] | None = None, setup: list[str] | None = None, sets: list[str] | None = None):
-    from diffsweep.launch.plan import choose_profile, make_plan, output_dir
-    from diffsweep.launch.profiles import with_overrides
+def _target(sweep: Path, profile: str | None = None, executor: str | None = None, only: str | None = None,
+            out: Path | None = None, slurm: list[str] | None = None, setup: list[str] | None = None,
+            sets: list[str] | None = None) -> SweepTarget:
+    """The sweep file, parsed once for the whole command, and the command line's choices."""
+    from diffsweep.launch.api import SweepTarget
     from diffsweep.sweep import load_sweep
 
-    spec = load_sweep(sweep, sets or ())
-    chosen = with_overrides(choose_profile(spec, profile, executor), slurm, setup)
-    return make_plan(spec, chosen, output_dir(spec, out), only=only)
+    return SweepTarget(spec=load_sweep(sweep, sets or ()), out=out, profile=profile, executor=executor, only=only,
+                       slurm=tuple(slurm or ()), setup=tuple(setup or ()))
+
+
+def _stderr(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _submitted(r, status: bool):
@@ -166,7 +181,7 @@ def _warn(plan) -> None:
         typer.echo(f"warning: {w}", err=True)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def plan(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -186,10 +201,9 @@ def plan(
     launched), job and state (new, pending, running, done, failed, cancelled, changed, unknown),
     plus the sweep's total GPU-hours, and the launched runs the sweep no longer makes (orphaned).
     """
-    from diffsweep.launch.scheduler import get_scheduler
+    from diffsweep.launch.api import plan_sweep
 
-    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
-    get_scheduler(p.profile.executor).check_plan(p)
+    p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
     _warn(p)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor,
@@ -203,7 +217,7 @@ def plan(
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def launch(
     sweep: SweepArg,
     executor: ExecutorOpt = None,
@@ -228,75 +242,60 @@ def launch(
     New, changed, failed (within the retry budget) and cancelled runs are submitted; finished runs
     are skipped and running ones left alone, so launching again is always safe.
     """
-    from diffsweep.launch.plan import output_dir
-    from diffsweep.launch.submit import launch_lock
-    from diffsweep.sweep import load_sweep
-
-    with launch_lock(output_dir(load_sweep(sweep, sets or ()), out)):
-        _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets)
-    if wait:
-        _wait(sweep, profile, executor, only, out, slurm, setup, sets)
-
-
-def _launch(sweep, executor, profile, dry_run, max_parallel, only, out, budget, retries, slurm, setup, sets) -> None:
     import os
 
-    from diffsweep.launch.submit import check_launch, select
-    from diffsweep.launch.submit import launch as submit
-    from diffsweep.store import tracking_uri
+    from diffsweep.launch.api import launch_sweep
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
+    target = _target(sweep, profile, executor, only, out, slurm, setup, sets)
+    report = launch_sweep(target, dry_run=dry_run, max_parallel=max_parallel, budget=budget, retries=retries,
+                          warn=_stderr, echo=typer.echo, on_reconciled=_echo_reconciled, on_planned=_warn,
+                          on_selected=_render_selection)
+    if not dry_run and report.selection.submit:
+        again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
+        typer.echo(f"launched {len(report.submitted)} runs on {report.where}; follow with: diffsweep status "
+                   f"{sweep}{again}")
+    if wait:
+        _wait(target, sweep)
 
-    if not dry_run:
-        _reconcile(sweep, profile, executor, out)  # jobs that died unreported become failed (retryable)
-    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
-    _warn(p)
-    sel = select(p, p.spec.launch.max_retries if retries is None else retries)
-    check_launch(p, sel, budget)
+
+def _render_selection(report: LaunchReport) -> None:
+    """What a launch is about to do, before it submits: skipped and orphaned runs, and in a dry run
+    what it would submit; else "nothing to submit" when that is so."""
+    p, sel = report.plan, report.selection
     for r, why in sel.skip:
         typer.echo(f"skip {r.run.name}: {why}")
     for o in p.orphans:
         typer.echo(f"orphaned {o.entry.name} ({o.entry.key}, {_state(o.state)}): {_orphan_why(o)}; left as it is")
-    cost = sum(r.estimate.gpu_hours for r in sel.submit)
-    if dry_run:
+    if report.dry_run:
         for r in sel.submit:
             typer.echo(f"would submit {r.run.name} ({r.run.key}, {r.state.state}): {r.estimate.resources.describe()}")
-        typer.echo(f"dry run: {len(sel.submit)} runs, {cost:,.1f} GPU-hours on {p.profile.name}; nothing submitted")
-        return
-    if not sel.submit:
+        typer.echo(f"dry run: {len(sel.submit)} runs, {report.gpu_hours:,.1f} GPU-hours on {p.profile.name}; "
+                   "nothing submitted")
+    elif not sel.submit:
         typer.echo(f"nothing to submit ({', '.join(f'{n} {s}' for s, n in sorted(p.counts().items()))})")
-    else:
-        parallel = max_parallel or p.spec.launch.max_parallel
-        submitted = submit(p, sel, max_parallel=parallel, tracking_uri=tracking_uri(), echo=typer.echo)
-        from diffsweep.launch.scheduler import get_scheduler
-
-        where = get_scheduler(p.profile.executor).label
-        again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
-        typer.echo(f"launched {len(submitted)} runs on {where}; follow with: diffsweep status {sweep}{again}")
 
 
-def _wait(sweep: Path, profile: str | None, executor: str | None, only: str | None, out: Path | None,
-          slurm: list[str] | None, setup: list[str] | None, sets: list[str] | None) -> None:
+def _wait(target: SweepTarget, sweep: Path) -> None:
     """Until no run is pending or running: progress bars on a terminal, plain lines otherwise."""
     from rich.console import Console
 
-    from diffsweep.launch.progress import snapshot
+    from diffsweep.launch.api import watch_sweep
 
     console = Console()
     watch = _wait_bars if console.is_terminal else _wait_lines
-    last = watch(lambda: snapshot(_plan(sweep, profile, executor, only, out, slurm, setup, sets)), console)
+    last = watch(watch_sweep(target), console)
     if any(s != "done" for s in last.counts):
         fail(f"not every run finished ({last.summary()}); see `diffsweep status {sweep}`", 1)
 
 
-def _wait_lines(poll, console):
+def _wait_lines(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:
     """Plain lines (logs, pipes): each state change, and the counts with each running run's step
     on a change or at most every WAIT_EVERY_S seconds."""
     from diffsweep.launch.progress import changes
 
     before, printed = None, 0.0
-    while True:
-        now = poll()
+    for now in snapshots:
         stamp = time.strftime("%H:%M:%S")
         moved = changes(before, now)
         for line in moved:
@@ -306,13 +305,11 @@ def _wait_lines(poll, console):
             for line in now.running_lines():
                 typer.echo(line)
             printed = time.monotonic()
-        if not now.active:
-            return now
         before = now
-        time.sleep(WAIT_POLL_S)
+    return before
 
 
-def _wait_bars(poll, console):
+def _wait_bars(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:
     """rich progress bars (a terminal): the sweep's ended runs, and one bar per running run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
@@ -323,8 +320,7 @@ def _wait_bars(poll, console):
     with Progress(*columns, console=console) as bars:
         sweep_bar, before = bars.add_task("sweep", total=None, note=""), None
         run_bars: dict[str, TaskID] = {}
-        while True:
-            now = poll()
+        for now in snapshots:
             for line in changes(before, now):
                 bars.console.print(f"[{time.strftime('%H:%M:%S')}] {line}", markup=False, highlight=False)
             ended = sum(r.state not in ACTIVE_STATES for r in now.runs)
@@ -337,13 +333,11 @@ def _wait_bars(poll, console):
                     run_bars[name] = bars.add_task(f"  {name}", total=r.total, note="")
                 bars.update(run_bars[name], completed=r.step or 0, total=r.total,
                             note=f"~{duration(r.hours_left)} left")
-            if not now.active:
-                return now
             before = now
-            time.sleep(WAIT_POLL_S)
+    return before
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def status(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -362,47 +356,39 @@ def status(
     reason, running with its step, failed with the reason the job recorded. Runs whose job died without
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
-    marked = _reconcile(sweep, profile, executor, out)
-    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
+    from diffsweep.launch.api import sweep_status
+
+    report = sweep_status(_target(sweep, profile, executor, only, out, slurm, setup, sets), warn=_stderr,
+                          on_reconciled=_echo_reconciled)
+    p = report.plan
     if json_:
-        _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(), "reconciled": marked,
+        _print_compact({"sweep": p.spec.name, "out": str(p.out), "counts": p.counts(),
+                        "reconciled": [m.to_dict() for m in report.reconciled],
                         "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, True) for r in p.runs]})
     else:
         _render(p, all_, status=True)
 
 
-def _reconcile(sweep: Path, profile: str | None, executor: str | None, out: Path | None) -> list[dict]:
-    from diffsweep.launch.ledger import locked, read_ledger, write_ledger
-    from diffsweep.launch.plan import output_dir
-    from diffsweep.launch.state import reconcile as mark
-    from diffsweep.launch.state import scheduler_states
-    from diffsweep.sweep import load_sweep
-
-    spec = load_sweep(sweep)
-    directory = output_dir(spec, out)
-    if read_ledger(directory) is None:
-        return []
-    with locked(directory):
-        ledger = read_ledger(directory)
-        marked = mark(ledger, directory, scheduler_states(ledger), warn=lambda m: typer.echo(m, err=True))
-        write_ledger(directory, ledger)  # also records MLflow run ids
-    for entry, state, status_ in marked:
-        typer.echo(f"reconciled {entry.name}: job {entry.latest.job_id} ended as {state}; MLflow run marked {status_}",
-                   err=True)
-    return [{"name": e.name, "key": e.key, "scheduler_state": s, "mlflow_status": m} for e, s, m in marked]
+def _echo_reconciled(marked: list[Reconciled]) -> None:
+    for m in marked:
+        typer.echo(f"reconciled {m.name}: job {m.job_id} ended as {m.scheduler_state}; MLflow run marked "
+                   f"{m.mlflow_status}", err=True)
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
     """Mark runs whose job died unreported as FAILED/KILLED in MLflow.
 
     The reason recorded is the scheduler's state for the job (e.g. NODE_FAIL, OUT_OF_MEMORY).
     """
-    marked = _reconcile(sweep, None, None, out)
+    from diffsweep.launch.api import reconcile_sweep
+
+    marked = reconcile_sweep(_target(sweep, out=out), warn=_stderr)
+    _echo_reconciled(marked)
     typer.echo(f"reconciled {len(marked)} runs")
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def cancel(
     sweep: SweepArg,
     only: OnlyOpt = None,
@@ -417,20 +403,15 @@ def cancel(
 
     Jobs save a checkpoint at the step boundary before they stop: launching again resumes them.
     """
-    from diffsweep.launch.control import cancel as stop
-    from diffsweep.launch.control import require_launched
-    from diffsweep.launch.submit import launch_lock
+    from diffsweep.launch.api import cancel_sweep
 
-    p = _plan(sweep, profile, executor, only, out, slurm, setup, sets)
-    require_launched(p)  # before the lock: a sweep never launched is refused with nothing created
-    with launch_lock(p.out, "cancel"):
-        cancelled = stop(p)
-    for name in cancelled:
+    report = cancel_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets))
+    for name in report.cancelled:
         typer.echo(f"cancelled {name}")
-    typer.echo(f"cancelled {len(cancelled)} runs")
+    typer.echo(f"cancelled {len(report.cancelled)} runs")
 
 
-@handle_errors
+@handle_errors(flags=FLAGS)
 def logs(
     run: Annotated[str, typer.Argument(help="The run: its name or key (prefix) as plan/status show them, its run "
                                        "directory's name, or its MLflow run name.", show_default=False)],

@@ -18,7 +18,7 @@ ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from th
                                                 "directory; default: the run's newest, if any).", show_default=False)]
 
 
-@handle_errors
+@handle_errors(flags={"experiment": "--experiment"})  # the store's field at fault, as the flag that sets it
 def train(
     config: ConfigArg = None,
     size: SizeOpt = None,

@@ -40,15 +40,15 @@ def check_slurm() -> None:
     """A Slurm controller must answer before anything is written or submitted."""
     for tool in ("sbatch", "squeue", "scancel", "sinfo"):
         if shutil.which(tool) is None:
-            raise ConfigError("--executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
+            raise ConfigError("executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
                               "local, or run where Slurm is installed")
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigError("--executor", f"slurm: sinfo failed ({exc})") from None
+        raise ConfigError("executor", f"slurm: sinfo failed ({exc})") from None
     if out.returncode != 0:
         first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        raise ConfigError("--executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
+        raise ConfigError("executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
 
 
 def partitions() -> dict[str, list[str]]:

@@ -105,7 +105,7 @@ def select_attempts(entry: Entry, which: str | None) -> list[int]:
     if which == "all":
         return list(range(1, n + 1))
     if not which.isdigit() or not 1 <= int(which) <= n:
-        raise ConfigError("--attempt", f"expected a number from 1 to {n} (the attempts of {entry.name}) or 'all', "
+        raise ConfigError("attempt", f"expected a number from 1 to {n} (the attempts of {entry.name}) or 'all', "
                           f"got {which!r}")
     return [int(which)]
 

@@ -93,7 +93,7 @@ def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -
     else:
         chosen = (named or detect_scheduler()).default_profile()
     if named is not None and chosen.executor != named.name:
-        raise ConfigError("--executor", f"{executor} disagrees with profile {chosen.name!r} "
+        raise ConfigError("executor", f"{executor} disagrees with profile {chosen.name!r} "
                           f"(executor: {chosen.executor}); pick a {executor} profile with --profile")
     return chosen
 
@@ -102,7 +102,7 @@ def output_dir(spec: SweepSpec, out: Path | None) -> Path:
     """``--out``, else the sweep's ``launch.output``, else ``runs/<sweep name>`` beside the sweep
     file (absolute)."""
     if out is not None:
-        path, key = out.absolute(), "--out"
+        path, key = out.absolute(), "out"
     elif spec.launch.output is not None:
         path, key = Path(spec.launch.output).absolute(), f"{spec.path}: launch.output"
     else:
@@ -134,16 +134,16 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
     try:
         pattern = re.compile(only or "")
     except re.error as exc:
-        raise ConfigError("--only", f"not a valid regular expression ({exc})") from None
+        raise ConfigError("only", f"not a valid regular expression ({exc})") from None
     runs = [r for r in expansion.runs if pattern.search(r.name) or pattern.search(r.key)]
     ledger = read_ledger(out)
     if ledger is not None and ledger.sweep != spec.name:
-        raise ConfigError("--out", f"{out} holds sweep {ledger.sweep!r}, not {spec.name!r}; use another --out")
+        raise ConfigError("out", f"{out} holds sweep {ledger.sweep!r}, not {spec.name!r}; use another --out")
     planned = {r.key for r in expansion.runs}
     gone = sorted((e for e in (ledger.entries.values() if ledger else []) if e.key not in planned
                    and (pattern.search(e.name) or pattern.search(e.key))), key=lambda e: (e.name, e.key))
     if not runs and not gone:
-        raise ConfigError("--only", f"{only!r} matches no run of {spec.path}")
+        raise ConfigError("only", f"{only!r} matches no run of {spec.path}")
     scheduler = scheduler_states(ledger)
     runs_dir = out / "runs"
     existing = {p.name for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()

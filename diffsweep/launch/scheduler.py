@@ -152,7 +152,7 @@ def scheduler_names() -> list[str]:
     return [*_registered, *(n for n in _entry_points() if n not in _registered)]
 
 
-def get_scheduler(name: str, key: str = "--executor") -> Scheduler:
+def get_scheduler(name: str, key: str = "executor") -> Scheduler:
     """The scheduler registered as ``name``; an unknown name is a ``ConfigError`` on ``key``
     listing the known ones."""
     if name in _instances:
@@ -176,4 +176,4 @@ def detect_scheduler() -> Scheduler:
     for scheduler in candidates:
         if scheduler.available():
             return scheduler
-    raise ConfigError("--executor", f"no scheduler is available here; expected one of [{', '.join(scheduler_names())}]")
+    raise ConfigError("executor", f"no scheduler is available here; expected one of [{', '.join(scheduler_names())}]")

@@ -51,7 +51,7 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
     """Everything that can be checked before submitting; raises ConfigError/EnvironmentUnavailable."""
     cost = sum(r.estimate.gpu_hours for r in sel.submit)
     if budget is not None and cost > budget:
-        raise ConfigError("--budget", f"launching {len(sel.submit)} runs needs about {cost:,.1f} GPU-hours, over "
+        raise ConfigError("budget", f"launching {len(sel.submit)} runs needs about {cost:,.1f} GPU-hours, over "
                           f"the budget of {budget:,.1f}")
     get_scheduler(plan.profile.executor).check_launch(plan)
     if not sel.submit:
@@ -87,7 +87,7 @@ def launch_lock(out: Path, what: str = "launch") -> Iterator[None]:
     A sweep directory this creates is removed again if nothing was launched into it (no
     ledger), so a refused or failed launch leaves nothing behind."""
     fresh = not out.exists()
-    with lockfile.hold(out / LAUNCH_LOCK, what, "--out", f"another launch or cancel of {out} is in progress"):
+    with lockfile.hold(out / LAUNCH_LOCK, what, "out", f"another launch or cancel of {out} is in progress"):
         try:
             yield
         finally:

@@ -109,7 +109,7 @@ def parse_where(items: list[str]) -> list[tuple[str, str, object]]:
         op = "!=" if "!=" in item else "="
         key, sep, value = item.partition(op)
         if not sep or not key.strip():
-            raise ConfigError("--where", f"expected KEY=VALUE or KEY!=VALUE, got '{item}'")
+            raise ConfigError("where", f"expected KEY=VALUE or KEY!=VALUE, got '{item}'")
         out.append((key.strip(), op, _typed(value.strip())))
     return out
 
@@ -144,12 +144,12 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
 
     filters = parse_where(where or [])
     if sweep is not None and not NAME_RE.match(sweep):  # it goes into a search filter string below
-        raise ConfigError("--sweep", f"expected a sweep name ([A-Za-z0-9._-], as in its sweep file), got {sweep!r}")
+        raise ConfigError("sweep", f"expected a sweep name ([A-Za-z0-9._-], as in its sweep file), got {sweep!r}")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = sorted(e.name for e in client.search_experiments())
-        raise ConfigError("--experiment", f"no experiment '{experiment}' in {uri}; experiments there: "
+        raise ConfigError("experiment", f"no experiment '{experiment}' in {uri}; experiments there: "
                           f"{', '.join(names) or 'none'}")
     query = f"tags.`diffsweep.sweep` = '{sweep}'" if sweep else ""
     runs: list = []
@@ -170,7 +170,7 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
     if not runs:
         hint = (f"; {stale} run(s) of the sweep have other run keys (an earlier version of the sweep file, or "
                 "launched with other --set overrides: pass the same --set to fit)") if stale else ""
-        raise ConfigError("--where" if where else "--sweep" if sweep else "--experiment",
+        raise ConfigError("where" if where else "sweep" if sweep else "experiment",
                           f"no runs match ({what}){hint}")
     if stale:
         warnings.warn(TableWarning(f"left out {stale} run(s) that are not in the sweep file's current expansion "
@@ -181,7 +181,7 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
         warnings.warn(TableWarning(f"left out {len(runs) - len(finished)} unfinished run(s) ("
                                    + ", ".join(f"{n} {s}" for s, n in states.items()) + ")"))
     if not finished:
-        raise ConfigError("--experiment", f"none of the {len(runs)} matching runs has finished ({what})")
+        raise ConfigError("experiment", f"none of the {len(runs)} matching runs has finished ({what})")
     rows, latest = [], {}
     for run in sorted(finished, key=lambda r: r.info.end_time or 0):
         key = run.data.tags.get("diffsweep.run_key", run.info.run_id)

@@ -210,7 +210,7 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
     rows = sweep_rows(runs)
     labels = [r.label for r in rows]
     if baseline is not None and baseline not in labels:
-        raise ConfigError("--baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
+        raise ConfigError("baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found: list[Run] = []
@@ -235,7 +235,7 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
     have = sorted({m for run in latest.values() for m in run.data.metrics})
     if metric not in have:
         shown = ", ".join(have[:40]) + (f", ... ({len(have) - 40} more)" if len(have) > 40 else "")
-        raise ConfigError("--metric", f"no finished run of {spec.name} logged '{metric}'; they have: {shown}")
+        raise ConfigError("metric", f"no finished run of {spec.name} logged '{metric}'; they have: {shown}")
     read, missing = [], []
     for row in rows:
         names, ids, seeds, values = [], [], [], []
@@ -261,7 +261,7 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric:
     if baseline is None:
         baseline = read[0].label
     elif baseline in missing:
-        raise ConfigError("--baseline", f"row {baseline} has no finished run with {metric}; rows that have: "
+        raise ConfigError("baseline", f"row {baseline} has no finished run with {metric}; rows that have: "
                           f"[{', '.join(r.label for r in read)}]")
     comparison = compare_rows({r.label: r.values for r in read}, baseline, level, unit=_unit(metric))
     return SweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, rows=tuple(read),

@@ -50,7 +50,7 @@ def test_hold_writes_the_holder_and_leaves_nothing_behind(tmp_path):
 def test_a_live_holder_on_this_host_is_refused_naming_it(tmp_path, sleeper):
     path = tmp_path / ".x.lock"
     write_lock(path, pid=sleeper.pid, start=proc_start(sleeper.pid))
-    with pytest.raises(LockBusy, match=rf"--out: busy \(launch on host {socket.gethostname()}, pid {sleeper.pid}, "
+    with pytest.raises(LockBusy, match=rf"out: busy \(launch on host {socket.gethostname()}, pid {sleeper.pid}, "
                                        r"since .*\); wait for it to end"):
         with hold(path, "launch", "--out", "busy"):
             pass

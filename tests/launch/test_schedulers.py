@@ -75,7 +75,7 @@ def test_builtin_schedulers_are_registered_in_order():
 def test_an_unknown_scheduler_is_an_error_listing_the_known_ones(tmp_path):
     with pytest.raises(ConfigError) as caught:
         choose_profile(sweep(tmp_path), None, "pbs")
-    assert (caught.value.key, caught.value.message) == ("--executor", "expected one of [slurm, local], got 'pbs'")
+    assert (caught.value.key, caught.value.message) == ("executor", "expected one of [slurm, local], got 'pbs'")
     with pytest.raises(ConfigError) as caught:
         parse_profile({"executor": "pbs"}, "p.yaml", "p")
     assert caught.value.key == "p.yaml: executor"

@@ -1,0 +1,198 @@
+"""The sweep commands as library functions over a sweep parsed once.
+
+``plan_sweep``, ``sweep_status``, ``reconcile_sweep``, ``launch_sweep``, ``cancel_sweep`` and
+``watch_sweep`` take a ``SweepTarget`` (the parsed sweep and where it runs) and return typed
+reports; ``diffsweep plan | launch | status | cancel | reconcile`` parse the command line, call
+one of them and render the report. Errors name the argument at fault (``executor``, ``out``,
+``only``, ``budget``); the CLI shows them as its flags.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from diffsweep.launch.ledger import Attempt, locked, read_ledger, write_ledger
+from diffsweep.launch.plan import RunPlan, SweepPlan, choose_profile, make_plan, output_dir
+from diffsweep.launch.profiles import with_overrides
+from diffsweep.launch.progress import Snapshot, snapshot
+from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.state import reconcile as mark_ended
+from diffsweep.launch.state import scheduler_states
+from diffsweep.launch.submit import Selection, check_launch, launch_lock, select
+from diffsweep.launch.submit import launch as submit
+from diffsweep.sweep import SweepSpec
+
+WATCH_POLL_S = 2.0  # watch_sweep: how often it looks at the sweep
+
+
+@dataclass(frozen=True)
+class SweepTarget:
+    """A sweep, parsed once per command, and the command line's choices about where it runs.
+
+    ``out``: the sweep output directory (default: the sweep's ``launch.output``, else
+    ``runs/<name>`` beside the sweep file); ``profile``/``executor``: the cluster profile or
+    scheduler (default: the sweep's, else automatic); ``only``: a regex selecting runs by name or
+    key; ``slurm``/``setup``: the profile's ``KEY=VALUE`` overrides and extra setup lines."""
+
+    spec: SweepSpec
+    out: Path | None = None
+    profile: str | None = None
+    executor: str | None = None
+    only: str | None = None
+    slurm: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+
+    def output_dir(self) -> Path:
+        """The sweep output directory (ledger, run directories, logs), absolute."""
+        return output_dir(self.spec, self.out)
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """A run whose job ended without reporting, now marked in MLflow."""
+
+    name: str
+    key: str
+    job_id: str | None
+    scheduler_state: str  # the scheduler's word for how the job ended (NODE_FAIL, OUT_OF_MEMORY, ...)
+    mlflow_status: str  # FAILED or KILLED
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "key": self.key, "scheduler_state": self.scheduler_state,
+                "mlflow_status": self.mlflow_status}
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """``sweep_status``: each run's state (the plan), after reconciling jobs that died unreported."""
+
+    plan: SweepPlan
+    reconciled: list[Reconciled]
+
+
+@dataclass
+class LaunchReport:
+    """``launch_sweep``: what was selected (``selection.submit``; ``selection.skip`` with why) and,
+    unless a dry run or nothing needed it, what was submitted (run, ledger attempt)."""
+
+    plan: SweepPlan
+    selection: Selection
+    reconciled: list[Reconciled]
+    dry_run: bool
+    where: str  # the scheduler as messages name it ("Slurm", "the local queue")
+    submitted: list[tuple[RunPlan, Attempt]] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        """The selected runs' estimated GPU-hours."""
+        return sum(r.estimate.gpu_hours for r in self.selection.submit)
+
+
+@dataclass(frozen=True)
+class CancelReport:
+    """``cancel_sweep``: the names of the runs told to stop."""
+
+    plan: SweepPlan
+    cancelled: list[str]
+
+
+def plan_sweep(target: SweepTarget, *, check: bool = False) -> SweepPlan:
+    """Expand, estimate and read the state of every run (submits nothing). ``check``: also what
+    ``diffsweep plan`` checks with the scheduler (a profile of another cluster is planned only)."""
+    chosen = choose_profile(target.spec, target.profile, target.executor)
+    chosen = with_overrides(chosen, list(target.slurm), list(target.setup))
+    plan = make_plan(target.spec, chosen, target.output_dir(), only=target.only)
+    if check:
+        get_scheduler(plan.profile.executor).check_plan(plan)
+    return plan
+
+
+def reconcile_sweep(target: SweepTarget, warn: Callable[[str], None] = print) -> list[Reconciled]:
+    """Mark the runs whose job ended without reporting as FAILED/KILLED in MLflow (the reason: the
+    scheduler's state for the job) and record MLflow run ids in the ledger; a sweep never
+    launched has none. ``warn`` gets what could not be marked."""
+    directory = target.output_dir()
+    if read_ledger(directory) is None:
+        return []
+    with locked(directory):
+        ledger = read_ledger(directory)
+        marked = mark_ended(ledger, directory, scheduler_states(ledger), warn=warn)
+        write_ledger(directory, ledger)  # also records MLflow run ids
+    return [Reconciled(name=e.name, key=e.key, job_id=e.latest.job_id if e.latest else None, scheduler_state=s,
+                       mlflow_status=m) for e, s, m in marked]
+
+
+def sweep_status(target: SweepTarget, warn: Callable[[str], None] = print,
+                 on_reconciled: Callable[[list[Reconciled]], None] | None = None) -> StatusReport:
+    """Each run's state, job and resources as submitted, and the orphaned runs; jobs that died
+    without reporting are reconciled first (``on_reconciled`` gets them then, before planning)."""
+    reconciled = reconcile_sweep(target, warn)
+    if on_reconciled is not None:
+        on_reconciled(reconciled)
+    return StatusReport(plan=plan_sweep(target), reconciled=reconciled)
+
+
+def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: int | None = None,
+                 budget: float | None = None, retries: int | None = None, tracking_uri: str | None = None,
+                 warn: Callable[[str], None] = print, echo: Callable[[str], None] = print,
+                 on_reconciled: Callable[[list[Reconciled]], None] | None = None,
+                 on_planned: Callable[[SweepPlan], None] | None = None,
+                 on_selected: Callable[[LaunchReport], None] | None = None) -> LaunchReport:
+    """Submit the runs that need it: new, changed, failed (within ``retries``, default the sweep's
+    ``launch.max_retries``) and cancelled ones; finished runs are skipped and running ones left
+    alone, so launching again is always safe. Refuses a launch over ``budget`` GPU-hours.
+
+    Holds the sweep's launch lock throughout. Jobs that died unreported are reconciled first (not
+    in a ``dry_run``, which submits nothing). A caller that shows progress as it happens gets each
+    step's result before the next step can fail: ``on_reconciled`` the runs reconciled,
+    ``on_planned`` the plan (its ``warnings``), ``on_selected`` the report once the runs are
+    selected and checked, before anything is submitted; ``echo`` the scheduler's lines while it
+    submits."""
+    with launch_lock(target.output_dir()):
+        reconciled = [] if dry_run else reconcile_sweep(target, warn)  # died unreported: failed, retryable
+        if on_reconciled is not None and not dry_run:
+            on_reconciled(reconciled)
+        plan = plan_sweep(target)
+        if on_planned is not None:
+            on_planned(plan)
+        selection = select(plan, plan.spec.launch.max_retries if retries is None else retries)
+        check_launch(plan, selection, budget)
+        report = LaunchReport(plan=plan, selection=selection, reconciled=reconciled, dry_run=dry_run,
+                              where=get_scheduler(plan.profile.executor).label)
+        if on_selected is not None:
+            on_selected(report)
+        if dry_run or not selection.submit:
+            return report
+        if tracking_uri is None:
+            from diffsweep.store import tracking_uri as default_uri
+
+            tracking_uri = default_uri()
+        report.submitted = submit(plan, selection, max_parallel=max_parallel or plan.spec.launch.max_parallel,
+                                  tracking_uri=tracking_uri, echo=echo)
+    return report
+
+
+def cancel_sweep(target: SweepTarget) -> CancelReport:
+    """Cancel the pending and running runs (those ``only`` selects), orphaned ones included; jobs
+    save a checkpoint first, so launching again resumes them. A sweep never launched is an error."""
+    from diffsweep.launch.control import cancel, require_launched
+
+    plan = plan_sweep(target)
+    require_launched(plan)  # before the lock: a sweep never launched is refused with nothing created
+    with launch_lock(plan.out, "cancel"):
+        cancelled = cancel(plan)
+    return CancelReport(plan=plan, cancelled=cancelled)
+
+
+def watch_sweep(target: SweepTarget, poll_s: float = WATCH_POLL_S) -> Iterator[Snapshot]:
+    """Where every run stands, every ``poll_s`` seconds, until no run is pending or running (the
+    last snapshot is the first with none)."""
+    while True:
+        now = snapshot(plan_sweep(target))
+        yield now
+        if not now.active:
+            return
+        time.sleep(poll_s)
