@@ -1,4 +1,4 @@
-"""Calibrate ``diffsweep.model.memory.estimate`` against measured peak memory of tiny models on CPU.
+"""Calibrate ``diffsweep.model.memory.estimate_memory`` against measured peak memory of tiny models on CPU.
 
 Each case runs in a fresh subprocess: a warm-up step on a throw-away tiny-3xs model (loads kernels
 and thread pools), then the case's model is built with ``build_model`` and its AdamW optimizer
@@ -75,7 +75,7 @@ def run_case(size: str, kind: str, micro: int, checkpointing: bool) -> dict:
     import torch
 
     from diffsweep.config.loading import load_config
-    from diffsweep.model.memory import estimate
+    from diffsweep.model.memory import estimate_memory
     from diffsweep.model.transformer import build_model
 
     torch.set_num_threads(1)
@@ -101,7 +101,7 @@ def run_case(size: str, kind: str, micro: int, checkpointing: bool) -> dict:
     _reset_peak_rss()
     _train(config, model, steps=2, micro_batches=2)
     measured = _peak_rss_bytes() - baseline
-    e = estimate(config, world_size=1, gpu_memory_bytes=0, device="cpu")
+    e = estimate_memory(config, world_size=1, gpu_memory_bytes=0, device="cpu")
     return {"size": size, "kind": kind, "micro": micro, "seq_len": config.train.seq_len, "checkpointing": checkpointing,
             "params": e.params, "grads": e.grads, "optimizer": e.optimizer, "activations": e.activations,
             "logits": e.logits, "estimate_total": e.total, "estimate_excl_params": e.total - e.params,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffsweep.launch.ledger import Attempt, locked, read_ledger, write_ledger
-from diffsweep.launch.plan import RunPlan, SweepPlan, choose_profile, make_plan, output_dir
+from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan, output_dir
 from diffsweep.launch.profiles import with_overrides
 from diffsweep.launch.progress import Snapshot, snapshot
 from diffsweep.launch.scheduler import get_scheduler
@@ -83,7 +83,7 @@ class LaunchReport:
     reconciled: list[Reconciled]
     dry_run: bool
     where: str  # the scheduler as messages name it ("Slurm", "the local queue")
-    submitted: list[tuple[RunPlan, Attempt]] = field(default_factory=list)
+    submitted: list[tuple[PlanRow, Attempt]] = field(default_factory=list)
 
     @property
     def gpu_hours(self) -> float:

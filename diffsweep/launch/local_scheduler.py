@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from diffsweep.launch.ledger import Attempt, locked, now, read_ledger
-from diffsweep.launch.plan import RunPlan, cpu_count
+from diffsweep.launch.plan import PlanRow, cpu_count
 from diffsweep.launch.profiles import LOCAL, Profile
 from diffsweep.launch.scheduler import Scheduler, Submission
 from diffsweep.lockfile import pid_alive, proc_start
@@ -46,7 +46,7 @@ class LocalScheduler(Scheduler):
     def default_profile(self) -> Profile:
         return LOCAL
 
-    def submit(self, submission: Submission) -> list[tuple[RunPlan, Attempt]]:
+    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
         plan = submission.plan
         parallel = submission.max_parallel or plan.spec.launch.max_parallel or 1
         logs = plan.out / "logs"

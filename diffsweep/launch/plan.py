@@ -14,20 +14,20 @@ from pathlib import Path
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, Profile, load_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
-from diffsweep.launch.resources import Estimate, Resources, estimate
+from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_resources
 from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state, scheduler_states
-from diffsweep.sweep import PlannedRun, SweepSpec, expand
+from diffsweep.sweep import SweepRun, SweepSpec, expand
 
 SUBMITTABLE = (NEW, CHANGED, FAILED, CANCELLED)
 
 
 @dataclass
-class RunPlan:
+class PlanRow:
     """One run: what it is, what it costs, where it stands."""
 
-    run: PlannedRun
-    estimate: Estimate
+    run: SweepRun
+    estimate: ResourceEstimate
     state: RunState
     run_dir: Path
     attempts: int  # submissions so far that were not cancelled
@@ -50,7 +50,7 @@ class SweepPlan:
     spec: SweepSpec
     profile: Profile
     out: Path
-    runs: list[RunPlan]
+    runs: list[PlanRow]
     ledger: Ledger | None
     warnings: list[str] = field(default_factory=list)
     orphans: list[Orphan] = field(default_factory=list)
@@ -154,7 +154,7 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
         run_dir = Path(entry.run_dir) if entry else runs_dir / f"{r.name}-{r.key}"
         known = entry is not None or run_dir.name in existing
         attempts = sum(a.state != "cancelled" for a in entry.attempts) if entry else 0
-        plans.append(RunPlan(run=r, estimate=estimate(r, profile, spec.launch.gpus_per_run), run_dir=run_dir, attempts=attempts,
+        plans.append(PlanRow(run=r, estimate=estimate_resources(r, profile, spec.launch.gpus_per_run), run_dir=run_dir, attempts=attempts,
                              ledger_entry=entry, state=run_state(r.key, r.name, run_dir if known else None, ledger, scheduler,
                                              r.config)))
     names = {r.name: r.key for r in expansion.runs}

@@ -23,7 +23,7 @@ from diffsweep.config import ConfigError, Parallel
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.model import memory
-from diffsweep.sweep.expand import PlannedRun
+from diffsweep.sweep.expand import SweepRun
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class ResourceEstimate:
     """A run's resources and cost on a profile."""
 
     resources: Resources
@@ -60,7 +60,7 @@ class Estimate:
     gpu_hours: float  # hours x GPUs (0 on CPU)
 
 
-def gpus_for(run: PlannedRun, profile: Profile, gpus: int | None = None) -> memory.MemoryEstimate:
+def gpus_for(run: SweepRun, profile: Profile, gpus: int | None = None) -> memory.MemoryEstimate:
     """The per-GPU memory estimate on the fewest GPUs that fit ``run`` as configured, or on exactly
     ``gpus`` (pure); ``ConfigError`` naming the run, what it needs and what would make it fit, if
     none do."""
@@ -77,7 +77,7 @@ def gpus_for(run: PlannedRun, profile: Profile, gpus: int | None = None) -> memo
     for world in [gpus] if gpus is not None else memory.world_sizes(profile.gpus_per_node):
         if sequences % (world * t.micro_batch_size):
             continue  # the global batch would not split evenly over the processes
-        e = memory.estimate(config, world_size=world, gpu_memory_bytes=gpu_bytes)
+        e = memory.estimate_memory(config, world_size=world, gpu_memory_bytes=gpu_bytes)
         if e.fits:
             return e
         if t.parallel is Parallel.DDP and world > 1:
@@ -89,18 +89,18 @@ def gpus_for(run: PlannedRun, profile: Profile, gpus: int | None = None) -> memo
                 + (" and train.activation_checkpointing=true" if plan.activation_checkpointing else ""))
     else:
         hint = plan.reason
-    needed = memory.estimate(config, world_size=1, gpu_memory_bytes=gpu_bytes)
+    needed = memory.estimate_memory(config, world_size=1, gpu_memory_bytes=gpu_bytes)
     raise ConfigError(f"run {run.name}", f"does not fit on {profile.name}'s {profile.gpu.name} GPUs "
                       f"({profile.gpu.memory_gb:g} GB) as configured (needs {memory.gb(needed.total)} on one); {hint}")
 
 
-def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Estimate:
+def estimate_resources(run: SweepRun, profile: Profile, gpus: int | None = None) -> ResourceEstimate:
     """Resources and time of ``run`` on ``profile`` (pure); ``gpus`` fixes the GPU count
     (``launch.gpus_per_run``) instead of the fewest that fit."""
     reserves = get_scheduler(profile.executor).reserves_resources  # a name, its class attribute: still pure
     if not reserves or profile.gpus_per_node == 0:
         gpus, nodes, per_node = 0, 1, 0
-        need_gb = memory.estimate(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
+        need_gb = memory.estimate_memory(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
     else:
         e = gpus_for(run, profile, gpus)
         gpus, need_gb = e.world_size, e.total / 1e9
@@ -115,7 +115,7 @@ def estimate(run: PlannedRun, profile: Profile, gpus: int | None = None) -> Esti
     mem = profile.mem_per_gpu_gb * max(per_node, 1) if reserves else 0
     resources = Resources(nodes=nodes, gpus_per_node=per_node, tasks_per_node=tasks, cpus_per_task=cpus,
                           mem_gb=mem, time_min=time_min)
-    return Estimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
+    return ResourceEstimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
 
 
 def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, code_dir: str,

@@ -27,7 +27,7 @@ from diffsweep.config import ConfigError
 if TYPE_CHECKING:  # only for annotations: the launcher's modules import this one
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.ledger import Attempt
-    from diffsweep.launch.plan import RunPlan, SweepPlan
+    from diffsweep.launch.plan import PlanRow, SweepPlan
     from diffsweep.launch.profiles import Profile
     from diffsweep.launch.resources import Resources
 
@@ -44,11 +44,11 @@ class Submission:
     """What ``Scheduler.submit`` gets: the runs to submit, checked, with everything they need."""
 
     plan: SweepPlan
-    runs: list[RunPlan]  # the runs to submit now (each has ``estimate.resources``)
+    runs: list[PlanRow]  # the runs to submit now (each has ``estimate.resources``)
     code_dir: str  # the launch's code snapshot: jobs put it first on PYTHONPATH
     tracking_uri: str
     max_parallel: int | None  # runs executing at once (None: the scheduler's default)
-    job: Callable[[RunPlan], TrainJob]  # the submitit-checkpointable callable a run's job runs
+    job: Callable[[PlanRow], TrainJob]  # the submitit-checkpointable callable a run's job runs
     # Adds (run, attempt) pairs to the ledger. Call it as soon as the scheduler has the jobs, so a
     # failure later in the launch cannot lose them; ``lock=False`` when already holding the
     # ledger lock (``diffsweep.launch.ledger.locked``).
@@ -107,7 +107,7 @@ class Scheduler(ABC):
         return {}
 
     @abstractmethod
-    def submit(self, submission: Submission) -> list[tuple[RunPlan, Attempt]]:
+    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
         """Submit ``submission.runs``; returns each run with its ledger attempt (``executor`` is
         ``self.name``), recorded with ``submission.record`` as soon as the scheduler has it."""
 

@@ -24,7 +24,7 @@ from typing import Any
 from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.launch import cluster
 from diffsweep.launch.ledger import Attempt, now
-from diffsweep.launch.plan import RunPlan, SweepPlan
+from diffsweep.launch.plan import PlanRow, SweepPlan
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
 from diffsweep.launch.scheduler import Scheduler, Submission
@@ -72,12 +72,12 @@ class SlurmScheduler(Scheduler):
                    max_parallel: int | None) -> dict[str, Any]:
         return slurm_parameters(resources, profile, job_name=job_name, code_dir=code_dir, max_parallel=max_parallel)
 
-    def submit(self, submission: Submission) -> list[tuple[RunPlan, Attempt]]:
+    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
         import submitit
 
         plan = submission.plan
-        submitted: list[tuple[RunPlan, Attempt]] = []
-        classes: dict[Resources, list[RunPlan]] = defaultdict(list)
+        submitted: list[tuple[PlanRow, Attempt]] = []
+        classes: dict[Resources, list[PlanRow]] = defaultdict(list)
         for r in submission.runs:
             classes[r.estimate.resources].append(r)
         size = max_array_size(plan)

@@ -19,7 +19,7 @@ from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
-from diffsweep.launch.plan import SUBMITTABLE, RunPlan, SweepPlan
+from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.scheduler import Submission, get_scheduler
 from diffsweep.rundir import write_launch_config
 
@@ -28,8 +28,8 @@ from diffsweep.rundir import write_launch_config
 class Selection:
     """What a launch would do with each run."""
 
-    submit: list[RunPlan] = field(default_factory=list)
-    skip: list[tuple[RunPlan, str]] = field(default_factory=list)  # (run, why)
+    submit: list[PlanRow] = field(default_factory=list)
+    skip: list[tuple[PlanRow, str]] = field(default_factory=list)  # (run, why)
 
 
 def select(plan: SweepPlan, max_retries: int) -> Selection:
@@ -102,7 +102,7 @@ def launch_lock(out: Path, what: str = "launch") -> Iterator[None]:
 
 
 def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, tracking_uri: str,
-           echo: Callable[[str], None] = print) -> list[tuple[RunPlan, Attempt]]:
+           echo: Callable[[str], None] = print) -> list[tuple[PlanRow, Attempt]]:
     """Submit ``sel.submit`` (already checked; call under ``launch_lock``) with the profile's
     scheduler. Each submission is in the ledger as soon as the scheduler has it. If the first
     submission fails, ``launch_lock`` removes a sweep directory it created."""
@@ -114,11 +114,11 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     ensure_experiment(tracking_uri, plan.spec.experiment)
     code_dir = str(snapshot_code(plan.out))
 
-    def job(r: RunPlan) -> TrainJob:
+    def job(r: PlanRow) -> TrainJob:
         return TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
                         {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name})
 
-    def record(attempts: list[tuple[RunPlan, Attempt]], lock: bool = True) -> None:
+    def record(attempts: list[tuple[PlanRow, Attempt]], lock: bool = True) -> None:
         _record(plan, attempts, tracking_uri, lock=lock)
 
     return get_scheduler(plan.profile.executor).submit(Submission(
@@ -126,12 +126,12 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
         job=job, record=record, echo=echo))
 
 
-def _config_dict(r: RunPlan) -> dict:
+def _config_dict(r: PlanRow) -> dict:
     """The run's resolved config as plain data: what its job trains (same key when reloaded)."""
     return to_dict(r.run.config)
 
 
-def _record(plan: SweepPlan, attempts: list[tuple[RunPlan, Attempt]], tracking_uri: str, lock: bool = True) -> None:
+def _record(plan: SweepPlan, attempts: list[tuple[PlanRow, Attempt]], tracking_uri: str, lock: bool = True) -> None:
     """Add the attempts (and their runs' entries and launch configs) to the ledger."""
     for r, _ in attempts:  # what the job trains, readable (the local queue reads it back)
         write_launch_config(r.run_dir, _config_dict(r))

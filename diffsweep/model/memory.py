@@ -187,7 +187,7 @@ def _matmul_params(config: Config) -> int:
     return sum(p.numel for p in counting.parameter_shapes(m).values() if p.matmul) + head
 
 
-def estimate(config: Config, *, world_size: int, gpu_memory_bytes: int, device: str = "cuda",
+def estimate_memory(config: Config, *, world_size: int, gpu_memory_bytes: int, device: str = "cuda",
              micro_batch_size: int | None = None, activation_checkpointing: bool | None = None) -> MemoryEstimate:
     """Per-GPU peak training memory of ``config`` on ``world_size`` processes (module docstring).
 
@@ -253,7 +253,7 @@ def plan_memory(config: Config, gpu_memory_bytes: int, gpus_per_node: int, *,
             continue
         for ckpt in modes:
             for micro in _divisors_desc(sequences // world):
-                e = estimate(config, world_size=world, gpu_memory_bytes=gpu_memory_bytes, micro_batch_size=micro,
+                e = estimate_memory(config, world_size=world, gpu_memory_bytes=gpu_memory_bytes, micro_batch_size=micro,
                              activation_checkpointing=ckpt)
                 if e.fits:
                     nodes = -(-world // gpus_per_node)
@@ -262,7 +262,7 @@ def plan_memory(config: Config, gpu_memory_bytes: int, gpus_per_node: int, *,
         if t.parallel is Parallel.DDP and last is not None:
             break  # DDP replicates everything: more GPUs do not lower the per-GPU need
     if last is None:
-        last = estimate(config, world_size=1, gpu_memory_bytes=gpu_memory_bytes, micro_batch_size=1,
+        last = estimate_memory(config, world_size=1, gpu_memory_bytes=gpu_memory_bytes, micro_batch_size=1,
                         activation_checkpointing=True)
     if t.parallel is Parallel.DDP:
         why = (f"needs {gb(last.total)} per GPU even with activation checkpointing and micro-batch 1 "

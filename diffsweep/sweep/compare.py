@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.identity import identity_fields
-from diffsweep.sweep.expand import SEED_KEY, PlannedRun
+from diffsweep.sweep.expand import SEED_KEY, SweepRun
 from diffsweep.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -131,13 +131,13 @@ class SweepRow:
     """One row of a sweep: its runs that differ only in ``train.seed``, in the sweep's order."""
 
     label: str  # the runs' name without the seed, e.g. diff_v1-1.4B-hd_128
-    runs: tuple[PlannedRun, ...]
+    runs: tuple[SweepRun, ...]
 
 
-def sweep_rows(runs: Sequence[PlannedRun]) -> list[SweepRow]:
+def sweep_rows(runs: Sequence[SweepRun]) -> list[SweepRow]:
     """Group a sweep's runs into rows (every config field of a run's identity but ``train.seed``
     equal), in the order of each row's first run. Pure."""
-    groups: dict[str, list[PlannedRun]] = {}
+    groups: dict[str, list[SweepRun]] = {}
     for run in runs:
         fields = {k: v for k, v in identity_fields(run.config).items() if k != SEED_KEY}
         key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -197,7 +197,7 @@ class SweepComparison:
                 "missing": list(self.missing)}
 
 
-def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[PlannedRun], metric: str = "val/loss",
+def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: str = "val/loss",
                   baseline: str | None = None, level: float = 0.95) -> SweepComparison:
     """The final value of ``metric`` in each finished run of ``runs`` (found in ``spec``'s
     experiment by run key; a key trained twice: its later run), grouped into rows, compared with

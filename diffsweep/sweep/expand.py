@@ -79,7 +79,7 @@ def name_tokens() -> dict[str, NameToken]:
 
 
 @dataclass(frozen=True)
-class PlannedRun:
+class SweepRun:
     """One run of a sweep: its identity, where it came from, and its resolved config."""
 
     key: str
@@ -105,7 +105,7 @@ class PlannedRun:
 class Expansion:
     """The runs of a sweep plus the config warnings met while validating them (deduplicated)."""
 
-    runs: list[PlannedRun]
+    runs: list[SweepRun]
     warnings: list[str] = field(default_factory=list)
 
 
@@ -133,7 +133,7 @@ def expand(spec: SweepSpec) -> Expansion:
         raise ConfigError(f"{spec.path}: include", "the include/exclude filters leave no runs")
     points = _collapse(points, base)
 
-    runs: list[PlannedRun] = []
+    runs: list[SweepRun] = []
     seen: dict[str, str] = {}
     messages: dict[str, None] = {}
     axis_keys = _axis_keys(spec)
@@ -150,7 +150,7 @@ def expand(spec: SweepSpec) -> Expansion:
                               f"same config (key {key}); remove one of them")
         seen[key] = point.origin
         tokens = config.train.max_tokens or config.train.max_steps * config.train.batch_tokens
-        runs.append(PlannedRun(
+        runs.append(SweepRun(
             key=key, name=_name(config, point.values, axis_keys), origin=point.origin, config=config,
             values=point.values, num_params=counting.num_params(config.model),
             num_non_embedding_params=counting.num_non_embedding_params(config.model), tokens=tokens,
@@ -328,7 +328,7 @@ def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
     return "-".join(parts)
 
 
-def _unique_names(runs: list[PlannedRun]) -> None:
+def _unique_names(runs: list[SweepRun]) -> None:
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.name] = counts.get(r.name, 0) + 1

@@ -13,7 +13,7 @@ import pytest
 
 from diffsweep.config.loading import load_config
 from diffsweep.model import counting
-from diffsweep.model.memory import USABLE_FRACTION, estimate, layer_bytes_per_token, plan_memory
+from diffsweep.model.memory import USABLE_FRACTION, estimate_memory, layer_bytes_per_token, plan_memory
 
 GB80 = 80 * 10**9
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_formulas_by_hand_tiny_xs_fp32():
     per_token = 2 * norm + attention + ffn
     assert per_token == 5552
     assert layer_bytes_per_token(c, 4) == per_token
-    e = estimate(c, world_size=1, gpu_memory_bytes=GB80, device="cpu")
+    e = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80, device="cpu")
     tokens = 2 * T
     assert (e.params, e.grads, e.optimizer) == (4 * P, 4 * P, 8 * P)
     assert e.fsdp_gather == e.grad_buckets == e.weight_copies == e.optimizer_step_temp == e.overhead == 0
@@ -47,8 +47,8 @@ def test_formulas_by_hand_tiny_xs_fp32():
 
 def test_gpu_bf16_adds_overhead_weight_copies_and_smaller_activations():
     c = cfg("model.size=tiny-m")  # precision auto: bf16 on a GPU, fp32 on CPU
-    gpu = estimate(c, world_size=1, gpu_memory_bytes=GB80)
-    cpu = estimate(c, world_size=1, gpu_memory_bytes=GB80, device="cpu")
+    gpu = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80)
+    cpu = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80, device="cpu")
     assert gpu.compute_bytes == 2 and cpu.compute_bytes == 4
     assert gpu.overhead > 10**9 and cpu.overhead == 0
     assert gpu.weight_copies > 0 and cpu.weight_copies == 0
@@ -58,13 +58,13 @@ def test_gpu_bf16_adds_overhead_weight_copies_and_smaller_activations():
 @pytest.mark.parametrize("kind", ["transformer", "diff_v1", "diff_v2"])
 def test_fsdp_shards_state_and_ddp_replicates(kind):
     c = cfg("model.size=1.4B", f"model.attention.kind={kind}", "train.parallel=fsdp")
-    one = estimate(c, world_size=1, gpu_memory_bytes=GB80)
-    eight = estimate(c, world_size=8, gpu_memory_bytes=GB80)
+    one = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80)
+    eight = estimate_memory(c, world_size=8, gpu_memory_bytes=GB80)
     sharded = eight.params + eight.grads + eight.optimizer
     assert sharded == pytest.approx((one.params + one.grads + one.optimizer) / 8, rel=1e-6)
     assert 0 < eight.fsdp_gather < sharded  # one block (or the root) gathered, not the model
     assert eight.activations == one.activations  # per micro-batch, independent of the world size
-    ddp = estimate(cfg("model.size=1.4B", f"model.attention.kind={kind}", "train.parallel=ddp"), world_size=8,
+    ddp = estimate_memory(cfg("model.size=1.4B", f"model.attention.kind={kind}", "train.parallel=ddp"), world_size=8,
                    gpu_memory_bytes=GB80)
     assert ddp.params == one.params and ddp.grad_buckets == ddp.grads
 
@@ -72,15 +72,15 @@ def test_fsdp_shards_state_and_ddp_replicates(kind):
 @pytest.mark.parametrize("kind", ["transformer", "diff_v1", "diff_v2"])
 def test_checkpointing_reduces_activations(kind):
     c = cfg("model.size=1.4B", f"model.attention.kind={kind}", "train.micro_batch_size=4")
-    e = estimate(c, world_size=1, gpu_memory_bytes=GB80)
+    e = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80)
     assert e.activations_checkpointed < e.activations_full / 5
-    on = estimate(c, world_size=1, gpu_memory_bytes=GB80, activation_checkpointing=True)
+    on = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80, activation_checkpointing=True)
     assert on.activations == on.activations_checkpointed and on.total < e.total
 
 
 def test_13b_needs_several_gpus_with_fsdp():
     c = cfg("model.size=13.1B", "train.parallel=fsdp")
-    one = estimate(c, world_size=1, gpu_memory_bytes=GB80, micro_batch_size=1, activation_checkpointing=True)
+    one = estimate_memory(c, world_size=1, gpu_memory_bytes=GB80, micro_batch_size=1, activation_checkpointing=True)
     assert 190e9 < one.params + one.grads + one.optimizer < 220e9  # the issue's ~200 GB of state
     assert not one.fits
     plan = plan_memory(c, GB80, gpus_per_node=8)
@@ -109,7 +109,7 @@ def test_1_4b_fits_on_one_80gb_gpu():
     sequences = c.train.batch_tokens // c.train.seq_len
     bigger = [m for m in range(plan.micro_batch_size + 1, sequences + 1) if sequences % m == 0]
     if bigger and not plan.activation_checkpointing:
-        assert not estimate(c, world_size=1, gpu_memory_bytes=GB80, micro_batch_size=bigger[0],
+        assert not estimate_memory(c, world_size=1, gpu_memory_bytes=GB80, micro_batch_size=bigger[0],
                             activation_checkpointing=False).fits
 
 
