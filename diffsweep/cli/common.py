@@ -85,9 +85,21 @@ def name_choice(names: Callable[[], Iterable[str]], flag: str, help: str, *, key
     return _option(flag, help, list(names()), parse, metavar, **kw)
 
 
+# Fields that several commands' flags set, named the same everywhere: the config overrides, the
+# cluster profile and its per-launch Slurm settings and setup lines.
+COMMON_FLAGS: Flags = {"set": "--set", "profile": "--profile", "slurm_overrides": "--slurm", "setup_lines": "--setup"}
+
+
 def rekeyed(exc: ConfigError, flags: Flags) -> ConfigError:
-    """``exc`` with the library's field replaced by the flag that sets it (same message)."""
-    return ConfigError(flags[exc.key], exc.message) if exc.key in flags else exc
+    """``exc`` with the library's field replaced by the flag that sets it (same message). A key that
+    starts with the field keeps the rest: ``set: data.path`` (the field, then what in it) becomes
+    ``--set: data.path``; ``slurm_overrides.time`` (an item of the field) becomes ``--slurm time``."""
+    for field, flag in flags.items():
+        if exc.key == field or exc.key.startswith(f"{field}: "):
+            return ConfigError(flag + exc.key[len(field):], exc.message)
+        if exc.key.startswith(f"{field}."):
+            return ConfigError(f"{flag} {exc.key[len(field) + 1:]}", exc.message)
+    return exc
 
 
 @contextmanager
@@ -152,7 +164,7 @@ def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Cal
                 return command(*args, **kwargs)
         except ConfigError as exc:
             _show(caught)
-            fail(str(rekeyed(exc, flags or {})), EXIT_USAGE)
+            fail(str(rekeyed(exc, {**COMMON_FLAGS, **(flags or {})})), EXIT_USAGE)
         except EnvironmentUnavailable as exc:
             _show(caught)
             fail(str(exc), EXIT_ENVIRONMENT)

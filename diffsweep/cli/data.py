@@ -31,7 +31,7 @@ def fetch_demo(
 
 
 @app.command()
-@handle_errors
+@handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction"})
 def prepare(
     inputs: Annotated[list[Path] | None, typer.Argument(help="Text files or directories (.txt/.md/.rst).",
                                                          show_default=False)] = None,

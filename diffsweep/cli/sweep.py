@@ -59,7 +59,7 @@ def _target(sweep: Path, profile: str | None = None, executor: str | None = None
     from diffsweep.sweep import load_sweep
 
     return SweepTarget(spec=load_sweep(sweep, sets or ()), out=out, profile=profile, executor=executor, only=only,
-                       slurm=tuple(slurm or ()), setup=tuple(setup or ()))
+                       slurm_overrides=tuple(slurm or ()), setup_lines=tuple(setup or ()))
 
 
 def _stderr(line: str) -> None:

@@ -151,7 +151,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError("--set", f"expected KEY=VALUE with a dotted KEY (e.g. model.d_model=512), got {item!r}")
+        raise ConfigError("set", f"expected KEY=VALUE with a dotted KEY (e.g. model.d_model=512), got {item!r}")
     return key, parse_scalar(text)
 
 

@@ -95,7 +95,7 @@ def prepare(
         if not doc.text.strip():
             raise ConfigError(doc.name, "no text (empty or only whitespace)")
     if not 0.0 < val_fraction < 1.0:
-        raise ConfigError("--val-fraction", f"expected a value in (0, 1), got {val_fraction}")
+        raise ConfigError("val_fraction", f"expected a value in (0, 1), got {val_fraction}")
     if out.exists() and not force:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
 

@@ -109,7 +109,7 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
         if vocab_size < 256 + 1:
-            raise ConfigError("--vocab-size", f"a byte-level BPE needs at least 257 tokens, got {vocab_size}")
+            raise ConfigError("vocab_size", f"a byte-level BPE needs at least 257 tokens, got {vocab_size}")
         tok = HfTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()

@@ -35,15 +35,15 @@ class SweepTarget:
     ``out``: the sweep output directory (default: the sweep's ``launch.output``, else
     ``runs/<name>`` beside the sweep file); ``profile``/``executor``: the cluster profile or
     scheduler (default: the sweep's, else automatic); ``only``: a regex selecting runs by name or
-    key; ``slurm``/``setup``: the profile's ``KEY=VALUE`` overrides and extra setup lines."""
+    key; ``slurm_overrides``/``setup_lines``: the profile's ``KEY=VALUE`` overrides and extra setup lines."""
 
     spec: SweepSpec
     out: Path | None = None
     profile: str | None = None
     executor: str | None = None
     only: str | None = None
-    slurm: tuple[str, ...] = ()
-    setup: tuple[str, ...] = ()
+    slurm_overrides: tuple[str, ...] = ()
+    setup_lines: tuple[str, ...] = ()
 
     def output_dir(self) -> Path:
         """The sweep output directory (ledger, run directories, logs), absolute."""
@@ -103,7 +103,7 @@ def plan_sweep(target: SweepTarget, *, check: bool = False) -> SweepPlan:
     """Expand, estimate and read the state of every run (submits nothing). ``check``: also what
     ``diffsweep plan`` checks with the scheduler (a profile of another cluster is planned only)."""
     chosen = choose_profile(target.spec, target.profile, target.executor)
-    chosen = with_overrides(chosen, list(target.slurm), list(target.setup))
+    chosen = with_overrides(chosen, list(target.slurm_overrides), list(target.setup_lines))
     plan = make_plan(target.spec, chosen, target.output_dir(), only=target.only)
     if check:
         get_scheduler(plan.profile.executor).check_plan(plan)

@@ -84,7 +84,10 @@ def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -
     default profile of the scheduler that answers here (Slurm if a controller answers, else this
     machine). ``--executor`` must agree with an explicit ``--profile``."""
     named = get_scheduler(executor) if executor is not None else None  # an unknown name lists the known ones
-    declared = load_profile(spec.launch.profile) if spec.launch.profile is not None else None  # always checked
+    try:  # always checked; a missing or unknown one is the sweep file's error, not the command line's
+        declared = load_profile(spec.launch.profile) if spec.launch.profile is not None else None
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.path}: launch.profile" if exc.key == "profile" else exc.key, exc.message) from None
     if profile is not None:
         chosen = load_profile(profile)
     elif declared is not None and not (named is not None and named.replaces_declared_profile

@@ -110,8 +110,9 @@ class Profile:
         return math.floor(self.max_time_hours * 60 + 1e-6)  # 1e-6: 2/60 h is 2 minutes, not 1.99...
 
     def slurm_key(self, name: str) -> str:
-        """How an error names the ``slurm:`` key ``name``: as ``--slurm NAME`` if the command line set it."""
-        return f"--slurm {name}" if name in self.overridden else f"profile {self.name}: slurm.{name}"
+        """How an error names the ``slurm:`` key ``name``: as ``slurm_overrides.NAME`` (the CLI's ``--slurm NAME``)
+        if the command line set it."""
+        return f"slurm_overrides.{name}" if name in self.overridden else f"profile {self.name}: slurm.{name}"
 
 
 LOCAL = Profile()  # the embedded default: this machine, no cluster
@@ -137,14 +138,14 @@ def find_profile(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
-            raise ConfigError("--profile", f"profile file {path} not found")
+            raise ConfigError("profile", f"profile file {path} not found")
         return path
     for d in profile_dirs():
         candidate = d / f"{name_or_path}.yaml"
         if candidate.is_file():
             return candidate
     known = sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")} | {"local"})
-    raise ConfigError("--profile", f"unknown profile {name_or_path!r}; expected one of [{', '.join(known)}] "
+    raise ConfigError("profile", f"unknown profile {name_or_path!r}; expected one of [{', '.join(known)}] "
                       "or a path to a profile YAML")
 
 
@@ -208,7 +209,7 @@ def check_times(profile: Profile, where: str) -> None:
     from being due as the job starts, and a job then trains at least as long as it keeps for
     saving, instead of requeueing every few seconds. Slurm reads ``--time=0`` as no limit, so a
     job is never shorter than a minute."""
-    key = "--slurm time" if "time" in profile.overridden else f"{where}: max_time_hours"
+    key = "slurm_overrides.time" if "time" in profile.overridden else f"{where}: max_time_hours"
     if profile.max_time_minutes < 1:
         raise ConfigError(key, f"expected at least one minute, got {profile.max_time_hours * 60:g} minutes (Slurm "
                           "reads a time limit of 0 as no limit)")
@@ -225,28 +226,29 @@ def check_times(profile: Profile, where: str) -> None:
                           "max(60 s, the delay)); make jobs longer or lower signal_delay_s")
 
 
-def with_overrides(profile: Profile, slurm: list[str] | None, setup: list[str] | None) -> Profile:
-    """``profile`` with the command line's ``--slurm KEY=VALUE`` (a ``slurm:`` key, checked as in
-    a profile, or ``time``: the longest job, in Slurm's time format) and ``--setup LINE`` (run
-    after the profile's setup lines)."""
+def with_overrides(profile: Profile, slurm_overrides: list[str] | None, setup_lines: list[str] | None) -> Profile:
+    """``profile`` with ``slurm_overrides`` ``KEY=VALUE`` (a ``slurm:`` key, checked as in a profile,
+    or ``time``: the longest job, in Slurm's time format; the CLI's ``--slurm``) and ``setup_lines``
+    (run after the profile's setup lines; the CLI's ``--setup``)."""
+    slurm, setup = slurm_overrides, setup_lines
     if not slurm and not setup:
         return profile
     if get_scheduler(profile.executor).parameter_names() is None:
-        raise ConfigError("--slurm" if slurm else "--setup", f"profile {profile.name} runs jobs "
+        raise ConfigError("slurm_overrides" if slurm else "setup_lines", f"profile {profile.name} runs jobs "
                           f"{get_scheduler(profile.executor).runs_jobs} (executor: {profile.executor}), which takes "
-                          "no Slurm settings; pick a Slurm profile with --profile")
+                          "no Slurm settings; pick a Slurm profile")
     params, max_hours, cli_keys = {}, profile.max_time_hours, set()
     for item in slurm or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise ConfigError("--slurm", f"expected KEY=VALUE (e.g. account=myproj, time=4:00:00), got {item!r}")
+            raise ConfigError("slurm_overrides", f"expected KEY=VALUE (e.g. account=myproj, time=4:00:00), got {item!r}")
         key, value = key.strip(), value.strip()
         cli_keys.add(key)
         if key == "time":
-            max_hours = slurm_minutes(value, "--slurm time") / 60
+            max_hours = slurm_minutes(value, "slurm_overrides.time") / 60
         else:
             params[key] = value
-    params = check_slurm_params(params, "--slurm", sep=" ", executor=profile.executor)
+    params = check_slurm_params(params, "slurm_overrides", executor=profile.executor)
     changed = dataclasses.replace(profile, slurm={**profile.slurm, **params}, max_time_hours=max_hours,
                                   setup=(*profile.setup, *(setup or [])), overridden=profile.overridden | cli_keys)
     check_times(changed, f"profile {profile.name}")

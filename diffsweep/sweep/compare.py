@@ -78,9 +78,9 @@ def compare_rows(values: Mapping[str, Sequence[float]], baseline: str, level: fl
     from scipy import stats
 
     if baseline not in values:
-        raise ConfigError("--baseline", f"expected one of the rows [{', '.join(values)}], got {baseline!r}")
+        raise ConfigError("baseline", f"expected one of the rows [{', '.join(values)}], got {baseline!r}")
     if not 0 < level < 1:
-        raise ConfigError("--level", f"expected a confidence level in (0, 1), got {level}")
+        raise ConfigError("level", f"expected a confidence level in (0, 1), got {level}")
     for row, vals in values.items():
         if len(vals) == 0 or not all(math.isfinite(float(v)) for v in vals):
             raise ConfigError(f"row {row}", f"expected one finite value per seed, got {list(vals)!r}")

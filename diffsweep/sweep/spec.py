@@ -318,12 +318,12 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, value = parse_override(item)
         if key not in keys:
-            raise ConfigError("--set", f"{key}: unknown config key{did_you_mean(key, keys)}; expected a dotted run "
+            raise ConfigError("set", f"{key}: unknown config key{did_you_mean(key, keys)}; expected a dotted run "
                               "config key such as model.size or train.lr")
         if key == DATA_PATH and isinstance(value, str):
             value = _absolute(value, Path.cwd())
         out[key] = value
-    _check_safe(out, "--set")
+    _check_safe(out, "set")
     owners = {k: f"the grid of {spec.path}" for k in spec.grid}
     owners |= {k: f"zip[{i}] of {spec.path}" for i, g in enumerate(spec.zip) for k in g}
     owners |= {k: f"runs[{i}] of {spec.path}" for i, r in reversed(list(enumerate(spec.runs))) for k in r}
@@ -332,7 +332,7 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
         owners[SEED_KEY] = f"seeds in {spec.path}"
     for key in out:
         if key in owners:
-            raise ConfigError("--set", f"{key} is set by {owners[key]}; --set applies to every run, so it cannot "
+            raise ConfigError("set", f"{key} is set by {owners[key]}; --set applies to every run, so it cannot "
                               "replace it (select runs with --only, or write a sweep that extends this one)")
     return out
 

@@ -122,8 +122,8 @@ def test_type_errors_name_the_key():
 
 
 def test_bad_override_syntax():
-    assert _err(["model.d_model"]).key == "--set"
-    assert _err(["=3"]).key == "--set"
+    assert _err(["model.d_model"]).key == "set"  # the field; the CLI shows --set
+    assert _err(["=3"]).key == "set"
 
 
 def test_unknown_size_lists_presets():

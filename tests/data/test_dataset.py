@@ -267,7 +267,7 @@ def test_no_inputs_and_bad_val_fraction(tmp_path):
     with pytest.raises(ConfigError, match="INPUTS"):
         prepare([], tmp_path / "ds", TokenizerKind.BYTES)
     for bad in (0.0, 1.0, -0.1):
-        with pytest.raises(ConfigError, match="--val-fraction"):
+        with pytest.raises(ConfigError, match="val_fraction"):
             prepare(_docs(), tmp_path / "ds", TokenizerKind.BYTES, val_fraction=bad)
     assert list(tmp_path.iterdir()) == []
 

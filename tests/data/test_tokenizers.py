@@ -88,7 +88,7 @@ def test_bpe_fingerprint_depends_on_training():
 
 
 def test_bpe_vocab_too_small_is_a_config_error():
-    with pytest.raises(ConfigError, match="--vocab-size") as err:
+    with pytest.raises(ConfigError, match="vocab_size") as err:
         BpeTokenizer.train(TOPICS, 256)
     assert "257" in str(err.value)
 

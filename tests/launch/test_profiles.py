@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from diffsweep.cli.common import COMMON_FLAGS, rekeyed
 from diffsweep.config import ConfigError
 from diffsweep.launch.cluster import gpus_per_node
 from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile, slurm_minutes, with_overrides
@@ -53,13 +54,13 @@ def test_a_profile_with_a_bad_time_fails_plan_with_one_line_and_writes_nothing(t
     ("90", 90), ("1:30", 1.5), ("1:30:00", 90), ("2-0", 2880), ("1-12:30", 2190), ("1-0:0:30", 1440.5),
 ])
 def test_slurm_time_strings(text, minutes):
-    assert slurm_minutes(text, "--slurm time") == minutes
+    assert slurm_minutes(text, "slurm_overrides.time") == minutes
 
 
 @pytest.mark.parametrize("text", ["abc", "1:2:3:4", "-5", "1h", ""])
 def test_bad_slurm_time_strings(text):
-    with pytest.raises(ConfigError, match=r"--slurm time: expected a Slurm time \(minutes, H:MM:SS or D-HH:MM:SS\)"):
-        slurm_minutes(text, "--slurm time")
+    with pytest.raises(ConfigError, match=r"slurm_overrides.time: expected a Slurm time \(minutes, H:MM:SS or D-HH:MM:SS\)"):
+        slurm_minutes(text, "slurm_overrides.time")
 
 
 def test_command_line_overrides_of_a_profile():
@@ -67,7 +68,7 @@ def test_command_line_overrides_of_a_profile():
     p = with_overrides(base, ["account=proj", "qos=high", "partition=gpu", "time=3:00:00"], ["module load cuda"])
     assert p.slurm == {"partition": "gpu", "account": "proj", "qos": "high"}
     assert p.max_time_minutes == 180 and p.setup == ("module load cuda",)
-    assert p.slurm_key("account") == "--slurm account" and load_profile("localhost").slurm_key("partition") == \
+    assert p.slurm_key("account") == "slurm_overrides.account" and load_profile("localhost").slurm_key("partition") == \
         "profile localhost: slurm.partition"
     assert with_overrides(base, None, None) is base
 
@@ -83,11 +84,28 @@ def test_command_line_overrides_of_a_profile():
 def test_bad_overrides_name_the_option(slurm, setup, message):
     with pytest.raises(ConfigError) as caught:
         with_overrides(load_profile("localhost"), slurm, setup)
-    assert str(caught.value).startswith(message), str(caught.value)
+    assert caught.value.key.startswith("slurm_overrides"), caught.value.key  # the library names its field
+    shown = str(rekeyed(caught.value, COMMON_FLAGS))  # the CLI names the flag
+    assert shown.startswith(message), shown
+
+
+def test_the_command_line_names_the_flag_and_the_sweep_file_its_key(tmp_path):
+    (tmp_path / "t.yaml").write_text("grid: {model.size: [tiny-xs]}\n")
+    (tmp_path / "d.yaml").write_text("launch: {profile: nosuch}\ngrid: {model.size: [tiny-xs]}\n")
+    for args, line in [
+        (["t.yaml", "--profile", "localhost", "--slurm", "time=1"], "error: --slurm time: 1-minute jobs are too short"),
+        (["t.yaml", "--profile", "localhost", "--slurm", "nodes=2"], "error: --slurm nodes: is derived per run"),
+        (["t.yaml", "--profile", "nosuch"], "error: --profile: unknown profile 'nosuch'; expected one of ["),
+        (["t.yaml", "--profile", "localhost", "--set", "model.sise=tiny-m"], "error: --set: model.sise: unknown config"),
+        (["d.yaml"], "error: d.yaml: launch.profile: unknown profile 'nosuch'"),
+    ]:
+        r = cli("plan", *args, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(line), (args, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.yaml", "t.yaml"]
 
 
 def test_overrides_need_a_slurm_profile():
-    with pytest.raises(ConfigError, match=r"^--setup: profile local runs jobs on this machine"):
+    with pytest.raises(ConfigError, match=r"^setup_lines: profile local runs jobs on this machine"):
         with_overrides(LOCAL, None, ["module load cuda"])
 
 

@@ -109,7 +109,7 @@ def test_a_registered_scheduler_is_chosen_estimated_and_asked_by_name(tmp_path, 
 
 
 def test_local_takes_no_job_settings_and_replaces_a_declared_cluster_profile(tmp_path):
-    with pytest.raises(ConfigError, match=r"^--slurm: profile local runs jobs on this machine \(executor: local\)"):
+    with pytest.raises(ConfigError, match=r"^slurm_overrides: profile local runs jobs on this machine \(executor: local\)"):
         with_overrides(choose_profile(sweep(tmp_path), None, "local"), ["partition=gpu"], None)
     path = tmp_path / "c.yaml"
     path.write_text("launch: {profile: " + str(Path(__file__).resolve().parents[2] / "slurm/profiles/h100-example.yaml")

@@ -86,7 +86,7 @@ def test_ci_of_a_difference_covers_the_truth(seeds):
 
 
 def test_bad_input_is_a_config_error():
-    with pytest.raises(ConfigError, match="--baseline: expected one of the rows"):
+    with pytest.raises(ConfigError, match="baseline: expected one of the rows"):
         compare_rows({"a": [1.0]}, baseline="b")
     with pytest.raises(ConfigError, match="row a: expected one finite value per seed"):
         compare_rows({"a": [float("nan")]}, baseline="a")
