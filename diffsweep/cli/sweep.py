@@ -428,34 +428,23 @@ def logs(
     Slurm requeues (preemption, time limits) continue the same attempt's files, where a line
     "==> diffsweep: job ... started ..." marks each start. A run with no logs yet says so.
     """
-    from diffsweep.launch.control import find_entry, follow, header, latest_state, log_files, no_logs, select_attempts
-    from diffsweep.launch.plan import output_dir
+    from diffsweep.launch.api import run_logs
+    from diffsweep.launch.control import follow
     from diffsweep.sweep import load_sweep
 
-    if out is not None or sweep is not None:
-        outs = [output_dir(load_sweep(sweep), out) if sweep is not None else out.absolute()]
-    else:
-        # sweep outputs here: runs/<name> (the shipped sweeps') and <folder>/runs/<name> (the default
-        # beside a sweep file in a folder, e.g. sweeps/)
-        outs = sorted(p.parent for pattern in ("runs/*/ledger.json", "*/runs/*/ledger.json")
-                      for p in Path().glob(pattern))
-    directory, entry = find_entry(run, outs)
-    numbers = select_attempts(entry, attempt)
-    latest = len(entry.attempts)
-    if follow_ and numbers != [latest]:
+    report = run_logs(run, spec=load_sweep(sweep) if sweep is not None else None, out=out, attempt=attempt)
+    latest = len(report.entry.attempts)
+    if follow_ and [a.number for a in report.attempts] != [latest]:
         fail(f"--follow: follows the latest attempt ({latest}); leave out --attempt")
-    state = latest_state(entry)
-    for n in numbers:
-        a = entry.attempts[n - 1]
-        typer.echo(header(entry, n, state if n == latest else None))
+    for logs_ in report.attempts:
+        typer.echo(logs_.header)
         if follow_:
-            follow(directory, entry.key, n, echo=typer.echo)
+            follow(report.out, report.entry.key, logs_.number, echo=typer.echo)
             return
-        files = log_files(a)
-        if not files:
-            typer.echo(no_logs(entry, a, state if n == latest else None))
-        for f in files:
+        if logs_.no_logs is not None:
+            typer.echo(logs_.no_logs)
+        for f in logs_.files:
             text = f.read_text(errors="replace")
-            if a.stderr and f == Path(a.stderr) and text:
+            if logs_.attempt.stderr and f == Path(logs_.attempt.stderr) and text:
                 typer.echo(f"--- stderr ({f}) ---")
             typer.echo(text + ("" if not text or text.endswith("\n") else "\n"), nl=False)

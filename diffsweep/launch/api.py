@@ -2,8 +2,8 @@
 
 ``plan_sweep``, ``sweep_status``, ``reconcile_sweep``, ``launch_sweep``, ``cancel_sweep`` and
 ``watch_sweep`` take a ``SweepTarget`` (the parsed sweep and where it runs) and return typed
-reports; ``diffsweep plan | launch | status | cancel | reconcile`` parse the command line, call
-one of them and render the report. Errors name the argument at fault (``executor``, ``out``,
+reports; ``run_logs`` finds one launched run's logs. ``diffsweep plan | launch | status | cancel |
+reconcile | logs`` parse the command line, call one of them and render the report. Errors name the argument at fault (``executor``, ``out``,
 ``only``, ``budget``); the CLI shows them as its flags.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diffsweep.launch.ledger import Attempt, locked, read_ledger, write_ledger
+from diffsweep.launch.ledger import Attempt, Entry, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan, output_dir
 from diffsweep.launch.profiles import with_overrides
 from diffsweep.launch.progress import Snapshot, snapshot
@@ -196,3 +196,55 @@ def watch_sweep(target: SweepTarget, poll_s: float = WATCH_POLL_S) -> Iterator[S
         if not now.active:
             return
         time.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class AttemptLogs:
+    """One submission of a run: its header line, its log files (stdout, then stderr; only those
+    that exist) and, when there are none, the line saying why."""
+
+    number: int  # 1 is the first submission
+    attempt: Attempt
+    header: str
+    files: list[Path]
+    no_logs: str | None
+
+
+@dataclass(frozen=True)
+class LogsReport:
+    """A launched run's logs: the sweep output directory it was found in, its ledger entry and
+    the attempts asked for."""
+
+    out: Path
+    entry: Entry
+    attempts: list[AttemptLogs]
+
+
+def run_logs(run: str, *, spec: SweepSpec | None = None, out: Path | None = None, attempt: str | None = None,
+             search: Path | None = None) -> LogsReport:
+    """The logs of ``run`` (its name or key prefix, run directory name or MLflow run name) in the
+    sweep output ``out`` (default: ``spec``'s), or, with neither, in every sweep output under
+    ``search`` (default: here): ``runs/*/`` and ``*/runs/*/``. ``attempt`` is ``N`` (1 is the
+    first), ``all`` or None (the latest)."""
+    from diffsweep.launch.control import find_entry, header, latest_state, log_files, no_logs, select_attempts
+
+    if spec is not None:
+        outs = [output_dir(spec, out)]
+    elif out is not None:
+        outs = [out.absolute()]
+    else:
+        # sweep outputs here: runs/<name> (the shipped sweeps') and <folder>/runs/<name> (the default
+        # beside a sweep file in a folder, e.g. sweeps/)
+        base = search if search is not None else Path()
+        outs = sorted(p.parent for pattern in ("runs/*/ledger.json", "*/runs/*/ledger.json")
+                      for p in base.glob(pattern))
+    directory, entry = find_entry(run, outs)
+    state, latest = latest_state(entry), len(entry.attempts)
+    attempts = []
+    for n in select_attempts(entry, attempt):
+        a = entry.attempts[n - 1]
+        now = state if n == latest else None
+        files = log_files(a)
+        attempts.append(AttemptLogs(number=n, attempt=a, header=header(entry, n, now), files=files,
+                                    no_logs=None if files else no_logs(entry, a, now)))
+    return LogsReport(out=directory, entry=entry, attempts=attempts)

@@ -11,11 +11,12 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import decode
 from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-exported for the launcher)
 
 FORMAT = "diffsweep-ledger/1"
@@ -85,44 +86,9 @@ def read_ledger(out: Path) -> Ledger | None:
         raw = json.loads(path.read_text())
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
-        if not isinstance(raw.get("entries"), dict):
-            raise ValueError("entries is not a mapping")
-        entries = {}
-        for key, e in raw["entries"].items():
-            if not isinstance(e, dict) or not isinstance(e.get("attempts"), list):
-                raise ValueError(f"entry {key!r} is not a mapping with a list of attempts")
-            attempts = [_typed(Attempt, a) for a in e["attempts"]]
-            entries[key] = _typed(Entry, {**e, "attempts": []})
-            entries[key].attempts = attempts
-        for name in ("sweep", "experiment", "tracking_uri"):
-            if not isinstance(raw.get(name), str):
-                raise ValueError(f"{name} is not a string")
-        return Ledger(sweep=raw["sweep"], experiment=raw["experiment"], tracking_uri=raw["tracking_uri"],
-                      entries=entries)
-    except (OSError, ValueError) as exc:
+        return decode(Ledger, {k: v for k, v in raw.items() if k != "format"}, noun="ledger field")
+    except (OSError, ValueError, ConfigError) as exc:  # the ledger is a file users can edit
         raise ConfigError(str(path), f"unreadable sweep ledger ({exc}); restore it or use another --out") from None
-
-
-_TYPES = {"str": str, "int": int, "dict[str, Any]": dict, "list[Attempt]": list}
-
-
-def _typed(cls: type, data: Any) -> Any:
-    """``cls(**data)`` after checking every field's type (the ledger is a file users can edit)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    for name, value in data.items():
-        if name not in known:
-            raise ValueError(f"unknown {cls.__name__} field {name!r}")
-        annotation = str(known[name].type)
-        optional = annotation.endswith(" | None")
-        tp = _TYPES[annotation.removesuffix(" | None")]
-        if not ((value is None and optional) or (isinstance(value, tp) and not isinstance(value, bool))):
-            raise ValueError(f"{cls.__name__} field {name!r} has the wrong type ({value!r})")
-    try:
-        return cls(**data)
-    except TypeError as exc:  # a required field is missing
-        raise ValueError(str(exc)) from None
 
 
 def write_ledger(out: Path, ledger: Ledger) -> None:

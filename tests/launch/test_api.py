@@ -84,3 +84,30 @@ def test_a_launch_over_budget_is_refused_by_field(tmp_path):
     with pytest.raises(ConfigError) as caught:
         launch_sweep(t, dry_run=True, budget=0.001)
     assert caught.value.key == "budget"
+
+
+def test_run_logs_finds_a_run_and_its_attempts_logs(tmp_path):
+    from diffsweep.launch.api import run_logs
+    from diffsweep.launch.ledger import Attempt, Entry, Ledger, write_ledger
+
+    out = tmp_path / "runs" / "s"
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "1.out").write_text("step 1 loss 5.0\n")
+    (tmp_path / "f" / "1.err").write_text("a warning\n")
+    first = Attempt(executor="local", submitted="2026-11-24T00:00:00", code_dir="c", folder=str(tmp_path / "f"),
+                    job_id="999999999", state="submitted", stdout=str(tmp_path / "f" / "1.out"),
+                    stderr=str(tmp_path / "f" / "1.err"))
+    second = replace(first, stdout=str(tmp_path / "f" / "2.out"), stderr=str(tmp_path / "f" / "2.err"))
+    write_ledger(out, Ledger(sweep="s", experiment="e", tracking_uri="u", entries={"abc123": Entry(
+        key="abc123", name="transformer-tiny-xs-s0", run_dir=str(out / "r"), identity={}, attempts=[first, second])}))
+
+    latest = run_logs("transformer-tiny-xs-s0", out=out)
+    assert latest.out == out and latest.entry.key == "abc123"
+    assert [a.number for a in latest.attempts] == [2]
+    assert latest.attempts[0].files == [] and latest.attempts[0].no_logs  # says why there are none
+    every = run_logs("abc", search=tmp_path, attempt="all")  # a key prefix, found under runs/*/
+    assert [a.number for a in every.attempts] == [1, 2]
+    assert every.attempts[0].files == [tmp_path / "f" / "1.out", tmp_path / "f" / "1.err"]
+    assert every.attempts[0].no_logs is None and "1" in every.attempts[0].header
+    with pytest.raises(ConfigError):
+        run_logs("nosuch", search=tmp_path)
