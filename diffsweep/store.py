@@ -45,7 +45,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from diffsweep.config import ConfigError
 from diffsweep.rundir import SNAPSHOT_FILE
@@ -349,3 +349,16 @@ def end_run(uri: str, run_id: str, status: str, reason: str) -> None:
     if run.info.status in ("RUNNING", "SCHEDULED"):
         client.set_tag(run_id, "diffsweep.end_reason", reason)
         client.set_terminated(run_id, status=status)
+
+
+def all_runs(client: Any, experiment_id: str, query: str = "") -> list[Any]:
+    """Every run of an experiment that ``query`` (an MLflow search filter) matches: MLflow pages
+    ``search_runs`` (at most 50,000 a page), so this follows its page tokens."""
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], query, max_results=5000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs

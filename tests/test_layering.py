@@ -50,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": BASE,
     "data": BASE,
     "model": BASE | {"diffsweep_kernels"},
-    "sweep": BASE | {"model"},  # model.counting: sizes without building a model
+    "sweep": BASE | {"model", "store"},  # model.counting: sizes without building a model; compare reads the store
     "train": BASE | {"data", "model", "store", "rundir"},
     "bench": BASE | {"data", "model", "train", "diffsweep_kernels"},
     "launch": BASE | {"data", "model", "sweep", "train", "store", "rundir", "diffsweep_kernels"},

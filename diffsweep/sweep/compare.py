@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.identity import identity_fields
 from diffsweep.sweep.expand import SEED_KEY, SweepRun
+from diffsweep.store import all_runs
 from diffsweep.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -213,16 +214,8 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
         raise ConfigError("baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(spec.experiment)
-    found: list[Run] = []
-    token = None
-    if exp is not None:
-        while True:
-            page = client.search_runs([exp.experiment_id], f"tags.`diffsweep.sweep` = '{spec.name}'",
-                                      max_results=5000, page_token=token)
-            found.extend(page)
-            token = page.token
-            if not token:
-                break
+    found: list[Run] = [] if exp is None else all_runs(client, exp.experiment_id,
+                                                       f"tags.`diffsweep.sweep` = '{spec.name}'")
     keys = {run.key for run in runs}
     latest = {}
     for run in sorted(found, key=lambda r: r.info.end_time or 0):
