@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.identity import identity_fields
-from diffsweep.sweep.expand import SEED_KEY, SweepRun
 from diffsweep.store import all_runs
+from diffsweep.sweep.expand import SEED_KEY, SweepRun
 from diffsweep.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:

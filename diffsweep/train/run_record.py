@@ -17,7 +17,7 @@ from diffsweep.model import counting
 from diffsweep.rundir import RUN_FILE, read_run_file, write_run_file  # noqa: F401  (RUN_FILE: re-exported)
 from diffsweep.store import ensure_experiment, source_tags, tracking_uri
 from diffsweep.train.distributed import World
-from diffsweep.train.tracking import MlflowTracker, NullTracker
+from diffsweep.train.tracking import MlflowTracker, NullTracker, Tracker
 
 
 def run_tracking_uri(run_dir: Path) -> str:
@@ -34,7 +34,7 @@ def run_tracking_uri(run_dir: Path) -> str:
     return recorded
 
 
-def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags):
+def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: World, extra_tags) -> Tracker:
     """The run's tracker: the checkpoint's (or run.json's) MLflow run resumed, or a new one; either
     way with this attempt recorded."""
     if world.rank != 0:

@@ -21,7 +21,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from diffsweep.config import ConfigError
 from diffsweep.store import KEY, SOURCE_KEYS, init_store, retry_busy, shown
@@ -33,6 +33,19 @@ FLUSH_ITEMS = 900  # ... or when this many are waiting (log_batch takes at most 
 MAX_BUFFERED = 200_000  # a store unreachable for this long fails the run instead of growing memory
 ATTEMPTS_FILE = "attempts.json"
 _ATTEMPT_TAG = re.compile(r"^diffsweep\.attempt\.(\d+)\.(.+)$")
+
+
+class Tracker(Protocol):
+    """What the trainer logs through: ``MlflowTracker`` on rank 0, ``NullTracker`` elsewhere."""
+
+    run_id: str | None
+
+    def resume(self, source: dict[str, str], attempt: dict[str, str]) -> int: ...
+    def ensure_finished(self) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def flush(self) -> None: ...
+    def finish(self, status: str, reason: str | None = None) -> None: ...
 
 
 class MlflowTracker:

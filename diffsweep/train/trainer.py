@@ -38,7 +38,7 @@ from diffsweep.train.optim import build_optimizer, lr_at, total_steps
 from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
 from diffsweep.train.run_record import run_tracking_uri, start_tracking
-from diffsweep.train.tracking import MlflowTracker
+from diffsweep.train.tracking import MlflowTracker, Tracker
 
 TRAINER_LOCK = ".trainer.lock"  # held by the training process (rank 0) for the whole training
 
@@ -200,13 +200,13 @@ class _Run:
         self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
         self.run_key = run_key(config)
         # Set once the run is tracked (after restore), before loop; a NullTracker on ranks other than 0.
-        self.tracker: MlflowTracker | None = None
+        self.tracker: Tracker | None = None
         flops = counting.train_flops_per_token(config.model, self.t.seq_len)
         peak = peak_flops(device) if autocast_dtype == torch.bfloat16 else None  # peaks are bf16 figures
         self.mfu_scale = flops / peak if peak else None
 
     @property
-    def tracking(self) -> MlflowTracker:
+    def tracking(self) -> Tracker:
         """``tracker``, which the loop and what it calls (save, state) need."""
         if self.tracker is None:
             raise RuntimeError("the run is not tracked yet: set its tracker before the loop")
