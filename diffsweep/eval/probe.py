@@ -1,0 +1,148 @@
+"""What a probe is, and the registry of probes by name.
+
+A probe measures a trained model offline, on synthetic prompts or on the validation split the run
+trained on. Each is one module in ``diffsweep/eval/probes/`` (or a user's package) defining one
+``Probe`` subclass, registered here by name (``PROBES``) or through the entry-point group
+``diffsweep.probes`` (``name = "package.module:Class"``), like attention kinds.
+
+A probe has typed settings: a frozen dataclass (``Probe.Settings``) decoded strictly with the
+one decoder from ``NAME.KEY=VALUE`` items (``diffsweep eval --probe-set needle.samples=10``) or a
+sweep file's ``eval:`` section, so a bad setting is one line naming ``NAME.KEY``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from diffsweep.config import ConfigError
+from diffsweep.config.decode import decode, did_you_mean
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from diffsweep.config import Config
+    from diffsweep.data.tokenizers import Tokenizer
+    from diffsweep.model.transformer import LanguageModel
+
+ENTRY_POINT_GROUP = "diffsweep.probes"
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """The settings of a probe that has none."""
+
+
+@dataclass
+class EvalContext:
+    """What a probe runs on: one trained checkpoint of one run.
+
+    ``model`` is in eval mode on ``device``, its attention backend the one the run trained with
+    (``model.cfg.attention.backend``); ``val_tokens`` is the run's validation split (token ids);
+    ``out_dir`` is an empty directory for the probe's files (tables, plots), logged as artifacts."""
+
+    model: LanguageModel
+    config: Config
+    tokenizer: Tokenizer
+    val_tokens: np.ndarray
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    out_dir: Path
+    seed: int = 0
+
+    def autocast(self) -> Any:
+        """The autocast context of training (bf16 on GPUs), or a null context."""
+        import contextlib
+
+        import torch
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+
+@dataclass
+class ProbeResult:
+    """What a probe found.
+
+    ``metrics``: flat names (``outliers/attn_logit/top1``) to numbers, logged as MLflow metrics
+    (a curve over an index, e.g. NLL by position, goes in ``series``: name -> {step: value},
+    logged as one metric over steps). ``tables``: name -> rows (dicts of plain values), written as
+    ``<name>.json`` and read by ``diffsweep compare``. ``files``: plots and other files the probe
+    wrote into ``EvalContext.out_dir``. ``notes``: lines for the user (e.g. a kernel fallback)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, dict[int, float]] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Probe:
+    """Base class of probes. Subclasses set ``name``, ``summary``, ``cites`` and ``Settings``, and
+    define ``run``; ``check`` refuses settings that cannot work with a run's config before anything
+    runs (e.g. a context longer than the model's)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for ``diffsweep eval --help`` and the docs
+    cites: ClassVar[str]  # the paper's table/figure/section it reproduces
+    Settings: ClassVar[type] = NoSettings
+
+    def check(self, settings: Any, config: Config) -> None:
+        """Raise ``ConfigError`` (key ``<probe>.<setting>``) if ``settings`` cannot run on ``config``."""
+
+    def run(self, ctx: EvalContext, settings: Any) -> ProbeResult:
+        raise NotImplementedError
+
+
+# Built-in probes: name -> "module:Class" (imported on first use: probes import torch).
+PROBES: dict[str, str] = {
+    "outliers": "diffsweep.eval.probes.outliers:OutliersProbe",
+    "quantization": "diffsweep.eval.probes.quantization:QuantizationProbe",
+    "needle": "diffsweep.eval.probes.needle:NeedleProbe",
+    "attention_focus": "diffsweep.eval.probes.attention_focus:AttentionFocusProbe",
+    "nll_position": "diffsweep.eval.probes.nll_position:NllPositionProbe",
+}
+
+
+def probe_names() -> list[str]:
+    """Every probe's name: the built-in ones, then those registered through entry points."""
+    names = dict.fromkeys(PROBES)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        names.setdefault(ep.name)
+    return list(names)
+
+
+def get_probe(name: str, key: str = "probe") -> Probe:
+    """The probe called ``name``; an unknown name is a ``ConfigError`` on ``key`` listing them."""
+    target = PROBES.get(name)
+    if target is None:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            names = probe_names()
+            raise ConfigError(key, f"unknown probe {name!r}{did_you_mean(name, names)}; expected one of "
+                              f"[{', '.join(names)}]")
+        target = found[0].value
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Probe)):
+        raise TypeError(f"probe {name!r}: {target} is not a diffsweep.eval.probe.Probe")
+    return cls()
+
+
+def parse_settings(probe: Probe, items: dict[str, Any]) -> Any:
+    """``probe``'s settings from ``{key: value}`` (unset keys keep their defaults); errors name
+    ``<probe>.<key>``."""
+    return decode(probe.Settings, items, probe.name, noun=f"setting of probe {probe.name}")
+
+
+def settings_dict(settings: Any) -> dict[str, Any]:
+    """Settings as plain values (for tags, the idempotency key and JSON)."""
+    from diffsweep.config.loading import to_dict
+
+    return to_dict(settings) if dataclasses.is_dataclass(settings) else {}
