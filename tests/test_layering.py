@@ -53,7 +53,8 @@ ALLOWED: dict[str, set[str]] = {
     "sweep": BASE | {"model", "store"},  # model.counting: sizes without building a model; compare reads the store
     "train": BASE | {"data", "model", "store", "rundir"},
     "bench": BASE | {"data", "model", "train", "diffsweep_kernels"},
-    "launch": BASE | {"data", "model", "sweep", "train", "store", "rundir", "diffsweep_kernels"},
+    "eval": BASE | {"data", "model", "train", "store", "rundir"},  # probes of trained checkpoints
+    "launch": BASE | {"data", "model", "sweep", "train", "eval", "store", "rundir", "diffsweep_kernels"},
     "scaling": BASE | {"sweep", "launch", "store", "rundir"},  # fit: reads runs, never trains
     "ui": BASE | {"store", "rundir"},  # the MLflow UI over the run store
 }
@@ -79,6 +80,7 @@ NOT_AT_IMPORT: dict[str, tuple[str, ...]] = {
     "diffsweep.sweep": ("torch", "mlflow"),  # expansion is pure; `plan` shows it before anything runs
     "diffsweep.launch": ("torch", "mlflow"),  # planning and submitting; the job imports the trainer
     "diffsweep.scaling": ("torch", "mlflow", "matplotlib"),  # fit reads runs; plots and logging import theirs
+    "diffsweep.eval.probe": HEAVY,  # the probe registry: `diffsweep eval --help` lists probes without torch
     "diffsweep.cli": HEAVY,  # `diffsweep --help` stays fast (rule 12)
 }
 NOWHERE = {"config": ("torch",)}  # not even inside a function

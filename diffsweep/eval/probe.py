@@ -146,3 +146,26 @@ def settings_dict(settings: Any) -> dict[str, Any]:
     from diffsweep.config.loading import to_dict
 
     return to_dict(settings) if dataclasses.is_dataclass(settings) else {}
+
+
+def probe_requests(names: list[str], items: list[str] | tuple[str, ...] = ()) -> list[tuple[Probe, Any]]:
+    """The probes ``names`` (in order, each once) with their settings from ``PROBE.KEY=VALUE``
+    ``items`` (values as in ``--set``: numbers, booleans, ``[a, b]`` lists). Errors name the field
+    ``probes`` (an unknown probe) or ``probe_settings`` (a malformed item, one for a probe not asked
+    for) or ``PROBE.KEY`` (a bad setting)."""
+    from diffsweep.config.loading import parse_scalar
+
+    if not names:
+        raise ConfigError("probes", f"expected at least one probe, one of [{', '.join(probe_names())}]")
+    probes = {name: get_probe(name, key="probes") for name in dict.fromkeys(names)}
+    given: dict[str, dict[str, Any]] = {name: {} for name in probes}
+    for item in items:
+        key, sep, text = item.partition("=")
+        name, dot, setting = key.strip().partition(".")
+        if not sep or not dot or not name or not setting:
+            raise ConfigError("probe_settings", f"expected PROBE.KEY=VALUE (e.g. needle.samples=10), got {item!r}")
+        if name not in given:
+            raise ConfigError("probe_settings", f"{item!r} sets probe {name!r}, which is not asked for (asked: "
+                              f"{', '.join(probes)})")
+        given[name][setting] = parse_scalar(text)
+    return [(probe, parse_settings(probe, given[name])) for name, probe in probes.items()]

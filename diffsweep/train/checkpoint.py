@@ -79,6 +79,11 @@ def checkpoint_step(path: Path) -> int:
     return int(_NAME.match(path.name).group(1))
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path``'s name is a checkpoint's (``step_XXXXXXXX`` or ``step_XXXXXXXX.pt``)."""
+    return _NAME.match(path.name) is not None
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     """Checkpoints in ``directory``, oldest first (by step; a sharded one after a single file of
     the same step)."""

@@ -132,12 +132,12 @@ def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenD
         echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
         return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
     torch.manual_seed(t.seed)
-    autocast_dtype = _autocast_dtype(t.precision, device)
-    built = build_model(config.model, device=device, compute_dtype=autocast_dtype or torch.float32)
+    autocast = autocast_dtype(t.precision, device)
+    built = build_model(config.model, device=device, compute_dtype=autocast or torch.float32)
     built.activation_checkpointing = t.activation_checkpointing
-    model: torch.nn.Module = distributed.wrap(built, t.parallel, world, device, autocast_dtype)
+    model: torch.nn.Module = distributed.wrap(built, t.parallel, world, device, autocast)
     optimizer = build_optimizer(model, t)
-    run = _Run(config, dataset, model, optimizer, device, autocast_dtype, run_dir, echo, world)
+    run = _Run(config, dataset, model, optimizer, device, autocast, run_dir, echo, world)
     if state is not None:
         run.restore(state, resume_path)
         echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
@@ -389,7 +389,7 @@ def _line(step: int, total: int, m: dict[str, float]) -> str:
     return line
 
 
-def _autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
     """bf16 autocast on GPU (and when asked for), fp32 (no autocast) on CPU by default."""
     if precision is Precision.BF16 or (precision is Precision.AUTO and device.type == "cuda"):
         return torch.bfloat16

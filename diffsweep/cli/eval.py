@@ -1,0 +1,63 @@
+"""``diffsweep eval``: the paper's probes on a trained run's checkpoint, logged to MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diffsweep.cli.common import handle_errors, name_choice
+from diffsweep.eval.probe import probe_names
+
+FLAGS = {"probes": "--probe", "probe_settings": "--probe-set"}
+
+
+@handle_errors(flags=FLAGS)
+def eval_(
+    target: Annotated[Path, typer.Argument(help="A run directory (its newest checkpoint) or one checkpoint "
+                                           "(RUN_DIR/checkpoints/step_XXXXXXXX).", show_default=False)],
+    probes: Annotated[list[str] | None, name_choice(
+        probe_names, "--probe", "A probe to run (repeat for several): {choices}.", metavar="PROBE",
+        show_default=False)] = None,
+    settings: Annotated[list[str] | None, typer.Option(
+        "--probe-set", help="A probe's setting, PROBE.KEY=VALUE (repeatable), e.g. needle.samples=10; "
+        "docs/eval.md lists them.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Run probes already logged for this checkpoint again.")
+                     ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the evaluations as JSON.")] = False,
+) -> None:
+    """Run probes on a trained checkpoint: each is an MLflow run nested under the training run.
+
+    A probe already logged for the same checkpoint and settings is skipped (see --force). Its
+    tables and plots are the MLflow run's artifacts, also kept in RUN_DIR/eval/step_XXXXXXXX/PROBE/.
+    Exit status: 0 done, 2 bad input (nothing runs), 3 a missing package or GPU.
+    """
+    from diffsweep.eval.probe import probe_requests
+
+    requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
+
+    from diffsweep.eval.loading import load_trained
+    from diffsweep.eval.runner import evaluate
+
+    trained = load_trained(target)
+    echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+    echo(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
+         f"on {trained.device}")
+    done = evaluate(trained, requests, force=force, echo=echo)
+    if as_json:
+        typer.echo(json.dumps([{"probe": e.probe, "settings": e.settings, "step": e.step, "ran": e.ran,
+                                "mlflow_run_id": e.mlflow_run_id, "seconds": e.seconds,
+                                "out_dir": str(e.out_dir) if e.out_dir else None,
+                                "metrics": e.result.metrics if e.result else None,
+                                "tables": e.result.tables if e.result else None} for e in done], indent=1))
+        return
+    for e in done:
+        if e.result is None:
+            continue
+        shown = {k: v for k, v in e.result.metrics.items() if k.count("/") <= 2 and "layer_" not in k}
+        for name, value in list(shown.items())[:24]:
+            typer.echo(f"  {name} = {value:.6g}")
+        if e.out_dir is not None:
+            typer.echo(f"  files: {e.out_dir}")

@@ -1,0 +1,140 @@
+"""``diffsweep eval`` on a trained run: the checkpoint loads as trained, each probe becomes an MLflow
+run nested under the training run, a repeated evaluation is skipped, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from diffsweep.config import ConfigError
+from diffsweep.data.dataset import val_starts, windows
+from diffsweep.eval.loading import find_checkpoint, load_trained
+from diffsweep.eval.probe import Probe, ProbeResult, parse_settings, probe_requests
+from diffsweep.eval.runner import evaluate
+from diffsweep.train.probes import token_losses
+from tests.launch.conftest import cli
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    tokens: int = 256
+
+
+class ValLoss(Probe):
+    """A real probe for these tests: validation loss over the first ``tokens`` validation tokens."""
+
+    name = "val_loss_test"
+    summary = "validation loss"
+    cites = "-"
+    Settings = LossSettings
+
+    def run(self, ctx, settings):
+        starts = val_starts(len(ctx.val_tokens), ctx.config.train.seq_len, settings.tokens)
+        window = torch.from_numpy(windows(ctx.val_tokens, starts, ctx.config.train.seq_len))
+        with torch.no_grad():
+            loss = float(token_losses(ctx.model, window).double().mean())
+        (ctx.out_dir / "loss.txt").write_text(f"{loss}\n")
+        return ProbeResult(metrics={"test/val_loss": loss}, series={"test/curve": {1: 1.0, 2: 0.5}},
+                           tables={"loss": [{"tokens": settings.tokens, "loss": loss}]},
+                           files=[ctx.out_dir / "loss.txt"], notes=["a note"])
+
+
+def test_the_checkpoint_loads_as_trained(trained_run, mlflow_store):
+    """The loaded model's validation loss over the trainer's validation windows is the one the
+    trainer logged at the last step (eval_tokens 256 of seq_len 32, micro-batches of 2)."""
+    trained = load_trained(trained_run)
+    assert trained.step == 12 and trained.checkpoint.name == "step_00000012"
+    assert trained.config.model.attention.kind.value == "diff_v1" and not trained.model.training
+    logged = MlflowClient(mlflow_store).get_metric_history(trained.mlflow_run_id, "val/loss")
+    last = next(m.value for m in logged if m.step == 12)
+    val = trained.dataset.split("val")
+    starts = val_starts(len(val), 32, 256)
+    total = sum(float(token_losses(trained.model, torch.from_numpy(windows(val, starts[i:i + 2], 32))).double().sum())
+                for i in range(0, len(starts), 2))
+    assert total / (len(starts) * 32) == pytest.approx(last, rel=1e-6)
+    earlier = load_trained(trained_run / "checkpoints" / "step_00000004")
+    assert earlier.step == 4 and earlier.run_dir == trained_run.absolute()
+    assert not torch.equal(earlier.model.output_weight(), trained.model.output_weight())
+
+
+def test_evaluations_are_runs_nested_under_the_training_run_and_are_not_repeated(trained_run, mlflow_store):
+    trained = load_trained(trained_run / "checkpoints" / "step_00000008")
+    probe = ValLoss()
+    lines: list[str] = []
+    first = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, echo=lines.append)
+    (e,) = first
+    assert e.ran and e.step == 8 and e.result.metrics["test/val_loss"] > 0
+    client = MlflowClient(mlflow_store)
+    run = client.get_run(e.mlflow_run_id)
+    tags = run.data.tags
+    assert run.info.status == "FINISHED"
+    assert tags["mlflow.parentRunId"] == trained.mlflow_run_id == tags["diffsweep.eval.source_run"]
+    assert tags["diffsweep.kind"] == "eval" and tags["diffsweep.eval.probe"] == "val_loss_test"
+    assert tags["diffsweep.eval.step"] == "8" and json.loads(tags["diffsweep.eval.settings"]) == {"tokens": 128}
+    assert tags["diffsweep.eval.run_key"] == trained.run_key and tags["mlflow.note.content"] == "a note"
+    assert run.info.experiment_id == client.get_run(trained.mlflow_run_id).info.experiment_id
+    assert run.data.metrics["test/val_loss"] == e.result.metrics["test/val_loss"]
+    assert [(m.step, m.value) for m in client.get_metric_history(e.mlflow_run_id, "test/val_loss")] == \
+        [(8, e.result.metrics["test/val_loss"])]  # at the checkpoint's step
+    assert sorted((m.step, m.value) for m in client.get_metric_history(e.mlflow_run_id, "test/curve")) == \
+        [(1, 1.0), (2, 0.5)]
+    artifacts = sorted(a.path for a in client.list_artifacts(e.mlflow_run_id))
+    assert artifacts == ["loss.json", "loss.txt"]
+    assert (e.out_dir / "loss.json").is_file() and e.out_dir == trained_run.absolute() / "eval/step_00000008/val_loss_test"
+
+    again = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, echo=lines.append)
+    assert not again[0].ran and again[0].mlflow_run_id == e.mlflow_run_id and "skipped" in lines[-1]
+    other = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 64}))], uri=mlflow_store, echo=lines.append)
+    assert other[0].ran and other[0].mlflow_run_id != e.mlflow_run_id  # other settings, another evaluation
+    forced = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, force=True,
+                      echo=lines.append)
+    assert forced[0].ran and forced[0].result.metrics == e.result.metrics  # deterministic
+
+
+def test_a_failing_probe_marks_its_run_failed(trained_run, mlflow_store):
+    class Broken(ValLoss):
+        name = "broken_test"
+
+        def run(self, ctx, settings):
+            raise RuntimeError("boom")
+
+    trained = load_trained(trained_run)
+    with pytest.raises(RuntimeError, match="boom"):
+        evaluate(trained, [(Broken(), LossSettings())], uri=mlflow_store, echo=lambda line: None)
+    client = MlflowClient(mlflow_store)
+    exp = client.get_run(trained.mlflow_run_id).info.experiment_id
+    runs = client.search_runs([exp], "tags.`diffsweep.eval.probe` = 'broken_test'")
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_bad_requests_name_the_field(tmp_path):
+    for names, items, key in [([], [], "probes"), (["nosuch"], [], "probes"),
+                              (["outliers"], ["needle.samples=3"], "probe_settings"),
+                              (["outliers"], ["outliers"], "probe_settings")]:
+        with pytest.raises(ConfigError) as caught:
+            probe_requests(names, items)
+        assert caught.value.key == key, (names, items, caught.value)
+    with pytest.raises(ConfigError, match="not found"):
+        find_checkpoint(tmp_path / "nothing")
+    with pytest.raises(ConfigError, match="has no checkpoint"):
+        find_checkpoint(tmp_path)
+
+
+def test_bad_input_through_the_cli_is_one_line_and_runs_nothing(trained_run, tmp_path, store):
+    cases = [
+        (["eval", str(trained_run), "--probe", "nosuch"], "error: --probe: expected one of ["),
+        (["eval", str(tmp_path), "--probe", "outliers"], f"error: {tmp_path}: has no checkpoint"),
+        (["eval", str(trained_run), "--probe", "outliers", "--probe-set", "needle.samples=2"],
+         "error: --probe-set: 'needle.samples=2' sets probe 'needle', which is not asked for"),
+        (["eval", str(trained_run), "--probe", "outliers", "--probe-set", "outliers.tokns=2"],
+         "error: outliers.tokns: unknown setting of probe outliers (did you mean 'tokens'?)"),
+        (["eval", str(trained_run)], "error: --probe: expected at least one probe"),
+    ]
+    for args, line in cases:
+        r = cli(*args, cwd=tmp_path, env=store)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(line), (args, r.stderr)
+    assert not (tmp_path / "mlflow.db").exists() and not (trained_run / "eval" / "step_00000012").exists()
