@@ -9,15 +9,18 @@ from typing import Annotated
 import typer
 
 from diffsweep.cli.common import handle_errors, name_choice
+from diffsweep.cli.sweep import FLAGS as SWEEP_FLAGS
+from diffsweep.cli.sweep import OnlyOpt, OutOpt, SweepSetOpt
 from diffsweep.eval.probe import probe_names
 
-FLAGS = {"probes": "--probe", "probe_settings": "--probe-set"}
+FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set"}
 
 
 @handle_errors(flags=FLAGS)
 def eval_(
-    target: Annotated[Path, typer.Argument(help="A run directory (its newest checkpoint) or one checkpoint "
-                                           "(RUN_DIR/checkpoints/step_XXXXXXXX).", show_default=False)],
+    target: Annotated[Path, typer.Argument(help="A run directory (its newest checkpoint), one checkpoint "
+                                           "(RUN_DIR/checkpoints/step_XXXXXXXX), or a sweep YAML (every "
+                                           "finished run's newest checkpoint).", show_default=False)],
     probes: Annotated[list[str] | None, name_choice(
         probe_names, "--probe", "A probe to run (repeat for several): {choices}.", metavar="PROBE",
         show_default=False)] = None,
@@ -27,6 +30,9 @@ def eval_(
     force: Annotated[bool, typer.Option("--force", help="Run probes already logged for this checkpoint again.")
                      ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the evaluations as JSON.")] = False,
+    out: OutOpt = None,
+    only: OnlyOpt = None,
+    sets: SweepSetOpt = None,
 ) -> None:
     """Run probes on a trained checkpoint: each is an MLflow run nested under the training run.
 
@@ -38,14 +44,24 @@ def eval_(
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
 
-    from diffsweep.eval.loading import load_trained
-    from diffsweep.eval.runner import evaluate
-
-    trained = load_trained(target)
     echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-    echo(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
-         f"on {trained.device}")
-    done = evaluate(trained, requests, force=force, echo=echo)
+    if target.suffix in (".yaml", ".yml"):
+        from diffsweep.cli.sweep import _target
+        from diffsweep.launch.api import eval_sweep
+
+        runs, waiting = eval_sweep(_target(target, only=only, out=out, sets=sets, executor="local"), requests,
+                                   force=force, echo=echo)
+        done = [e for run in runs for e in run.evaluations]
+        echo(f"evaluated {len(runs)} finished runs" + (f"; {len(waiting)} not finished yet (run this again once "
+                                                        "they are)" if waiting else ""))
+    else:
+        from diffsweep.eval.loading import load_trained
+        from diffsweep.eval.runner import evaluate
+
+        trained = load_trained(target)
+        echo(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
+             f"on {trained.device}")
+        done = evaluate(trained, requests, force=force, echo=echo)
     if as_json:
         typer.echo(json.dumps([{"probe": e.probe, "settings": e.settings, "step": e.step, "ran": e.ran,
                                 "mlflow_run_id": e.mlflow_run_id, "seconds": e.seconds,

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from diffsweep.launch.ledger import Attempt, Entry, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan, output_dir
@@ -248,3 +249,38 @@ def run_logs(run: str, *, spec: SweepSpec | None = None, out: Path | None = None
         attempts.append(AttemptLogs(number=n, attempt=a, header=header(entry, n, now), files=files,
                                     no_logs=None if files else no_logs(entry, a, now)))
     return LogsReport(out=directory, entry=entry, attempts=attempts)
+
+
+@dataclass(frozen=True)
+class RunEvaluations:
+    """The evaluations of one finished run of a sweep (``diffsweep.eval.runner.Evaluation``s, one
+    per probe)."""
+
+    name: str
+    run_dir: Path
+    evaluations: list[Any]
+
+
+def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: bool = False,
+               echo: Callable[[str], None] = print) -> tuple[list[RunEvaluations], list[str]]:
+    """Run ``probes`` (``diffsweep.eval.probe.probe_requests``) on the newest checkpoint of every
+    finished run of the sweep (those ``only`` selects), one after another in this process; what
+    is already evaluated is skipped. Returns the evaluations and the names of the runs not
+    finished yet (evaluated by a later call). Every probe is checked against every run's config
+    before anything runs."""
+    from diffsweep.eval.loading import load_trained
+    from diffsweep.eval.runner import evaluate
+    from diffsweep.launch.state import DONE
+
+    plan = plan_sweep(target)
+    finished = [row for row in plan.runs if row.state.state == DONE]
+    for row in finished:
+        for probe, settings in probes:
+            probe.check(settings, row.run.config)
+    done = []
+    for row in finished:
+        echo(f"== {row.run.name}")
+        trained = load_trained(row.run_dir)
+        done.append(RunEvaluations(row.run.name, row.run_dir, evaluate(trained, probes, force=force, echo=echo)))
+        del trained
+    return done, [row.run.name for row in plan.runs if row.state.state != DONE]
