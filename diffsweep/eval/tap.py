@@ -91,7 +91,7 @@ class Tap(AttentionBackend):
     def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Quantized attention ``(B, H, T, Dv)`` in fp32 (not cast back)."""
         logits, causal = self._logits(q, k, scale)
-        logits = quantize_logits(logits, causal, self.bits).masked_fill(~causal, float("-inf"))
+        logits = quantize_logits(logits, causal, self.bits).masked_fill_(~causal, float("-inf"))  # a fresh tensor
         v = upcast(v.repeat_interleave(q.shape[1] // v.shape[1], dim=1))
         with torch.autocast(q.device.type, enabled=False):
             return torch.softmax(logits, dim=-1) @ v

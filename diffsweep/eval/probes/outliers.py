@@ -52,7 +52,7 @@ class AbsStats:
     def add(self, values: torch.Tensor) -> None:
         """Add |values| (any shape)."""
         a = values.detach().float().abs().flatten()
-        bins = torch.bincount((a.view(torch.int32) >> 16).long(), minlength=BINS)
+        bins = torch.bincount(a.view(torch.int32) >> 16, minlength=BINS)  # |a| >= 0: sign bit 0
         self._merge(a.topk(min(max(TOPS), a.numel())).values, bins, a.numel())
 
     def _merge(self, top: torch.Tensor, hist: torch.Tensor, count: int) -> None:
