@@ -10,7 +10,8 @@ from torch import nn
 from diffsweep.config import ModelConfig, V2Lambda, V2Pairing
 from diffsweep.model.attention.backends import AttentionBackend
 from diffsweep.model.attention.base import AttentionModule
-from diffsweep.model.layers import Rotary
+from diffsweep.model.layers import Rotary, upcast
+from diffsweep_kernels import reference
 
 
 def _same_group(out: torch.Tensor, h: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +103,24 @@ class DiffAttentionV2(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
         else:
             diff_bhtd = out1 - lam.transpose(1, 2).unsqueeze(-1).to(out1.dtype) * out2  # λ: (B, h, T, 1)
         return diff_bhtd.transpose(1, 2).reshape(B, T, h * d)
+
+    def attention_maps(self, x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+        """The map output head i applies to V ``(B, h, T, T)``, at least fp32: ``A_a − λ_i(t)·A_b``
+        with ``A_j = softmax(Q_j Kᵀ/√d)`` (causal) of query head j, (a, b) the pairing's two heads
+        ((2i, 2i+1) same_group, (i, h+i) cross_group), λ_i(t) per query token (1 with
+        ``v2_lambda: none``); rows sum to 1 − λ_i(t).
+
+        ``map @ V`` is the output head (``core``) when heads a and b share a K/V head: always with
+        same_group; with cross_group they read different V heads whenever h_kv > 1, and the map then
+        only says which positions the difference weighs."""
+        q_bhtd, k_bhtd, _, *lam_bth = self.project(x, rope)
+        with torch.autocast(x.device.type, enabled=False):
+            probs = reference.attention_probs(q_bhtd, k_bhtd, scale=self.head_dim**-0.5, upcast=True)
+        probs1, probs2 = self.pair(probs, self.num_heads)  # (B, h, T, T) each
+        if not lam_bth:
+            return probs1 - probs2
+        lam = upcast(lam_bth[0]).to(probs.dtype).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1): per query row
+        return probs1 - lam * probs2
 
     def probe(self, x: torch.Tensor) -> dict[str, float]:
         """λ over this layer's tokens and heads (as applied): its mean and spread."""

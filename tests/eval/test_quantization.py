@@ -1,0 +1,92 @@
+"""The quantization probe (Fig. 8): 16 bits is exactly (==) the validation loss computed here with
+``token_losses`` and no tap, over the same windows and micro-batches; 12 bits stays within a small
+tolerance of it; 4 bits moves it; the table, metrics, note and settings checks. (The quantizer
+itself is checked on hand-made logits in ``test_tap.py``; losses need not grow as bits shrink.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from diffsweep.config import ConfigError, load_config
+from diffsweep.data.tokenizers import BytesTokenizer
+from diffsweep.eval.probe import EvalContext, get_probe, parse_settings
+from diffsweep.model.transformer import build_model
+from diffsweep.train.probes import token_losses
+
+torch.set_num_threads(1)
+
+SEQ, WINDOWS, MICRO = 32, 5, 2
+KINDS = {
+    "transformer": ["model.attention.kind=transformer", "model.attention.num_kv_heads=2"],
+    "diff_v1": ["model.attention.kind=diff_v1", "model.attention.num_kv_heads=1"],
+    "diff_v2": ["model.attention.kind=diff_v2", "model.attention.num_kv_heads=2"],
+}
+
+
+def context(kind: str, tmp_path) -> EvalContext:
+    """A tiny-xs model whose Q/K weights are larger than the init, so attention is far from uniform
+    and quantizing its logits matters."""
+    config = load_config(None, ["model.size=tiny-xs", "model.vocab_size=64", f"train.seq_len={SEQ}", *KINDS[kind]])
+    torch.manual_seed(0)
+    model = build_model(config.model).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("wq.weight", "wk.weight")):
+                p.normal_(0, 0.5)
+    val = np.random.default_rng(0).integers(0, 64, size=WINDOWS * SEQ + 7).astype(np.uint16)
+    return EvalContext(model=model, config=config, tokenizer=BytesTokenizer(), val_tokens=val,
+                       device=torch.device("cpu"), autocast_dtype=None, out_dir=tmp_path)
+
+
+@torch.no_grad()
+def plain_loss(ctx: EvalContext) -> float:
+    """The validation loss without any tap: windows of SEQ + 1 tokens every SEQ tokens, MICRO at a time."""
+    data = np.stack([ctx.val_tokens[s:s + SEQ + 1] for s in range(0, WINDOWS * SEQ, SEQ)]).astype(np.int64)
+    total, count = 0.0, 0
+    for i in range(0, WINDOWS, MICRO):
+        losses = token_losses(ctx.model, torch.from_numpy(data[i:i + MICRO]))
+        total += float(losses.double().sum())
+        count += losses.numel()
+    return total / count
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_losses_by_bits(kind, tmp_path):
+    ctx = context(kind, tmp_path)
+    probe = get_probe("quantization")
+    settings = parse_settings(probe, {"bits": [12, 8, 4], "tokens": WINDOWS * SEQ, "micro_batch": MICRO})
+    probe.check(settings, ctx.config)
+    result = probe.run(ctx, settings)
+    loss = {row["bits"]: row["val_loss"] for row in result.tables["quantization"]}
+    assert list(loss) == [16, 12, 8, 4]  # 16, the baseline, is always evaluated; widest first
+    assert loss[16] == plain_loss(ctx)  # bit for bit: 16 bits is the run's own backend
+    assert abs(loss[12] - loss[16]) < 1e-3
+    assert loss[4] != loss[16] and abs(loss[4] - loss[16]) > abs(loss[12] - loss[16])
+    for row in result.tables["quantization"]:
+        assert row["delta"] == row["val_loss"] - loss[16]
+        assert result.metrics[f"quantization/bits_{row['bits']:02d}/val_loss"] == row["val_loss"]
+    assert len(result.metrics) == 4
+    backend = ctx.model.cfg.attention.backend.value
+    assert any("bits 12, 8, 4" in note and repr(backend) in note for note in result.notes)
+    assert all(block.attention.backend.name.value == backend for block in ctx.model.blocks())  # restored
+
+
+def test_only_16_bits_has_no_note(tmp_path):
+    ctx = context("transformer", tmp_path)
+    probe = get_probe("quantization")
+    result = probe.run(ctx, parse_settings(probe, {"bits": [16], "tokens": SEQ, "micro_batch": 1}))
+    assert result.notes == [] and list(result.metrics) == ["quantization/bits_16/val_loss"]
+
+
+def test_settings_checked():
+    probe = get_probe("quantization")
+    config = load_config(None, ["model.size=tiny-xs"])
+    assert parse_settings(probe, {}).bits == (16, 8, 6, 4)  # the paper's widths
+    for items, key in (({"bits": [8, 1]}, "quantization.bits"), ({"bits": [17]}, "quantization.bits"),
+                       ({"bits": []}, "quantization.bits"), ({"tokens": 0}, "quantization.tokens"),
+                       ({"micro_batch": -1}, "quantization.micro_batch")):
+        with pytest.raises(ConfigError) as err:
+            probe.check(parse_settings(probe, items), config)
+        assert err.value.key == key
