@@ -76,7 +76,8 @@ class AttentionFocusProbe(Probe):
                                          queries=1, depth=depth, samples=settings.samples, seed=ctx.seed)
             except ValueError as exc:
                 raise ConfigError(f"{self.name}.context", str(exc)) from None
-            answer, noise = [], []
+            answer: list[float] = []
+            noise: list[float] = []
             for first in range(0, len(prompts), settings.batch):
                 chunk = prompts[first : first + settings.batch]
                 tokens = torch.tensor([p.tokens for p in chunk], device=ctx.device)
