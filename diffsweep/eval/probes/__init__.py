@@ -1,0 +1,1 @@
+"""One module per probe (registered in diffsweep.eval.probe.PROBES)."""
