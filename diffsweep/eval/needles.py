@@ -35,7 +35,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NEEDLE = "\nThe magic number of {city} is {number}.\n"
 ANSWER_PREFIX = "\nThe magic number of {city} is"
@@ -94,7 +97,7 @@ def random_number(rng: random.Random, digits: int) -> str:
 
 
 def needle_prompts(
-    haystack: Sequence[int],
+    haystack: Sequence[int] | np.ndarray,
     tokenizer: Encoder,
     *,
     context: int,

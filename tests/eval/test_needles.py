@@ -3,9 +3,9 @@ distinct cities and numbers, reproducible from the seed; with bytes and with a t
 
 from __future__ import annotations
 
+import pydoc_data.topics
 import re
 
-import pydoc_data.topics
 import pytest
 
 from diffsweep.data.tokenizers import BytesTokenizer, load_tokenizer
