@@ -122,3 +122,15 @@ def test_too_short_context_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot hold") as err:
         probe.run(ctx, parse_settings(probe, {"needles": 6, "contexts": [100], "samples": 1}))
     assert err.value.key == "needle.contexts"
+
+
+def test_longer_context_runs_with_a_note(tmp_path):
+    ctx = _ctx(tmp_path, seq_len=256)
+    probe = get_probe("needle")
+    settings = parse_settings(probe, {"needles": 1, "queries": 1, "contexts": [300], "depths": [50], "samples": 1,
+                                      "allow_longer": True})
+    probe.check(settings, ctx.config)
+    result = probe.run(ctx, settings)
+    (note,) = result.notes
+    assert note == "needle: context 300 with its answer is longer than the trained 256 tokens (RoPE extrapolation)"
+    assert 0.0 <= result.metrics["needle/N1_R1/accuracy"] <= 1.0

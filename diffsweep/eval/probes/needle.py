@@ -20,7 +20,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_name
-from diffsweep.eval import needles as needle_prompts
+from diffsweep.eval import needles
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
 from diffsweep.model.transformer import LanguageModel
 
@@ -92,9 +92,9 @@ class NeedleProbe(Probe):
     Settings: ClassVar[type] = NeedleSettings
 
     def check(self, settings: NeedleSettings, config: Config) -> None:
-        if settings.needles < 1 or settings.needles > len(needle_prompts.CITIES):
-            raise ConfigError("needle.needles", f"expected 1 to {len(needle_prompts.CITIES)} needles (one per "
-                              f"city of needles.CITIES), got {settings.needles}")
+        if settings.needles < 1 or settings.needles > len(needles.CITIES):
+            raise ConfigError("needle.needles", f"expected 1 to {len(needles.CITIES)} needles (one per "
+                              f"city of diffsweep.eval.needles.CITIES), got {settings.needles}")
         if not 1 <= settings.queries <= settings.needles:
             raise ConfigError("needle.queries", f"expected 1 to needles = {settings.needles} queried cities, "
                               f"got {settings.queries}")
@@ -117,17 +117,21 @@ class NeedleProbe(Probe):
         model.eval()
         result = ProbeResult()
         rows: list[dict[str, Any]] = []
+        seq_len = ctx.config.train.seq_len
         for context in contexts(settings, ctx.config):
+            if context + new_tokens(settings.digits) - 1 > seq_len:
+                result.notes.append(f"needle: context {context} with its answer is longer than the trained "
+                                    f"{seq_len} tokens (RoPE extrapolation)")
             for depth in settings.depths:
                 try:
-                    prompts = needle_prompts.needle_prompts(
+                    prompts = needles.needle_prompts(
                         ctx.val_tokens, ctx.tokenizer, context=context, needles=settings.needles,
                         queries=settings.queries, depth=depth, samples=settings.samples, digits=settings.digits,
                         seed=ctx.seed)
                 except ValueError as exc:
                     raise ConfigError("needle.contexts", str(exc)) from exc
                 texts = self.answers(ctx, [p.tokens for p in prompts], settings)
-                hits = [needle_prompts.recovered(t, p.answer) for t, p in zip(texts, prompts, strict=True)]
+                hits = [needles.recovered(t, p.answer) for t, p in zip(texts, prompts, strict=True)]
                 accuracy = sum(hits) / len(hits)
                 result.metrics[f"needle/{label}/ctx_{context:04d}/depth_{_depth(depth)}/accuracy"] = accuracy
                 rows.append({"needles": settings.needles, "queries": settings.queries, "context": context,
