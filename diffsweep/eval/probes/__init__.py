@@ -1,1 +1,1 @@
-"""The built-in probes: one module per probe (``diffsweep.eval.probe.PROBES`` names them)."""
+"""One module per probe (registered in diffsweep.eval.probe.PROBES)."""
