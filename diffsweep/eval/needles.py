@@ -120,7 +120,7 @@ def needle_prompts(
         raise ValueError(f"digits must be >= 1, got {digits}")
     out = []
     for sample in range(samples):
-        rng = random.Random(f"diffsweep.needle/{seed}/{context}/{needles}/{queries}/{depth}/{digits}/{sample}")
+        rng = random.Random(f"diffsweep.needle/{seed}/{context}/{needles}/{queries}/{float(depth)}/{digits}/{sample}")
         cities = rng.sample(CITIES, needles)
         numbers: list[str] = []
         while len(numbers) < needles:

@@ -31,7 +31,7 @@ def _ctx(tmp_path, seq_len=512) -> EvalContext:
 
 def test_greedy_is_the_argmax_loop(tmp_path):
     ctx = _ctx(tmp_path)
-    prompt = needle_prompts(ctx.val_tokens, ctx.tokenizer, context=160, needles=2, queries=1, depth=50, samples=2)
+    prompt = needle_prompts(ctx.val_tokens, ctx.tokenizer, context=200, needles=2, queries=1, depth=50, samples=2)
     tokens = torch.tensor([p.tokens for p in prompt])
     out = greedy(ctx.model, tokens, 6)
     with torch.no_grad():

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from diffsweep.config import Config, ConfigError
-from diffsweep.eval.needles import ANSWER_PREFIX, NEEDLE, needle_prompts
+from diffsweep.eval.needles import ANSWER_PREFIX, NEEDLE, needle_prompts, question
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
 
 
@@ -119,13 +119,9 @@ def _masks(prompt: Any, tokenizer: Any, context: int) -> tuple[torch.Tensor, tor
     start = prompt.needle_offsets[index]
     answer = torch.zeros(context, dtype=torch.bool)
     answer[start : start + needle] = True
-    last_needle_end = max(o + len(tokenizer.encode(NEEDLE.format(city=c, number=n)))
-                          for o, c, n in zip(prompt.needle_offsets, prompt.cities, prompt.numbers, strict=True))
-    haystack_end = max(last_needle_end, prompt.haystack_tokens + sum(
-        len(tokenizer.encode(NEEDLE.format(city=c, number=n))) for c, n in zip(prompt.cities, prompt.numbers,
-                                                                               strict=True)))
+    tail = len(tokenizer.encode(question([prompt.city]))) + prefix  # the question, then the answer prefix
     noise = torch.zeros(context, dtype=torch.bool)
-    noise[:haystack_end] = True
+    noise[: context - tail] = True
     noise &= ~answer
     return answer, noise, prefix
 
