@@ -45,17 +45,17 @@ class ValLoss(Probe):
 
 def test_the_checkpoint_loads_as_trained(trained_run, mlflow_store):
     """The loaded model's validation loss over the trainer's validation windows is the one the
-    trainer logged at the last step (eval_tokens 256 of seq_len 32, micro-batches of 2)."""
+    trainer logged at the last step (eval_tokens 256 of seq_len 128, micro-batches of 2)."""
     trained = load_trained(trained_run)
     assert trained.step == 12 and trained.checkpoint.name == "step_00000012"
     assert trained.config.model.attention.kind.value == "diff_v1" and not trained.model.training
     logged = MlflowClient(mlflow_store).get_metric_history(trained.mlflow_run_id, "val/loss")
     last = next(m.value for m in logged if m.step == 12)
     val = trained.dataset.split("val")
-    starts = val_starts(len(val), 32, 256)
-    total = sum(float(token_losses(trained.model, torch.from_numpy(windows(val, starts[i:i + 2], 32))).double().sum())
+    starts = val_starts(len(val), 128, 256)
+    total = sum(float(token_losses(trained.model, torch.from_numpy(windows(val, starts[i:i + 2], 128))).double().sum())
                 for i in range(0, len(starts), 2))
-    assert total / (len(starts) * 32) == pytest.approx(last, rel=1e-6)
+    assert total / (len(starts) * 128) == pytest.approx(last, rel=1e-6)
     earlier = load_trained(trained_run / "checkpoints" / "step_00000004")
     assert earlier.step == 4 and earlier.run_dir == trained_run.absolute()
     assert not torch.equal(earlier.model.output_weight(), trained.model.output_weight())
@@ -138,3 +138,37 @@ def test_bad_input_through_the_cli_is_one_line_and_runs_nothing(trained_run, tmp
         r = cli(*args, cwd=tmp_path, env=store)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(line), (args, r.stderr)
     assert not (tmp_path / "mlflow.db").exists() and not (trained_run / "eval" / "step_00000012").exists()
+
+
+def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlflow_store):
+    """What a user runs: every built-in probe on the newest checkpoint, then the same command
+    again (nothing new runs)."""
+    args = ["eval", str(trained_run), "--probe", "outliers", "--probe", "quantization", "--probe", "nll_position",
+            "--probe", "needle", "--probe", "attention_focus",
+            "--probe-set", "outliers.tokens=512", "--probe-set", "quantization.tokens=512",
+            "--probe-set", "quantization.bits=[16, 8, 4]", "--probe-set", "nll_position.documents=4",
+            "--probe-set", "needle.needles=2", "--probe-set", "needle.queries=1", "--probe-set", "needle.samples=2",
+            "--probe-set", "needle.depths=[0, 100]", "--probe-set", "attention_focus.needles=2",
+            "--probe-set", "attention_focus.samples=2", "--json"]
+    env = {"MLFLOW_TRACKING_URI": mlflow_store}
+    r = cli(*args, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    done = {e["probe"]: e for e in json.loads(r.stdout)}
+    assert list(done) == ["outliers", "quantization", "nll_position", "needle", "attention_focus"]
+    assert all(e["ran"] and e["step"] == 12 for e in done.values())
+    assert done["outliers"]["metrics"]["outliers/attn_logit/top1"] > 0
+    assert {row["bits"] for row in done["quantization"]["tables"]["quantization"]} == {16, 8, 4}
+    assert 0 <= done["needle"]["metrics"]["needle/N2_R1/accuracy"] <= 1
+    assert done["nll_position"]["metrics"]["nll_position/mean"] > 0
+    kept = trained_run / "eval" / "step_00000012"
+    assert sorted(p.name for p in kept.iterdir()) == ["attention_focus", "needle", "nll_position", "outliers",
+                                                     "quantization"]
+    assert any(p.suffix == ".png" for p in (kept / "needle").iterdir())
+    assert any(p.suffix == ".png" for p in (kept / "nll_position").iterdir())
+    client = MlflowClient(mlflow_store)
+    for e in done.values():
+        run = client.get_run(e["mlflow_run_id"])
+        assert run.info.status == "FINISHED" and run.data.tags["diffsweep.eval.probe"] == e["probe"]
+    again = cli(*args, cwd=tmp_path, env=env)
+    assert again.returncode == 0 and not any(e["ran"] for e in json.loads(again.stdout))
+    assert again.stderr.count("already evaluated") == 5
