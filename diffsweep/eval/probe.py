@@ -107,6 +107,8 @@ PROBES: dict[str, str] = {
     "needle": "diffsweep.eval.probes.needle:NeedleProbe",
     "attention_focus": "diffsweep.eval.probes.attention_focus:AttentionFocusProbe",
     "nll_position": "diffsweep.eval.probes.nll_position:NllPositionProbe",
+    "downstream": "diffsweep.eval.probes.downstream:DownstreamProbe",
+    "icl": "diffsweep.eval.probes.icl:IclProbe",
 }
 
 
