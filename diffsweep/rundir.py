@@ -9,6 +9,9 @@ A run directory (``<sweep output>/runs/<name>-<key>/``, or ``train --out``'s ``<
   store (``read_run_file``, ``write_run_file``; ``run_info`` for readers that must not fail).
 - ``launch_config.yaml`` (``LAUNCH_CONFIG``): the resolved config a launched job trains, written at
   submission (``write_launch_config``, ``read_launch_config``).
+- ``launch_eval.json`` (``LAUNCH_EVAL``): the probes the job runs on the run once it has trained
+  (the sweep's ``eval:`` section), written at submission when there are any
+  (``write_launch_eval``, ``read_launch_eval``).
 - ``job.json`` (``JOB_FILE``): the state a launched job last reached (running, finished,
   preempted, failed) with its job id and reason (``write_job_state``, ``read_job_state``).
 - checkpoints (``diffsweep.train.checkpoint``).
@@ -33,6 +36,7 @@ from diffsweep.config import ConfigError
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
 JOB_FILE = "job.json"  # the launched job's last state
 LAUNCH_CONFIG = "launch_config.yaml"  # the resolved config a launched job trains
+LAUNCH_EVAL = "launch_eval.json"  # the probes a launched job runs once it has trained (the sweep's eval:)
 SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and dirty flag it was made from
 
 
@@ -100,6 +104,24 @@ def read_launch_config(run_dir: Path) -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load((run_dir / LAUNCH_CONFIG).read_text())
+
+
+def write_launch_eval(run_dir: Path, request: dict[str, Any] | None) -> None:
+    """Record the probes the launched job runs after training (``{"probes", "settings", "steps"}``),
+    or remove an earlier record (``None``: the sweep has no ``eval:`` now)."""
+    if request is None:
+        (run_dir / LAUNCH_EVAL).unlink(missing_ok=True)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomically(run_dir / LAUNCH_EVAL, json.dumps(request) + "\n")
+
+
+def read_launch_eval(run_dir: Path) -> dict[str, Any] | None:
+    """The request ``write_launch_eval`` recorded, None if there is none."""
+    try:
+        return json.loads((run_dir / LAUNCH_EVAL).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def write_job_state(run_dir: Path, state: str, **extra: Any) -> None:

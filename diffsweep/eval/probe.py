@@ -137,10 +137,10 @@ def get_probe(name: str, key: str = "probe") -> Probe:
     return cls()
 
 
-def parse_settings(probe: Probe, items: dict[str, Any]) -> Any:
+def parse_settings(probe: Probe, items: dict[str, Any], where: str = "") -> Any:
     """``probe``'s settings from ``{key: value}`` (unset keys keep their defaults); errors name
-    ``<probe>.<key>``."""
-    return decode(probe.Settings, items, probe.name, noun=f"setting of probe {probe.name}")
+    ``<where><probe>.<key>``."""
+    return decode(probe.Settings, items, f"{where}{probe.name}", noun=f"setting of probe {probe.name}")
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:
@@ -171,3 +171,18 @@ def probe_requests(names: list[str], items: list[str] | tuple[str, ...] = ()) ->
                               f"{', '.join(probes)})")
         given[name][setting] = parse_scalar(text)
     return [(probe, parse_settings(probe, given[name])) for name, probe in probes.items()]
+
+
+def sweep_requests(names: list[str] | tuple[str, ...], settings: dict[str, dict[str, Any]], where: str
+                   ) -> list[tuple[Probe, Any]]:
+    """The probes of a sweep file's ``eval:`` section (``where``: the file) with their ``settings``
+    (probe -> {key: value}); errors name ``<where>: eval.probes`` or ``eval.settings.<probe>.<key>``."""
+    probes = {name: get_probe(name, key=f"{where}: eval.probes") for name in dict.fromkeys(names)}
+    for name, values in settings.items():
+        if name not in probes:
+            raise ConfigError(f"{where}: eval.settings.{name}", f"sets probe {name!r}, which eval.probes does not "
+                              f"list ({', '.join(probes) or 'none'})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: eval.settings.{name}", f"expected a mapping of settings, got {values!r}")
+    return [(probe, parse_settings(probe, settings.get(name, {}), f"{where}: eval.settings."))
+            for name, probe in probes.items()]

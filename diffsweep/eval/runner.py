@@ -192,3 +192,23 @@ def _keep(out_dir: Path, trained: Trained, probe: str) -> Path | None:
 
 
 
+
+
+def evaluate_run(run_dir: Path, probes: list[tuple[Probe, Any]], steps: list[int] | tuple[int, ...] = (), *,
+                 uri: str | None = None, force: bool = False, echo: Callable[[str], None] = print) -> list[Evaluation]:
+    """``evaluate`` on a run directory's newest checkpoint, then on its checkpoints of ``steps``
+    (those still kept: a missing one is said, not an error)."""
+    from diffsweep.eval.loading import load_trained
+    from diffsweep.train.checkpoint import checkpoint_path, list_checkpoints
+
+    newest = load_trained(run_dir)
+    done = evaluate(newest, probes, uri=uri, force=force, echo=echo)
+    kept = {p.name.removesuffix(".pt"): p for p in list_checkpoints(run_dir / "checkpoints")}
+    for step in sorted(set(steps) - {newest.step}):
+        path = kept.get(checkpoint_path(run_dir / "checkpoints", step).name)
+        if path is None:
+            echo(f"step {step}: no checkpoint kept (train.checkpoint_every and train.keep_checkpoints decide which "
+                 "are); not evaluated")
+            continue
+        done += evaluate(load_trained(path), probes, uri=uri, force=force, echo=echo)
+    return done

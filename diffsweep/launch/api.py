@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Attempt, Entry, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan, output_dir
 from diffsweep.launch.profiles import with_overrides
@@ -106,9 +107,28 @@ def plan_sweep(target: SweepTarget, *, check: bool = False) -> SweepPlan:
     chosen = choose_profile(target.spec, target.profile, target.executor)
     chosen = with_overrides(chosen, list(target.slurm_overrides), list(target.setup_lines))
     plan = make_plan(target.spec, chosen, target.output_dir(), only=target.only)
+    check_eval(plan)
     if check:
         get_scheduler(plan.profile.executor).check_plan(plan)
     return plan
+
+
+def check_eval(plan: SweepPlan) -> None:
+    """The sweep's ``eval:`` probes and settings, checked against every planned run's config (a
+    ``ConfigError`` naming the sweep file's key: nothing is launched with a probe that cannot run)."""
+    spec = plan.spec
+    if not spec.eval.probes:
+        return
+    from diffsweep.eval.probe import sweep_requests
+
+    requests = sweep_requests(list(spec.eval.probes), spec.eval.settings, str(spec.path))
+    for row in plan.runs:
+        for probe, settings in requests:
+            try:
+                probe.check(settings, row.run.config)
+            except ConfigError as exc:
+                raise ConfigError(f"{spec.path}: eval.settings.{exc.key}", f"{exc.message} (run {row.run.name})") \
+                    from None
 
 
 def reconcile_sweep(target: SweepTarget, warn: Callable[[str], None] = print) -> list[Reconciled]:

@@ -35,12 +35,13 @@ class TrainJob(submitit.helpers.Checkpointable):
     """Train one resolved config in its run directory; resumable and requeueable."""
 
     def __init__(self, config: dict[str, Any], run_dir: str, experiment: str, tracking_uri: str,
-                 tags: dict[str, str]) -> None:
+                 tags: dict[str, str], evals: dict[str, Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.experiment = experiment
         self.tracking_uri = tracking_uri
         self.tags = tags
+        self.evals = evals  # the sweep's eval: section, run once trained (``EvalSettings.request``)
 
     def __call__(self) -> dict[str, Any]:
         from diffsweep.train.preemption import catch_early_sigterm
@@ -87,8 +88,9 @@ class TrainJob(submitit.helpers.Checkpointable):
             write_job_state(run_dir, "failed", **ident, reason=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         if result.status == "finished":
-            write_job_state(run_dir, "finished", **ident, step=result.step, run_id=result.run_id)
-            return {"status": "finished", "step": result.step, "run_id": result.run_id}
+            evaluated = self._evaluate(run_dir, write_job_state, running, result.step, total)
+            write_job_state(run_dir, "finished", **ident, step=result.step, run_id=result.run_id, **evaluated)
+            return {"status": "finished", "step": result.step, "run_id": result.run_id, **evaluated}
         # status shows this reason if the job is not requeued (e.g. a stray SIGTERM)
         reason = (f"stopped by {result.signal or 'a signal'} at step {result.step} after saving a checkpoint; "
                   "launch the sweep again to resume")
@@ -102,6 +104,27 @@ class TrainJob(submitit.helpers.Checkpointable):
             # The checkpoint is saved; let submitit's handler (restored by the trainer) requeue.
             os.kill(os.getpid(), signal.SIGUSR2)
         raise Preempted(reason)
+
+    def _evaluate(self, run_dir: Path, write_job_state: Any, running: dict[str, Any], step: int, total: int
+                  ) -> dict[str, Any]:
+        """The sweep's probes on the trained run (first task only; each is skipped if already in the
+        store, so a requeue goes on where it stopped). A probe that fails does not fail the run:
+        the error is printed and recorded as ``eval_error`` in ``job.json``; ``diffsweep eval
+        SWEEP`` runs what is missing."""
+        if not self.evals or _global_rank() != 0:
+            return {}
+        from diffsweep.eval.probe import sweep_requests
+        from diffsweep.eval.runner import evaluate_run
+
+        write_job_state(run_dir, "running", **running, step=step, total=total, evaluating=list(self.evals["probes"]))
+        try:
+            requests = sweep_requests(self.evals["probes"], self.evals["settings"], "the sweep")
+            done = evaluate_run(run_dir, requests, self.evals.get("steps", []), uri=self.tracking_uri,
+                                echo=lambda line: print(line, flush=True))
+        except Exception as exc:  # noqa: BLE001 (the run trained; its evaluation is retried by diffsweep eval)
+            print(f"evaluation failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return {"eval_error": f"{type(exc).__name__}: {exc}"[:2000]}
+        return {"evaluated": sorted({e.probe for e in done})}
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue this same job: its state lives in the run directory, not in this object."""

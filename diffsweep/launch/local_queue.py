@@ -17,7 +17,7 @@ from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
 from diffsweep.launch.local_scheduler import closed_marker
 from diffsweep.lockfile import proc_start
-from diffsweep.rundir import read_launch_config
+from diffsweep.rundir import read_launch_config, read_launch_eval
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0
@@ -47,7 +47,7 @@ def main(out: Path, parallel: int) -> None:
                 os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
                 try:
                     job = executor.submit(TrainJob(read_launch_config(Path(entry.run_dir)), entry.run_dir, ledger.experiment,
-                                                   ledger.tracking_uri, tags))
+                                                   ledger.tracking_uri, tags, evals=read_launch_eval(Path(entry.run_dir))))
                 except Exception as exc:  # noqa: BLE001 (one bad run must not strand the others)
                     a.state = "failed-to-start"
                     print(f"could not start {entry.name}: {type(exc).__name__}: {exc}", flush=True)

@@ -21,7 +21,7 @@ from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.scheduler import Submission, get_scheduler
-from diffsweep.rundir import write_launch_config
+from diffsweep.rundir import write_launch_config, write_launch_eval
 
 
 @dataclass
@@ -116,7 +116,8 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
 
     def job(r: PlanRow) -> TrainJob:
         return TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
-                        {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name})
+                        {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
+                        evals=plan.spec.eval.request())
 
     def record(attempts: list[tuple[PlanRow, Attempt]], lock: bool = True) -> None:
         _record(plan, attempts, tracking_uri, lock=lock)
@@ -133,8 +134,9 @@ def _config_dict(r: PlanRow) -> dict:
 
 def _record(plan: SweepPlan, attempts: list[tuple[PlanRow, Attempt]], tracking_uri: str, lock: bool = True) -> None:
     """Add the attempts (and their runs' entries and launch configs) to the ledger."""
-    for r, _ in attempts:  # what the job trains, readable (the local queue reads it back)
+    for r, _ in attempts:  # what the job trains and evaluates, readable (the local queue reads them back)
         write_launch_config(r.run_dir, _config_dict(r))
+        write_launch_eval(r.run_dir, plan.spec.eval.request())
     with locked(plan.out) if lock else contextlib.nullcontext():
         ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
                                                  tracking_uri=tracking_uri)

@@ -16,6 +16,7 @@ into runs is ``diffsweep.sweep.expand``. Shape (every key optional except some s
     exclude: [{model.attention.kind: transformer, model.size: 13.1B}]   # drop matching points
     derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
     launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
+    eval: {probes: [outliers, needle], settings: {needle: {samples: 10}}, steps: [2000]}   # after training
 
 A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
 ``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
@@ -34,6 +35,10 @@ merge key by key (the child's value wins; an axis keeps its place); ``base``, ``
 Precedence in a run, lowest first: size preset, base config, ``set`` (a parent's under its
 child's), ``--set``, the point's grid/zip/runs values, ``derive``. ``--set`` may not name a key
 that grid, zip, runs, seeds or derive set (it applies to every run, so it cannot replace them).
+
+``eval``: probes (``diffsweep eval``) each launched job runs on its run once it has trained, on the
+newest checkpoint and on the checkpoints of ``steps`` that are kept; ``settings`` per probe.
+Checked against every run when the sweep is planned; never part of a run's identity.
 
 A sweep may expand to at most ``launch.max_runs`` runs (default 100,000), counted from the axis
 lengths before anything is expanded. Launch settings never enter a run's identity.
@@ -78,6 +83,21 @@ class LaunchSettings:
     max_runs: Annotated[int, AtLeast(1)] = 100_000  # refuse a sweep that expands to more (a typo in seeds or an axis)
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """Probes each launched job runs once its run has trained (never part of a run's identity)."""
+
+    probes: tuple[Annotated[str, Check(strict_string)], ...] = ()  # names in diffsweep.eval.probe.PROBES
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe -> {setting: value}
+    steps: tuple[Annotated[int, AtLeast(1)], ...] = ()  # also these checkpoints (if kept), besides the newest
+
+    def request(self) -> dict[str, Any] | None:
+        """As plain data for the job (``diffsweep.rundir.write_launch_eval``); None without probes."""
+        if not self.probes:
+            return None
+        return {"probes": list(self.probes), "settings": self.settings, "steps": list(self.steps)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweepSpec:
     """A sweep file, read strictly; dotted keys are checked against the run config schema.
@@ -100,11 +120,12 @@ class SweepSpec:
     exclude: list[dict[str, list[Any]]] = field(default_factory=list)
     derive: dict[str, dict[str, Any]] = field(default_factory=dict)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
 
 
 TOP_KEYS = ("name", "experiment", "extends", "base", "set", "grid", "zip", "runs", "seeds", "include", "exclude",
-            "derive", "launch")
-MERGED_KEYS = ("set", "grid", "derive", "launch")  # merged key by key under ``extends``; others replace
+            "derive", "launch", "eval")
+MERGED_KEYS = ("set", "grid", "derive", "launch", "eval")  # merged key by key under ``extends``; others replace
 OWN_KEYS = ("name", "experiment", "extends")  # never inherited (nor launch.output)
 
 
@@ -141,6 +162,8 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
         base=Path(raw["base"]) if raw["base"] is not None else None, data_root=data_root, set=raw["set"],
         grid=raw["grid"], zip=raw["zip"], runs=raw["runs"], seeds=seeds, include=raw["include"],
         exclude=raw["exclude"], derive=raw["derive"], launch=launch,
+        eval=EvalSettings(probes=tuple(raw["eval"].get("probes", ())), settings=raw["eval"].get("settings", {}),
+                          steps=tuple(raw["eval"].get("steps", ()))),
     )
     return dataclasses.replace(spec, overrides=_overrides(spec, overrides))
 
@@ -284,6 +307,10 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
         derive[key] = check_rule(rule, key, f"{where}: derive.{key}")
 
     out["launch"] = launch = _launch(raw.get("launch"), directory, where)
+    evals = decode(EvalSettings, raw.get("eval") or {}, "eval", source=where, noun="eval setting",
+                   expected="a mapping")
+    # only what it writes (a child's merge over its parent's), as plain data (checked again when merged)
+    out["eval"] = {key: (list(v) if isinstance(v := getattr(evals, key), tuple) else v) for key in raw.get("eval") or {}}
     _check_count(out, launch.get("max_runs", LaunchSettings().max_runs), where)
     if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")

@@ -1,0 +1,86 @@
+"""A sweep's ``eval:`` section: every launched job evaluates its run once trained (the newest
+checkpoint and the chosen steps), locally and on the localhost Slurm cluster; a bad section is one
+line at plan time and nothing is launched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.launch.conftest import cli, wait_for, write_sweep
+
+EVAL = ("eval:\n  probes: [outliers, nll_position]\n  settings:\n    outliers: {tokens: 64}\n"
+        "    nll_position: {documents: 2}\n  steps: [2]\n")
+
+
+def evaluations(store: dict, experiment: str = "t") -> list[tuple[str, str, str]]:
+    """(sweep row, probe, step) of every FINISHED evaluation run in the experiment."""
+    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.`diffsweep.kind` = 'eval'")
+    return sorted((r.data.tags["diffsweep.eval.sweep_run"], r.data.tags["diffsweep.eval.probe"],
+                   r.data.tags["diffsweep.eval.step"]) for r in runs if r.info.status == "FINISHED")
+
+
+def expected(kinds=("transformer", "diff_v1")) -> list[tuple[str, str, str]]:
+    return sorted((f"{k}-tiny-xs-s0", p, s) for k in kinds for p in ("outliers", "nll_position") for s in ("2", "4"))
+
+
+@pytest.mark.parametrize("section, line", [
+    ("eval: {probes: [outlier]}\n", "eval.probes: unknown probe 'outlier' (did you mean 'outliers'?)"),
+    ("eval: {probes: [outliers], settings: {outliers: {tokns: 3}}}\n",
+     "eval.settings.outliers.tokns: unknown setting of probe outliers (did you mean 'tokens'?)"),
+    ("eval: {probes: [outliers], settings: {needle: {samples: 3}}}\n",
+     "eval.settings.needle: sets probe 'needle', which eval.probes does not list"),
+    ("eval: {probes: [attention_focus], settings: {attention_focus: {context: 4096}}}\n",
+     "eval.settings.attention_focus.context: 4096 tokens is longer than the model's training length (32)"),
+    ("eval: {probes: [outliers], steps: [0]}\n", "eval.steps[0]: expected an integer >= 1"),
+])
+def test_a_bad_eval_section_is_one_line_and_launches_nothing(tmp_path, text_dataset, section, line):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, extra=section)
+    for command in ("plan", "launch"):
+        r = cli(command, str(sweep), "--executor", "local", cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and line in r.stderr, (command, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
+
+
+def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, store):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=4, extra=EVAL)
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert evaluations(store) == expected()
+    for run_dir in (tmp_path / "runs" / "t" / "runs").iterdir():
+        job = json.loads((run_dir / "job.json").read_text())
+        assert job["state"] == "finished" and job["evaluated"] == ["nll_position", "outliers"], job
+        assert (run_dir / "eval" / "step_00000002" / "outliers" / "outliers.json").is_file()
+    # evaluating the sweep again finds everything done
+    r = cli("eval", str(sweep), "--probe", "outliers", "--probe-set", "outliers.tokens=64", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and r.stdout.count("already evaluated") == 2, r.stdout
+
+
+@pytest.mark.slurm
+def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, store):
+    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
+                                                              timeout=30).returncode == 0
+    if not ok:
+        reason = "no reachable Slurm controller (start one: bash slurm/start-cluster.sh)"
+        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=4, extra=EVAL)
+    r = cli("launch", str(sweep), "--profile", "localhost", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "Slurm array" in r.stdout, r.stdout + r.stderr
+
+    def done() -> bool:
+        s = cli("status", str(sweep), "--profile", "localhost", "--json", cwd=tmp_path, env=store)
+        return json.loads(s.stdout)["counts"] == {"done": 2}
+
+    wait_for(done, 300, "both runs trained and evaluated")
+    assert evaluations(store) == expected()
+    for run_dir in (tmp_path / "runs" / "t" / "runs").iterdir():
+        assert json.loads((run_dir / "job.json").read_text())["evaluated"] == ["nll_position", "outliers"]
