@@ -52,6 +52,8 @@ def readme_commands() -> list[str]:
 # as written; ("cheap", args, why) runs a checked stand-in; ("fit", args) runs a fit example
 # against the store of synthetic runs; ("steps", why) names a chain whose steps are checked each.
 HELP = "--help"
+EVAL_WHY = ("runs/my-run is the user's trained run; tests/eval/test_runner.py runs these commands on a trained "
+            "tiny run")
 CHECKS: dict[str, tuple] = {
     # the quick start: a chain of steps, each of which appears (and is checked) on its own below
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && diffsweep data fetch-demo "
@@ -129,6 +131,24 @@ CHECKS: dict[str, tuple] = {
     "diffsweep bench model --size 1.4B --seq 2048 --micro-batch 4":
         ("cheap", ["bench", "model", "--size", "1.4B", "--seq", "2048", "--micro-batch", "4", HELP], "a 1.4B model on a GPU"),
     "diffsweep bench attention": ("cheap", ["bench", "attention", HELP], "minutes of CPU timing"),
+    # evaluation: on the shipped sweeps (no run has trained here: every run is listed as not finished,
+    # after the probes are checked against every run), and on a user's run (tests/eval run these
+    # commands on a trained tiny run)
+    ("diffsweep eval sweeps/demo-ladder.yaml --probe outliers --probe quantization --probe nll_position --probe "
+     "needle --probe attention_focus"):
+        ("run", ["eval", "sweeps/demo-ladder.yaml", "--probe", "outliers", "--probe", "quantization", "--probe",
+                 "nll_position", "--probe", "needle", "--probe", "attention_focus"]),
+    "diffsweep eval sweeps/demo-ladder.yaml --probe outliers --probe nll_position":
+        ("run", ["eval", "sweeps/demo-ladder.yaml", "--probe", "outliers", "--probe", "nll_position"]),
+    "diffsweep eval runs/my-run --probe outliers --probe needle":
+        ("cheap", ["eval", "runs/my-run", "--probe", "outliers", "--probe", "needle", HELP], EVAL_WHY),
+    "diffsweep eval runs/my-run/checkpoints/step_00004000 --probe quantization":
+        ("cheap", ["eval", "runs/my-run/checkpoints/step_00004000", "--probe", "quantization", HELP], EVAL_WHY),
+    'diffsweep eval runs/my-run --probe needle --probe-set needle.samples=10 --probe-set "needle.depths=[0, 50, 100]"':
+        ("cheap", ["eval", "runs/my-run", "--probe", "needle", "--probe-set", "needle.samples=10", "--probe-set",
+                   "needle.depths=[0, 50, 100]", HELP], EVAL_WHY),
+    "diffsweep eval runs/my-run --probe outliers --json":
+        ("cheap", ["eval", "runs/my-run", "--probe", "outliers", "--json", HELP], EVAL_WHY),
     "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
 }
 
