@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,10 +57,10 @@ class Evaluation:
 
 def eval_key(trained: Trained, probe: Probe, settings: Any) -> str:
     """The identity of an evaluation: the training config's key, the step, the probe, its settings
-    and its code (a changed probe measures anew)."""
+    and its code (its module's source: a changed probe measures anew)."""
     h = hashlib.sha256()
     h.update(json.dumps([trained.run_key, trained.step, probe.name, settings_dict(settings)], sort_keys=True).encode())
-    h.update(inspect.getsource(type(probe)).encode())
+    h.update(inspect.getsource(sys.modules[type(probe).__module__]).encode())  # the probe's module
     return h.hexdigest()[:32]
 
 

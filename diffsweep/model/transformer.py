@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -87,6 +89,17 @@ class LanguageModel(nn.Module):
         if rope is None or rope.seq_len < seq_len:
             rope = self._rope[device] = Rotary(seq_len, self.cfg.attention.head_dim, self.cfg.rope_theta, device=device)
         return rope
+
+    @contextlib.contextmanager
+    def rope_theta(self, theta: float) -> Iterator[None]:
+        """Run with RoPE base ``theta`` inside the block (e.g. an evaluation at a raised θ, paper
+        §3.3); the model's own θ and its cached tables are back afterwards, even on an error."""
+        cfg, tables = self.cfg, self._rope
+        self.cfg, self._rope = dataclasses.replace(cfg, rope_theta=theta), {}  # tables rebuilt on first use
+        try:
+            yield
+        finally:
+            self.cfg, self._rope = cfg, tables
 
     def blocks(self) -> list[Block]:
         """``layers``, typed as the blocks they are (``nn.ModuleList`` is typed as holding any module)."""

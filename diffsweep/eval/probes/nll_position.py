@@ -17,7 +17,6 @@ extension, §3.3); the model's own θ is restored afterwards.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +54,8 @@ def rope_theta(model: LanguageModel, theta: float | None) -> Iterator[None]:
     if theta is None:
         yield
         return
-    cfg, tables = model.cfg, model._rope  # the model's own: restored below
-    model.cfg = dataclasses.replace(cfg, rope_theta=theta)
-    model._rope = {}  # tables are rebuilt from model.cfg.rope_theta on first use
-    try:
+    with model.rope_theta(theta):
         yield
-    finally:
-        model.cfg, model._rope = cfg, tables
 
 
 def log_positions(length: int) -> list[int]:
