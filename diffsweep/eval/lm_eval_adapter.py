@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from diffsweep.config import ConfigWarning
+from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.data.tokenizers import Tokenizer
 from diffsweep.model.transformer import LanguageModel
 
@@ -45,6 +45,7 @@ _lm_model_utils: Any = importlib.import_module("lm_eval.models.utils")
 # A (context, continuation) request as token ids: (the request's strings or None, context, continuation).
 TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
 
+TASKS_KEY = "downstream.tasks"  # what a request that cannot fit the model comes from (the probe's setting)
 DEFAULT_MAX_GEN_TOKS = 256  # HFLM's default, for a task that does not set max_gen_toks
 
 
@@ -130,8 +131,8 @@ class DiffsweepLM(_lm_model.TemplateLM):
                 if not ctx or not cont:
                     raise ValueError("loglikelihood: a request needs a context token and a continuation token")
                 if len(cont) > self.seq_len:
-                    raise ValueError(f"loglikelihood: a continuation of {len(cont)} tokens is longer than the "
-                                     f"model's context (train.seq_len = {self.seq_len})")
+                    raise ConfigError(TASKS_KEY, f"a task scores a continuation of {len(cont)} tokens, longer than "
+                                      f"the model's context (train.seq_len = {self.seq_len})")
                 rows.append((ctx + cont)[-(self.seq_len + 1):][:-1])  # truncated from the left
             logits = self._forward(rows)
             for row, i, inp in zip(range(len(chunk)), chunk, rows, strict=True):
@@ -162,8 +163,8 @@ class DiffsweepLM(_lm_model.TemplateLM):
             steps = int(kwargs["max_gen_toks"])
             room = self.seq_len - steps
             if room < 1:
-                raise ValueError(f"generate_until: a task generates up to {steps} tokens, as many as the model's "
-                                 f"context (train.seq_len = {self.seq_len}) or more")
+                raise ConfigError(TASKS_KEY, f"a task generates up to {steps} tokens (max_gen_toks), as many as the "
+                                  f"model's context (train.seq_len = {self.seq_len}) or more")
             prompts = {i: self.tok_encode(requests[i].args[0])[-room:] for i in indices}
             ordered = sorted(indices, key=lambda i: -len(prompts[i]))
             for start in range(0, len(ordered), self.batch_size):

@@ -140,6 +140,8 @@ def test_generate_until_is_a_greedy_loop_that_stops_at_the_stop_string(trained, 
     monkeypatch.setattr(lm, "_forward", lambda rows: calls.append(len(rows)) or forward(rows))
     (cut,) = lm.generate_until(requests("generate_until", [(prompts[0], {"until": [stop], "max_gen_toks": steps})]))
     assert cut == free[0].split(stop)[0] and len(calls) < steps
+    with pytest.raises(ConfigError, match=r"^downstream.tasks: a task generates up to 128 tokens"):
+        lm.generate_until(requests("generate_until", [(prompts[0], {"until": ["."], "max_gen_toks": SEQ_LEN})]))
 
 
 def test_accuracy_is_the_share_of_items_whose_gold_choice_scores_highest(trained, hf_cache):

@@ -4,7 +4,8 @@ The paper compares DIFF Transformer and Transformer (3B, 1T tokens) on ARC-C, AR
 HellaSwag, OpenBookQA, PIQA and WinoGrande, zero-shot, with lm-eval's accuracy (Table 1). This probe
 runs any lm-eval task on a trained run through ``diffsweep.eval.lm_eval_adapter.DiffsweepLM``:
 multiple-choice tasks score each choice by its log-likelihood after the prompt, truncated from the
-left to the trained context; generation tasks decode greedily.
+left to the trained context; generation tasks decode greedily (up to the task's ``max_gen_toks``;
+a task that sets none gets ``min(256, train.seq_len // 2)`` tokens).
 
 Nothing is downloaded: lm-eval runs with Hugging Face's offline mode on (``HF_HUB_OFFLINE``,
 ``HF_DATASETS_OFFLINE``), so a task's dataset must be in the machine's Hugging Face cache (load it
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 import importlib.util
 import logging
 import math
@@ -56,6 +58,12 @@ def require_lm_eval() -> None:
         raise EnvironmentUnavailable(f"downstream: needs the lm-eval package (lm-evaluation-harness): {INSTALL}")
 
 
+def _module(name: str) -> Any:
+    """An lm-eval (or dependency) module, imported now: they ship no type information (no
+    py.typed), so mypy sees them as ``Any``."""
+    return importlib.import_module(name)
+
+
 _TASK_MANAGERS: dict[str, Any] = {}  # include_path -> lm_eval TaskManager (indexing its ~15k YAMLs takes seconds)
 
 
@@ -63,10 +71,8 @@ def task_manager(include_path: str) -> Any:
     """lm-eval's ``TaskManager`` with its own tasks and those under ``include_path`` (cached)."""
     key = str(Path(include_path).resolve()) if include_path else ""
     if key not in _TASK_MANAGERS:
-        from lm_eval.tasks import TaskManager
-
         with _quiet():
-            _TASK_MANAGERS[key] = TaskManager(include_path=key or None)
+            _TASK_MANAGERS[key] = _module("lm_eval.tasks").TaskManager(include_path=key or None)
     return _TASK_MANAGERS[key]
 
 
@@ -98,8 +104,7 @@ class DownstreamProbe(Probe):
 
     def run(self, ctx: EvalContext, settings: DownstreamSettings) -> ProbeResult:
         require_lm_eval()
-        from lm_eval import simple_evaluate
-
+        simple_evaluate = _module("lm_eval.evaluator").simple_evaluate
         from diffsweep.eval.lm_eval_adapter import DiffsweepLM
 
         ctx.model.eval()
@@ -157,11 +162,9 @@ def _offline() -> Iterator[None]:
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     before_env = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, "1"))
-    import datasets.config
-    import huggingface_hub.constants
-
-    patched = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE"),
-               (huggingface_hub.constants, "HF_HUB_OFFLINE")]
+    datasets_config, hub_constants = _module("datasets.config"), _module("huggingface_hub.constants")
+    patched = [(datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"),
+               (hub_constants, "HF_HUB_OFFLINE")]
     before = [getattr(module, name, None) for module, name in patched]
     for module, name in patched:
         setattr(module, name, True)
@@ -183,8 +186,7 @@ def _quiet() -> Iterator[None]:
     import sys
     from functools import partial
 
-    import datasets
-    from tqdm import tqdm
+    datasets, tqdm = _module("datasets"), _module("tqdm").tqdm
 
     loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets", "huggingface_hub")]
     levels = [logger.level for logger in loggers]
@@ -194,15 +196,15 @@ def _quiet() -> Iterator[None]:
     datasets.disable_progress_bar()
     # lm-eval's bars (one per task while it builds requests); tqdm reads TQDM_DISABLE only at import.
     silent = partial(tqdm, disable=True)
-    patched = [module for name, module in list(sys.modules.items())
-               if name.startswith("lm_eval") and getattr(module, "tqdm", None) is tqdm]
+    patched: list[Any] = [module for name, module in list(sys.modules.items())
+                          if name.startswith("lm_eval") and getattr(module, "tqdm", None) is tqdm]
     for module in patched:
-        module.tqdm = silent  # type: ignore[attr-defined]
+        module.tqdm = silent
     try:
         yield
     finally:
         for module in patched:
-            module.tqdm = tqdm  # type: ignore[attr-defined]
+            module.tqdm = tqdm
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
         if bars:
