@@ -110,6 +110,9 @@ class DiffsweepLM(_lm_model.TemplateLM):
         results = []
         for (text,) in (req.args for req in requests):
             tokens = self.tok_encode(text)
+            if not tokens:
+                results.append(0.0)
+                continue
             prefix, tokens = self._first_context(tokens)
             windows = [_lm_utils.make_disjoint_window(w) for w in _lm_utils.get_rolling_token_windows(
                 token_list=tokens, prefix_token=prefix[0], max_seq_len=self.seq_len, context_len=1)]

@@ -36,8 +36,10 @@ def trained(trained_run):
 def hf_cache(tmp_path, monkeypatch):
     """HF datasets' cache in a temporary directory (not the user's); the network cut off."""
     import datasets.config
+    import huggingface_hub.constants
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_hub"))
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"a network connection was attempted: {args}")
@@ -172,6 +174,9 @@ def test_accuracy_is_the_share_of_items_whose_gold_choice_scores_highest(trained
     assert rows["diffsweep_tiny_complete", "exact_match"]["samples"] == 6
     limited = probe.run(ctx, DownstreamSettings(tasks=("diffsweep_tiny_qa",), include_path=str(TASKS), limit=4))
     assert limited.tables["downstream"][0]["samples"] == 4
+    # One of the paper's tasks whose dataset is not in the (empty) cache: nothing is downloaded.
+    with pytest.raises(EnvironmentUnavailable, match="nothing is downloaded while evaluating"):
+        probe.run(ctx, DownstreamSettings(tasks=("arc_easy",), include_path=str(TASKS), limit=1))
 
 
 def test_bad_settings_and_a_missing_lm_eval_stop_before_anything_runs(trained, monkeypatch):

@@ -113,11 +113,17 @@ class DownstreamProbe(Probe):
                          autocast=ctx.autocast, max_gen_toks=min(256, seq_len // 2))
         manager = task_manager(settings.include_path)
         with _offline(), _quiet(), _inside(settings.include_path):
-            output = simple_evaluate(
-                model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
-                limit=settings.limit or None, task_manager=manager, log_samples=False, batch_size=settings.batch,
-                random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
-                fewshot_random_seed=ctx.seed)
+            try:
+                output = simple_evaluate(
+                    model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
+                    limit=settings.limit or None, task_manager=manager, log_samples=False, batch_size=settings.batch,
+                    random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
+                    fewshot_random_seed=ctx.seed)
+            except ConnectionError as exc:  # datasets' OfflineModeIsEnabled: a dataset not in the cache
+                cache = _module("datasets.config").HF_DATASETS_CACHE
+                raise EnvironmentUnavailable(
+                    f"downstream: {exc}; nothing is downloaded while evaluating: load the task's dataset once "
+                    f"with network access into this machine's Hugging Face cache ({cache}; see HF_HOME)") from exc
         assert output is not None  # None only on ranks other than 0
         return summarize(output)
 
