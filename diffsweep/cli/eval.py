@@ -10,10 +10,11 @@ import typer
 
 from diffsweep.cli.common import handle_errors, name_choice
 from diffsweep.cli.sweep import FLAGS as SWEEP_FLAGS
-from diffsweep.cli.sweep import OnlyOpt, OutOpt, SweepSetOpt
+from diffsweep.cli.sweep import ExecutorOpt, OnlyOpt, OutOpt, ProfileOpt, SweepSetOpt
+from diffsweep.config import ConfigError
 from diffsweep.eval.probe import probe_names
 
-FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set"}
+FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set", "launch": "--launch"}
 
 
 @handle_errors(flags=FLAGS)
@@ -33,6 +34,11 @@ def eval_(
     out: OutOpt = None,
     only: OnlyOpt = None,
     sets: SweepSetOpt = None,
+    launch: Annotated[bool, typer.Option("--launch", help="A sweep: evaluate as jobs of its scheduler (Slurm "
+                                         "arrays, or the local queue) with each run's training resources, "
+                                         "instead of one after another here; returns once submitted.")] = False,
+    profile: ProfileOpt = None,
+    executor: ExecutorOpt = None,
 ) -> None:
     """Run probes on a trained checkpoint: each is an MLflow run nested under the training run.
 
@@ -40,12 +46,28 @@ def eval_(
     tables and plots are the MLflow run's artifacts, also kept in RUN_DIR/eval/step_XXXXXXXX/PROBE/.
     Exit status: 0 done, 2 bad input (nothing runs), 3 a missing package or GPU.
     """
-    from diffsweep.eval.probe import probe_requests
+    from diffsweep.eval.probe import probe_requests, settings_dict
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
 
     echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-    if target.suffix in (".yaml", ".yml"):
+    is_sweep = target.suffix in (".yaml", ".yml")
+    if (launch or profile or executor) and not is_sweep:
+        raise ConfigError("launch", "--launch, --profile and --executor are for a sweep YAML; a run directory or "
+                          "checkpoint is evaluated here")
+    if launch:
+        from diffsweep.cli.sweep import _target
+        from diffsweep.launch.api import launch_eval
+
+        names = [probe.name for probe, _ in requests]
+        plain = {probe.name: settings_dict(s) for probe, s in requests}
+        submitted, waiting = launch_eval(_target(target, profile=profile, executor=executor, only=only, out=out,
+                                                 sets=sets), tuple(names), plain, echo=echo)
+        typer.echo(f"submitted {len(submitted)} evaluation jobs ({', '.join(names)})" + (
+            f"; {len(waiting)} runs not finished yet" if waiting else "") + "; follow them with diffsweep status "
+            f"{target}, then see the evaluations in MLflow (diffsweep ui)")
+        return
+    if is_sweep:
         from diffsweep.cli.sweep import _target
         from diffsweep.launch.api import eval_sweep
 

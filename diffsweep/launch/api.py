@@ -304,3 +304,36 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
         done.append(RunEvaluations(row.run.name, row.run_dir, evaluate(trained, probes, force=force, echo=echo)))
         del trained
     return done, [row.run.name for row in plan.runs if row.state.state != DONE]
+
+
+def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str, dict[str, Any]],
+                steps: tuple[int, ...] = (), *, tracking_uri: str | None = None,
+                echo: Callable[[str], None] = print) -> tuple[list[str], list[str]]:
+    """Evaluate the sweep's finished runs as jobs of its scheduler (Slurm arrays, or the local
+    queue), each with the resources its training had (the memory planner's estimate): the run's
+    job is submitted again with these probes as its evaluation request; its trainer finds the run
+    finished and returns at once, then the job evaluates (``TrainJob``), skipping what the store
+    already has. Returns the names of the runs submitted and of those not finished yet. The
+    probes and settings are checked against every run before anything is submitted."""
+    from dataclasses import replace
+
+    from diffsweep.launch.state import DONE
+    from diffsweep.sweep.spec import EvalSettings
+
+    spec = replace(target.spec, eval=EvalSettings(probes=probes, settings=settings, steps=steps))
+    target = replace(target, spec=spec)
+    with launch_lock(target.output_dir(), "eval"):
+        plan = plan_sweep(target)  # checks the probes against every run (check_eval)
+        finished = [r for r in plan.runs if r.state.state == DONE]
+        waiting = [r.run.name for r in plan.runs if r.state.state != DONE]
+        if not finished:
+            return [], waiting
+        selection = Selection(submit=finished)
+        check_launch(plan, selection, None)
+        if tracking_uri is None:
+            from diffsweep.store import tracking_uri as default_uri
+
+            tracking_uri = default_uri()
+        submitted = submit(plan, selection, max_parallel=plan.spec.launch.max_parallel, tracking_uri=tracking_uri,
+                           echo=echo)
+    return [r.run.name for r, _ in submitted], waiting

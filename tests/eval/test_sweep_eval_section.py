@@ -61,6 +61,15 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     # evaluating the sweep again finds everything done
     r = cli("eval", str(sweep), "--probe", "outliers", "--probe-set", "outliers.tokens=64", cwd=tmp_path, env=store)
     assert r.returncode == 0 and r.stdout.count("already evaluated") == 2, r.stdout
+    # another probe, as jobs of the local queue (the runs' jobs again: the trainers return at once)
+    r = cli("eval", str(sweep), "--probe", "quantization", "--probe-set", "quantization.tokens=64", "--launch",
+            "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "submitted 2 evaluation jobs (quantization)" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: sum(p == "quantization" for _, p, _ in evaluations(store)) == 2, 180, "two quantization runs")
+    wait_for(lambda: all(json.loads((d / "job.json").read_text())["state"] == "finished"
+                         for d in (tmp_path / "runs" / "t" / "runs").iterdir()), 60, "the jobs finished")
+    s = json.loads(cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
+    assert s["counts"] == {"done": 2}
 
 
 @pytest.mark.slurm
@@ -84,3 +93,9 @@ def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     assert evaluations(store) == expected()
     for run_dir in (tmp_path / "runs" / "t" / "runs").iterdir():
         assert json.loads((run_dir / "job.json").read_text())["evaluated"] == ["nll_position", "outliers"]
+    # another probe on the finished runs, as a Slurm array with the runs' training resources
+    r = cli("eval", str(sweep), "--probe", "quantization", "--probe-set", "quantization.tokens=64", "--launch",
+            "--profile", "localhost", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "submitted 2 evaluation jobs" in r.stdout and "Slurm array" in r.stdout, r.stdout
+    wait_for(lambda: sum(p == "quantization" for _, p, _ in evaluations(store)) == 2, 300, "two quantization runs")
+    wait_for(done, 120, "both runs done again")
