@@ -102,7 +102,7 @@ def test_constrained_decoding_is_the_argmax_of_the_direct_log_likelihood(ctx, mo
     direct = [_direct_scores(ctx, icl.prompt(demos, q), labels) for q in queries]
     assert scores.shape == (12, 4)
     np.testing.assert_allclose(scores, direct, atol=1e-4, rtol=0)
-    predicted = [labels[max(range(4), key=lambda i, s=s: s[i])] for s in direct]
+    predicted = [labels[int(np.argmax(s))] for s in direct]
     assert task.predict(prompts) == predicted
     assert task.accuracy(prompts) == sum(p == q.label for p, q in zip(predicted, queries, strict=True)) / 12
     if model == "random":

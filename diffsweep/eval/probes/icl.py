@@ -334,13 +334,16 @@ def plot(shot_rows: list[dict[str, Any]], robust: list[dict[str, Any]], num_labe
     import matplotlib.pyplot as plt
 
     color = color or "C0"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0), gridspec_kw={"width_ratios": [2, 1]},
+                                   sharey=True)
     shots = sorted({r["shots"] for r in shot_rows})
     means = [float(np.mean([r["accuracy"] for r in shot_rows if r["shots"] == k])) for k in shots]
     left.scatter([r["shots"] for r in shot_rows], [r["accuracy"] for r in shot_rows], color=color, alpha=0.35, s=14)
     left.plot(shots, means, "o-", color=color, label=name)
     left.axhline(1 / num_labels, color="gray", ls=":", label="chance")
     left.set_xscale("log", base=2)
+    left.set_xticks(shots, [str(k) for k in shots])
+    left.set_ylim(-0.02, 1.02)
     left.set_xlabel("demonstrations (shots)")
     left.set_ylabel("accuracy")
     left.set_title("many-shot ICL (Fig. 6)", fontsize="medium")
