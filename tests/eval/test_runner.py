@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,19 +150,22 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
             "--probe-set", "quantization.bits=[16, 8, 4]", "--probe-set", "nll_position.documents=4",
             "--probe-set", "needle.needles=2", "--probe-set", "needle.queries=1", "--probe-set", "needle.samples=2",
             "--probe-set", "needle.depths=[0, 100]", "--probe-set", "attention_focus.needles=2",
-            "--probe-set", "attention_focus.samples=2", "--json"]
+            "--probe-set", "attention_focus.samples=2", "--probe", "icl",
+            "--probe-set", f"icl.data={Path(__file__).parent / 'data' / 'topics.jsonl'}", "--probe-set", "icl.shots=[1]",
+            "--probe-set", "icl.queries=8", "--probe-set", "icl.permutations=2", "--probe-set", "icl.seeds=1", "--json"]
     env = {"MLFLOW_TRACKING_URI": mlflow_store}
     r = cli(*args, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     done = {e["probe"]: e for e in json.loads(r.stdout)}
-    assert list(done) == ["outliers", "quantization", "nll_position", "needle", "attention_focus"]
+    assert list(done) == ["outliers", "quantization", "nll_position", "needle", "attention_focus", "icl"]
     assert all(e["ran"] and e["step"] == 12 for e in done.values())
     assert done["outliers"]["metrics"]["outliers/attn_logit/top1"] > 0
     assert {row["bits"] for row in done["quantization"]["tables"]["quantization"]} == {16, 8, 4}
     assert 0 <= done["needle"]["metrics"]["needle/N2_R1/accuracy"] <= 1
     assert done["nll_position"]["metrics"]["nll_position/mean"] > 0
     kept = trained_run / "eval" / "step_00000012"
-    assert sorted(p.name for p in kept.iterdir()) == ["attention_focus", "needle", "nll_position", "outliers",
+    assert 0 <= done["icl"]["metrics"]["icl/shots_01/accuracy"] <= 1
+    assert sorted(p.name for p in kept.iterdir()) == ["attention_focus", "icl", "needle", "nll_position", "outliers",
                                                      "quantization"]
     assert any(p.suffix == ".png" for p in (kept / "needle").iterdir())
     assert any(p.suffix == ".png" for p in (kept / "nll_position").iterdir())
@@ -171,4 +175,4 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
         assert run.info.status == "FINISHED" and run.data.tags["diffsweep.eval.probe"] == e["probe"]
     again = cli(*args, cwd=tmp_path, env=env)
     assert again.returncode == 0 and not any(e["ran"] for e in json.loads(again.stdout))
-    assert again.stderr.count("already evaluated") == 5
+    assert again.stderr.count("already evaluated") == 6
