@@ -5,6 +5,7 @@ needle and the context by searching the prompt's tokens, and applies the definit
 from __future__ import annotations
 
 import pydoc_data.topics
+
 import pytest
 import torch
 
