@@ -192,6 +192,10 @@ def test_a_sweep_of_two_kinds_by_two_seeds_is_compared_probe_by_probe(tmp_path, 
     assert run.data.tags["diffsweep.kind"] == "comparison" and run.info.status == "FINISHED"
     assert run.data.tags["diffsweep.comparison.sweep"] == "t"
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"probes.md", "probes.json", "outliers.png"}
+    from diffsweep.scaling.table import from_mlflow
+
+    points = from_mlflow(store["MLFLOW_TRACKING_URI"], "t")  # a fit reads the 4 training runs only
+    assert len(points) == 4 and run.info.run_id not in set(points["run_id"])
 
     # the seed comparison of training runs is unchanged by the evaluation and comparison runs
     r = cli("compare", str(sweep), "--json", cwd=tmp_path, env=store)
