@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,7 +79,8 @@ def plot(t: ProbeTable, result: ProbeComparison, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     values = list(dict.fromkeys(c.value for c in t.cells))
-    fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.8), squeeze=False)
+    width = max(6.4, 5.2 * len(values))
+    fig, axes = plt.subplots(1, len(values), figsize=(width, 4.2), squeeze=False)
     arms = [a for a in result.arms if any(s.arm == a for c in t.cells for s in c.arms)]
     for ax, value in zip(axes[0], values, strict=True):
         cells = [c for c in t.cells if c.value == value]
@@ -89,7 +91,7 @@ def plot(t: ProbeTable, result: ProbeComparison, path: Path) -> Path:
         ax.set_title(value, fontsize="medium")
         ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"{result.sweep}: {t.spec.title}", fontsize="medium")
+    fig.suptitle(textwrap.fill(f"{result.sweep}: {t.spec.title}", int(11 * width)), fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -129,6 +131,9 @@ def _bars(ax: Any, t: ProbeTable, cells: list[Cell], arms: list[str]) -> None:
                 ys.append(s.mean)
                 errs.append(s.half or 0.0)
         ax.bar(xs, ys, width=width, yerr=errs, capsize=3, color=f"C{i}", label=arm)
-    ax.set_xticks(range(len(cells)), [" ".join(_key_text(k) for k in c.key) for c in cells],
-                  rotation=45 if len(cells) > 4 else 0, ha="right" if len(cells) > 4 else "center", fontsize="small")
-    ax.set_xlabel(" ".join(t.spec.keys))
+    varying = [i for i in range(len(t.spec.keys)) if len({c.key[i] for c in cells}) > 1] or [0]  # the rest: alike
+    labels = [", ".join(f"{t.spec.keys[i]}={_key_text(c.key[i])}" if len(varying) > 1 else _key_text(c.key[i])
+                        for i in varying) for c in cells]
+    ax.set_xticks(range(len(cells)), labels, rotation=45 if len(cells) > 4 else 0,
+                  ha="right" if len(cells) > 4 else "center", fontsize="small")
+    ax.set_xlabel(", ".join(t.spec.keys[i] for i in varying))

@@ -246,6 +246,7 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     ``ConfigError`` when the sweep has no evaluation (at ``step``) or ``baseline`` is no arm."""
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per table read, on stderr
     rows = sweep_rows(runs)
     arm_of = {run.key: row.label for row in rows for run in row.runs}
     arms = [row.label for row in rows]

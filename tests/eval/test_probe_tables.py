@@ -113,6 +113,40 @@ def test_the_newest_step_of_each_run_is_chosen_or_the_step_asked_for():
     assert choose([old, other], step=6) == []
 
 
+def _probe_rows(probe: str, shift: float) -> list[dict]:
+    """Rows shaped as each built-in probe's table (see its module docstring)."""
+    if probe == "outliers":
+        return _outlier_rows(30 + shift, 1.0, 300.0, 0.5 + shift)
+    if probe == "quantization":
+        return [{"bits": b, "val_loss": 3.0 + shift + 1 / b, "delta": 1 / b - 1 / 16} for b in (16, 8, 4)]
+    if probe == "needle":
+        return [{"needles": 6, "queries": 2, "context": c, "depth": d, "samples": 5, "accuracy": min(1.0, 0.5 + shift)}
+                for c in (64, 128) for d in (0.0, 50.0, 100.0)]
+    if probe == "attention_focus":
+        return [{"depth": d, "context": 128, "needles": 4, "samples": 5, "layers": 2, "answer": 0.3 + shift,
+                 "noise": 0.5 - shift} for d in (0.0, 100.0)]
+    return [{"position": t, "nll": 5.0 - shift, "cumulative": 5.5 - shift} for t in (1, 2, 4, 8, 16)]
+
+
+@pytest.mark.parametrize("probe", ["outliers", "quantization", "needle", "attention_focus", "nll_position"])
+def test_every_probe_table_is_built_written_and_plotted(probe, tmp_path):
+    from diffsweep.eval.probe import get_probe
+    from diffsweep.sweep.probe_report import plot
+
+    (spec,) = get_probe(probe).comparisons
+    records = [(arm, _record(f"{arm}-s{s}", _probe_rows(probe, shift + 0.01 * s), probe=probe))
+               for arm, shift in (("transformer", 0.0), ("diff", 0.2)) for s in range(2)]
+    table = build_table(probe, spec, records, ["transformer", "diff"], "transformer")
+    assert table.cells and all(len(c.arms) == 2 and len(c.differences) == 1 for c in table.cells)
+    if spec.mean_over:
+        assert any(MEAN in c.key for c in table.cells)
+    result = ProbeComparison(sweep="t", experiment="t", baseline="transformer", level=0.95, step=None,
+                             arms=("transformer", "diff"), tables=[table], notes=[])
+    text = markdown(result, [f"{probe}.png"])
+    assert f"## {probe}: {spec.title}" in text and "| diff − transformer (95% CI) |" in text
+    assert plot(table, result, tmp_path / f"{probe}.png").stat().st_size > 1000
+
+
 def test_difference_ci_covers_the_true_difference_at_the_nominal_rate():
     """400 sweeps of 2 arms x 3 seeds, each run's table two cells x two values with normal seed
     noise (sd 1) around known means; the 95% CI of each difference should hold the true one 95%
