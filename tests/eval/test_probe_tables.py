@@ -237,3 +237,5 @@ def test_a_sweep_of_two_kinds_by_two_seeds_is_compared_probe_by_probe(tmp_path, 
     assert [row["n"] for row in json.loads(r.stdout)["rows"]] == [2, 2]
     r = cli("compare", str(sweep), "--probes", "--step", "3", cwd=tmp_path, env=store)
     assert r.returncode == 2 and "--step" in r.stderr and "[4]" in r.stderr, r.stderr
+    r = cli("compare", str(sweep), "--out", "elsewhere", cwd=tmp_path, env=store)  # the seed comparison writes none
+    assert r.returncode == 2 and "--out: applies only with --probes" in r.stderr, r.stderr
