@@ -310,7 +310,7 @@ def _with_tables(client: Any, record: EvalRecord, names: Sequence[str], tmp: Pat
         dst.mkdir(exist_ok=True)
         try:
             path = retry_busy(lambda: client.download_artifacts(record.run_id, f"{name}.json", str(dst)))  # noqa: B023
-        except Exception as exc:  # an artifact store that lost the file: that run is left out of the table
+        except Exception as exc:  # an artifact store that lost the file: say which run, rather than guess
             raise ConfigError(f"run {record.run_id}", f"cannot read its {name}.json artifact ({exc})") from exc
         tables[name] = json.loads(Path(path).read_text())
     return EvalRecord(run_id=record.run_id, probe=record.probe, step=record.step, run_key=record.run_key,
