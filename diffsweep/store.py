@@ -60,6 +60,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite dat
 _OUT_OF_DATE = re.compile(r"found version (\S+), but expected (\S+)\)")
 _READY: set[str] = set()  # stores this process has opened (``init_store``)
 EVAL_KIND = "eval"  # tag diffsweep.kind of an evaluation run (diffsweep.eval): never a training run
+COMPARISON_KIND = "comparison"  # tag diffsweep.kind of a comparison of a sweep's evaluations: never an input
 SOURCE_KEYS = ("diffsweep.host", "diffsweep.git_commit", "mlflow.source.git.commit", "diffsweep.git_dirty",
                "diffsweep.code", "diffsweep.slurm_job_id", "diffsweep.slurm_array_job_id",
                "diffsweep.slurm_array_task_id")  # what ``source_tags`` may set: the attempt's origin

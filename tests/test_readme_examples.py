@@ -106,6 +106,12 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["plan", "sweeps/table6-ablation.yaml", "--profile", "h100-example", "--budget", "600"],
          "Slurm; my-cluster is the user's own profile (h100-example stands in)"),
     "diffsweep status sweeps/table6-ablation.yaml": ("run", ["status", "sweeps/table6-ablation.yaml"]),
+    "diffsweep eval sweeps/table6-ablation.yaml --probe outliers --probe quantization":
+        ("cheap", ["eval", "sweeps/table6-ablation.yaml", "--probe", "outliers", "--probe", "quantization", HELP],
+         "it needs the sweep's trained 1.4B checkpoints; tests/eval/test_eval_sweep.py evaluates a launched tiny sweep"),
+    "diffsweep compare sweeps/table6-ablation.yaml --probes":
+        ("cheap", ["compare", "sweeps/table6-ablation.yaml", "--probes", HELP],
+         "it needs the sweep's evaluations; tests/eval/test_probe_tables.py runs it on a launched, evaluated tiny sweep"),
     "diffsweep logs diff_v1-1.4B-hd_128-s0 --follow": ("cheap", ["logs", "diff_v1-1.4B-hd_128-s0", "--follow", HELP],
                                                        "it follows the log of a run launched on a cluster"),
     "diffsweep cancel sweeps/table6-ablation.yaml --only 'lam_0'":

@@ -12,7 +12,7 @@ from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
 
 # The library's fields at fault, as the flags that set them.
-FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level"}
+FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level", "step": "--step", "out": "--out"}
 
 
 @handle_errors(flags=FLAGS)
@@ -26,18 +26,38 @@ def compare(
                                                  "printed (default: the sweep's first row).", show_default=False)]
     = None,
     level: Annotated[float, typer.Option("--level", help="Confidence level of the differences' CIs.")] = 0.95,
+    probes: Annotated[bool, typer.Option("--probes", help="Compare the sweep's probe evaluations (`diffsweep eval "
+                                         "SWEEP --probe ...`) instead: the paper's tables across arms, written to "
+                                         "--out and logged as an MLflow run.")] = False,
+    step: Annotated[int | None, typer.Option("--step", help="With --probes: the evaluated checkpoint step "
+                                             "(default: each run's newest evaluated step).", show_default=False)]
+    = None,
+    out: Annotated[Path | None, typer.Option("--out", help="With --probes: output folder (default: "
+                                             "compare/<sweep>-probes).", show_default=False)] = None,
+    no_log: Annotated[bool, typer.Option("--no-log", help="With --probes: do not log the comparison as an MLflow "
+                                         "run.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Each row's mean over its seeds and its difference from the baseline row with a confidence
-    interval from the seed-to-seed spread: within or beyond seed noise."""
+    interval from the seed-to-seed spread: within or beyond seed noise. With --probes, the same for
+    every table of the probes the sweep was evaluated with."""
     from diffsweep.store import existing_store, tracking_uri
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.compare import compare_sweep
 
     if not 0.5 < level < 1:
         raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")
+    if not probes:
+        for flag, given in (("--step", step is not None), ("--out", out is not None), ("--no-log", no_log)):
+            if given:
+                raise ConfigError(flag, "applies only with --probes")
+    elif metric != "val/loss":
+        raise ConfigError("--metric", "does not apply with --probes (each probe's table says what it compares)")
     spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
     runs = expand(spec).runs
+    if probes:
+        _probes(existing_store(tracking_uri()), spec, runs, baseline, step, level, out, not no_log, json_out)
+        return
     result = compare_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline, level=level)
     if json_out:
         print_json(result.to_dict())
@@ -70,3 +90,31 @@ def _print(result) -> None:
     if data["missing"]:
         typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
     typer.echo(data["noise"])
+
+
+def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:
+    from diffsweep.eval.probe import get_probe
+    from diffsweep.sweep.probe_tables import compare_probes
+
+    def comparisons(name: str):
+        try:
+            return get_probe(name).comparisons
+        except ConfigError:  # a probe of a package not installed here
+            return ()
+
+    result = compare_probes(uri, spec, runs, comparisons, baseline=baseline, step=step, level=level, out=out, log=log)
+    if json_out:
+        print_json(result.to_dict())
+        return
+    from diffsweep.sweep.probe_report import table_markdown
+
+    for t in result.tables:
+        typer.echo(f"{t.probe}: {t.spec.title}")
+        for line in table_markdown(t, result.arms, result.baseline, result.level):
+            typer.echo("  " + line)
+        typer.echo("")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"written: {result.folder}/ ({', '.join(f.name for f in result.files)})")
+    if result.mlflow_run_id:
+        typer.echo(f"MLflow comparison run {result.mlflow_run_id} (browse: diffsweep ui)")

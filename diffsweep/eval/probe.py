@@ -83,6 +83,26 @@ class ProbeResult:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TableComparison:
+    """How ``diffsweep compare SWEEP --probes`` sets one of a probe's tables side by side across
+    a sweep's arms: ``table`` (the ``<table>.json`` artifact) rows kept where every ``where``
+    column has its value; a cell of the comparison is one value of the ``keys`` columns; each of
+    the ``values`` columns (numbers) is compared across arms cell by cell. ``mean_over``: also a
+    cell averaging each run's values over this key column (its value "mean"), e.g. needle accuracy
+    over depths. ``x``: plot the values as curves against this key column (``log_x``: on a log
+    scale); otherwise as bars by cell. ``title`` names the paper's table or figure."""
+
+    table: str
+    title: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    where: tuple[tuple[str, Any], ...] = ()
+    mean_over: str | None = None
+    x: str | None = None
+    log_x: bool = False
+
+
 class Probe:
     """Base class of probes. Subclasses set ``name``, ``summary``, ``cites`` and ``Settings``, and
     define ``run``; ``check`` refuses settings that cannot work with a run's config before anything
@@ -92,6 +112,7 @@ class Probe:
     summary: ClassVar[str]  # one line for ``diffsweep eval --help`` and the docs
     cites: ClassVar[str]  # the paper's table/figure/section it reproduces
     Settings: ClassVar[type] = NoSettings
+    comparisons: ClassVar[tuple[TableComparison, ...]] = ()  # its tables in ``diffsweep compare --probes``
 
     def check(self, settings: Any, config: Config) -> None:
         """Raise ``ConfigError`` (key ``<probe>.<setting>``) if ``settings`` cannot run on ``config``."""

@@ -20,7 +20,7 @@ import pandas as pd
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
 from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
-from diffsweep.store import EVAL_KIND, all_runs
+from diffsweep.store import COMPARISON_KIND, EVAL_KIND, all_runs
 
 COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
@@ -154,7 +154,8 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
                           f"{', '.join(names) or 'none'}")
     query = f"tags.`diffsweep.sweep` = '{sweep}'" if sweep else ""
     runs = all_runs(client, exp.experiment_id, query)
-    runs = [r for r in runs if r.data.tags.get("diffsweep.kind") not in (FIT_KIND, EVAL_KIND) and _matches(r, filters)]
+    not_training = (FIT_KIND, EVAL_KIND, COMPARISON_KIND)
+    runs = [r for r in runs if r.data.tags.get("diffsweep.kind") not in not_training and _matches(r, filters)]
     stale = 0
     if keys is not None:
         current = [r for r in runs if r.data.tags.get("diffsweep.run_key") in keys]

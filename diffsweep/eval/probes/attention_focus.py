@@ -30,7 +30,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.eval.needles import ANSWER_PREFIX, NEEDLE, needle_prompts, question
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class AttentionFocusProbe(Probe):
     summary = "attention the answer prompt pays to the answer needle vs the rest of the context"
     cites = "Table 3, §3.4"
     Settings = FocusSettings
+    comparisons = (TableComparison(table="attention_focus", title="Table 3: attention to the answer and to noise by "
+                                   "answer depth (mean: over depths)", keys=("context", "needles", "depth"),
+                                   values=("answer", "noise"), mean_over="depth"),)
 
     def check(self, settings: FocusSettings, config: Config) -> None:
         context = settings.context or config.train.seq_len

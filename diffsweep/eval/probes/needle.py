@@ -21,7 +21,7 @@ import torch
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_name
 from diffsweep.eval import needles
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.model.transformer import LanguageModel
 
 
@@ -90,6 +90,10 @@ class NeedleProbe(Probe):
     summary = "multi-needle retrieval accuracy by context length and answer depth (LWM / Gemini 1.5 protocol)"
     cites = "Table 2, Fig. 5, §3.3"
     Settings: ClassVar[type] = NeedleSettings
+    comparisons = (TableComparison(table="needle", title="Table 2 / Fig. 5: multi-needle retrieval accuracy by "
+                                   "context and answer depth (mean: over depths)",
+                                   keys=("needles", "queries", "context", "depth"), values=("accuracy",),
+                                   mean_over="depth"),)
 
     def check(self, settings: NeedleSettings, config: Config) -> None:
         if settings.needles < 1 or settings.needles > len(needles.CITIES):

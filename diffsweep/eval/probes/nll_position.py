@@ -28,7 +28,7 @@ import torch
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_color, display_name
 from diffsweep.data.dataset import val_starts, windows
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.model.transformer import LanguageModel
 from diffsweep.train.probes import token_losses
 
@@ -72,6 +72,8 @@ class NllPositionProbe(Probe):
     summary = "cumulative average NLL of the validation tokens by position (long-context modelling)"
     cites = "Fig. 4, §3.2"
     Settings: ClassVar[type] = NllPositionSettings
+    comparisons = (TableComparison(table="nll_position", title="Fig. 4: cumulative average NLL of positions 1..t",
+                                   keys=("position",), values=("cumulative",), x="position", log_x=True),)
 
     def check(self, settings: NllPositionSettings, config: Config) -> None:
         for key, value in (("documents", settings.documents), ("micro_batch", settings.micro_batch)):

@@ -33,7 +33,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.data.dataset import val_starts, windows
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.eval.tap import tapped
 
 TOPS = (1, 2, 3, 10, 100)  # Table 5's columns
@@ -115,6 +115,8 @@ class OutliersProbe(Probe):
     summary = "top-k and median |attention logit| and |hidden state|, per layer (0.4M validation tokens)"
     cites = "Table 5, §3.6"
     Settings = OutliersSettings
+    comparisons = (TableComparison(table="outliers", title="Table 5: largest (top1) and median activation over all "
+                                   "layers", keys=("what",), values=("top1", "median"), where=(("layer", "all"),)),)
 
     def check(self, settings: OutliersSettings, config: Config) -> None:
         check_counts(self.name, settings)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from diffsweep.config import Config, ConfigError
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.eval.probes.outliers import check_counts, validation_windows
 from diffsweep.eval.tap import UNQUANTIZED, replacement_note, tapped
 from diffsweep.train.probes import token_losses
@@ -43,6 +43,8 @@ class QuantizationProbe(Probe):
     summary = "validation loss with attention logits absmax-quantized to 16/8/6/4 bits"
     cites = "Fig. 8, §3.7"
     Settings = QuantizationSettings
+    comparisons = (TableComparison(table="quantization", title="Fig. 8: validation loss with attention logits "
+                                   "quantized to b bits", keys=("bits",), values=("val_loss", "delta"), x="bits"),)
 
     def check(self, settings: QuantizationSettings, config: Config) -> None:
         bad = [b for b in settings.bits if not 2 <= b <= UNQUANTIZED]
