@@ -29,9 +29,9 @@ NEEDLE = TableComparison(table="needle", title="Table 2", keys=("context", "dept
 
 
 def _record(name: str, rows: list[dict], step: int = 4, end: int = 0, probe: str = "outliers",
-            key: str | None = None) -> EvalRecord:
+            key: str | None = None, table: str | None = None) -> EvalRecord:
     return EvalRecord(run_id=f"id-{name}-{step}-{end}", probe=probe, step=step, run_key=key or name, run_name=name,
-                      settings='{"tokens": 64}', end_time=end, tables={probe: rows})
+                      settings='{"tokens": 64}', end_time=end, tables={table or probe: rows})
 
 
 def _outlier_rows(attn_top1: float, attn_median: float, hidden_top1: float, hidden_median: float) -> list[dict]:
@@ -125,16 +125,26 @@ def _probe_rows(probe: str, shift: float) -> list[dict]:
     if probe == "attention_focus":
         return [{"depth": d, "context": 128, "needles": 4, "samples": 5, "layers": 2, "answer": 0.3 + shift,
                  "noise": 0.5 - shift} for d in (0.0, 100.0)]
+    if probe == "downstream":
+        return [{"task": t, "metric": m, "value": 0.4 + shift + (0.1 if m == "acc_norm" else 0), "stderr": 0.02,
+                 "samples": 100} for t in ("arc_easy", "piqa") for m in ("acc", "acc_norm")]
+    if probe == "icl_curve":
+        return [{"shots": k, "accuracy": min(1.0, 0.3 + 0.1 * k + shift)} for k in (1, 2, 4)]
+    if probe == "icl_robust":
+        return [{"shots": 4, "mean": 0.5 + shift, "std": 0.05, "best": 0.6 + shift, "worst": 0.4 + shift,
+                 "margin": 0.2, "grouped": 0.45, "alternate": 0.5}]
     return [{"position": t, "nll": 5.0 - shift, "cumulative": 5.5 - shift} for t in (1, 2, 4, 8, 16)]
 
 
-@pytest.mark.parametrize("probe", ["outliers", "quantization", "needle", "attention_focus", "nll_position"])
-def test_every_probe_table_is_built_written_and_plotted(probe, tmp_path):
+@pytest.mark.parametrize("probe, index", [("outliers", 0), ("quantization", 0), ("needle", 0), ("attention_focus", 0),
+                                          ("nll_position", 0), ("downstream", 0), ("icl", 0), ("icl", 1)])
+def test_every_probe_table_is_built_written_and_plotted(probe, index, tmp_path):
     from diffsweep.eval.probe import get_probe
     from diffsweep.sweep.probe_report import plot
 
-    (spec,) = get_probe(probe).comparisons
-    records = [(arm, _record(f"{arm}-s{s}", _probe_rows(probe, shift + 0.01 * s), probe=probe))
+    spec = get_probe(probe).comparisons[index]
+    shape = spec.table if probe == "icl" else probe
+    records = [(arm, _record(f"{arm}-s{s}", _probe_rows(shape, shift + 0.01 * s), probe=probe, table=spec.table))
                for arm, shift in (("transformer", 0.0), ("diff", 0.2)) for s in range(2)]
     table = build_table(probe, spec, records, ["transformer", "diff"], "transformer")
     assert table.cells and all(len(c.arms) == 2 and len(c.differences) == 1 for c in table.cells)

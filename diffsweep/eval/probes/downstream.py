@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from diffsweep.config import Config, ConfigError, EnvironmentUnavailable
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 
 # Table 1's tasks, by their lm-eval names.
 PAPER_TASKS = ("arc_challenge", "arc_easy", "boolq", "hellaswag", "openbookqa", "piqa", "winogrande")
@@ -81,6 +81,8 @@ class DownstreamProbe(Probe):
     summary = "zero-shot accuracy on lm-evaluation-harness tasks (ARC, BoolQ, HellaSwag, OBQA, PIQA, WinoGrande)"
     cites = "Table 1, §3.1"
     Settings: ClassVar[type] = DownstreamSettings
+    comparisons = (TableComparison(table="downstream", title="Table 1: zero-shot accuracy by task",
+                                   keys=("task",), values=("value",), where=(("metric", "acc"),)),)
 
     def check(self, settings: DownstreamSettings, config: Config) -> None:
         for key, value, least in (("batch", settings.batch, 1), ("limit", settings.limit, 0),

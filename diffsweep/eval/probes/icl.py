@@ -48,7 +48,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_color, display_name
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 
 DEMONSTRATION = "Input: {text}\nLabel: {label}\n\n"
 QUERY = "Input: {text}\nLabel:"
@@ -226,6 +226,12 @@ class IclProbe(Probe):
     summary = "many-shot in-context classification accuracy and its spread under demonstration order permutations"
     cites = "Fig. 6, Fig. 7, §3.5"
     Settings: ClassVar[type] = IclSettings
+    comparisons = (
+        TableComparison(table="icl_curve", title="Fig. 6: in-context classification accuracy by demonstrations "
+                        "(mean over demonstration sets)", keys=("shots",), values=("accuracy",), x="shots", log_x=True),
+        TableComparison(table="icl_robust", title="Fig. 7: accuracy over permutations of one demonstration set "
+                        "(margin: best - worst)", keys=("shots",), values=("mean", "best", "worst", "margin")),
+    )
 
     def check(self, settings: IclSettings, config: Config) -> None:
         if not settings.data:
@@ -268,6 +274,12 @@ class IclProbe(Probe):
             if r["arrangement"] != "random":
                 result.metrics[f"icl/robust/{r['arrangement']}"] = r["accuracy"]
         result.tables["icl_permutations"] = robust
+        # one row per shot count and one for the robustness summary: what ``compare --probes`` sets side by side
+        result.tables["icl_curve"] = [{"shots": k, "accuracy": v} for k, v in sorted(curve.items())]
+        result.tables["icl_robust"] = [{"shots": robust[0]["shots"], **{k.removeprefix("icl/robust/"): v for k, v in
+                                                                       result.metrics.items()
+                                                                       if k.startswith("icl/robust/")
+                                                                       and k != "icl/robust/shots"}}]
         kind = ctx.config.model.attention.kind.value
         result.files.append(plot(result.tables["icl_shots"], robust, len(labels), ctx.out_dir / "icl.png",
                                  display_name(kind), display_color(kind)))
