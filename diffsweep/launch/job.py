@@ -111,15 +111,16 @@ class TrainJob(submitit.helpers.Checkpointable):
         store, so a requeue goes on where it stopped). A probe that fails does not fail the run:
         the error is printed and recorded as ``eval_error`` in ``job.json``; ``diffsweep eval
         SWEEP`` runs what is missing."""
-        if not self.evals or _global_rank() != 0:
+        evals = getattr(self, "evals", None)  # a job pickled before evaluation requests has none
+        if not evals or _global_rank() != 0:
             return {}
         from diffsweep.eval.probe import sweep_requests
         from diffsweep.eval.runner import evaluate_run
 
-        write_job_state(run_dir, "running", **running, step=step, total=total, evaluating=list(self.evals["probes"]))
+        write_job_state(run_dir, "running", **running, step=step, total=total, evaluating=list(evals["probes"]))
         try:
-            requests = sweep_requests(self.evals["probes"], self.evals["settings"], "the sweep")
-            done = evaluate_run(run_dir, requests, self.evals.get("steps", []), uri=self.tracking_uri,
+            requests = sweep_requests(evals["probes"], evals["settings"], "the sweep")
+            done = evaluate_run(run_dir, requests, evals.get("steps", []), uri=self.tracking_uri,
                                 echo=lambda line: print(line, flush=True))
         except Exception as exc:  # noqa: BLE001 (the run trained; its evaluation is retried by diffsweep eval)
             print(f"evaluation failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
