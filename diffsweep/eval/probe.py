@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -103,7 +104,7 @@ class TableComparison:
     log_x: bool = False
 
 
-class Probe:
+class Probe(ABC):
     """Base class of probes. Subclasses set ``name``, ``summary``, ``cites`` and ``Settings``, and
     define ``run``; ``check`` refuses settings that cannot work with a run's config before anything
     runs (e.g. a context longer than the model's)."""
@@ -114,11 +115,12 @@ class Probe:
     Settings: ClassVar[type] = NoSettings
     comparisons: ClassVar[tuple[TableComparison, ...]] = ()  # its tables in ``diffsweep compare --probes``
 
-    def check(self, settings: Any, config: Config) -> None:
+    def check(self, settings: Any, config: Config) -> None:  # noqa: B027 (optional: a probe that any run can take)
         """Raise ``ConfigError`` (key ``<probe>.<setting>``) if ``settings`` cannot run on ``config``."""
 
+    @abstractmethod
     def run(self, ctx: EvalContext, settings: Any) -> ProbeResult:
-        raise NotImplementedError
+        """Measure ``ctx``'s model with ``settings`` (already checked)."""
 
 
 # Built-in probes: name -> "module:Class" (imported on first use: probes import torch).
@@ -207,3 +209,15 @@ def sweep_requests(names: list[str] | tuple[str, ...], settings: dict[str, dict[
             raise ConfigError(f"{where}: eval.settings.{name}", f"expected a mapping of settings, got {values!r}")
     return [(probe, parse_settings(probe, settings.get(name, {}), f"{where}: eval.settings."))
             for name, probe in probes.items()]
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (a PNG; its folder created) and close it: how every
+    probe's plot is saved."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -10,34 +10,18 @@ import pytest
 import torch
 
 from diffsweep.config import ConfigError, load_config
-from diffsweep.data.tokenizers import BytesTokenizer
 from diffsweep.eval.probe import EvalContext, get_probe, parse_settings
-from diffsweep.model.transformer import build_model
 from diffsweep.train.probes import token_losses
+from tests.eval.tiny import KINDS, tiny_context
 
 torch.set_num_threads(1)
 
 SEQ, WINDOWS, MICRO = 32, 5, 2
-KINDS = {
-    "transformer": ["model.attention.kind=transformer", "model.attention.num_kv_heads=2"],
-    "diff_v1": ["model.attention.kind=diff_v1", "model.attention.num_kv_heads=1"],
-    "diff_v2": ["model.attention.kind=diff_v2", "model.attention.num_kv_heads=2"],
-}
 
 
 def context(kind: str, tmp_path) -> EvalContext:
-    """A tiny-xs model whose Q/K weights are larger than the init, so attention is far from uniform
-    and quantizing its logits matters."""
-    config = load_config(None, ["model.size=tiny-xs", "model.vocab_size=64", f"train.seq_len={SEQ}", *KINDS[kind]])
-    torch.manual_seed(0)
-    model = build_model(config.model).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("wq.weight", "wk.weight")):
-                p.normal_(0, 0.5)
-    val = np.random.default_rng(0).integers(0, 64, size=WINDOWS * SEQ + 7).astype(np.uint16)
-    return EvalContext(model=model, config=config, tokenizer=BytesTokenizer(), val_tokens=val,
-                       device=torch.device("cpu"), autocast_dtype=None, out_dir=tmp_path)
+    """Q/K weights wider than the init: attention far from uniform, so quantizing its logits matters."""
+    return tiny_context(kind, tmp_path, seq=SEQ, tokens=WINDOWS * SEQ + 7, qk_std=0.5)
 
 
 @torch.no_grad()

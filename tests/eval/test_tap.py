@@ -11,15 +11,11 @@ import torch
 from diffsweep.config import load_config
 from diffsweep.eval.tap import Tap, causal_mask, quantize_logits, replacement_note, tapped
 from diffsweep.model.transformer import build_model
+from tests.eval.tiny import KINDS
 
 torch.set_num_threads(1)
 
 B, T = 2, 12
-KINDS = {
-    "transformer": ["model.attention.kind=transformer", "model.attention.num_kv_heads=2"],
-    "diff_v1": ["model.attention.kind=diff_v1", "model.attention.num_kv_heads=1"],
-    "diff_v2": ["model.attention.kind=diff_v2", "model.attention.num_kv_heads=2"],
-}
 
 
 def build(kind: str, seed: int = 0):

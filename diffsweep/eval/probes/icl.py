@@ -48,7 +48,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_color, display_name
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison, save_figure
 
 DEMONSTRATION = "Input: {text}\nLabel: {label}\n\n"
 QUERY = "Input: {text}\nLabel:"
@@ -372,8 +372,4 @@ def plot(shot_rows: list[dict[str, Any]], robust: list[dict[str, Any]], num_labe
     right.set_xticks([0, 1, 2], ["random", "alternate", "grouped"])
     right.set_title(f"{robust[0]['shots']} shots: margin {max(accs) - min(accs):.3f} (Fig. 7)", fontsize="medium")
     right.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

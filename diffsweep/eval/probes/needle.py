@@ -21,7 +21,7 @@ import torch
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_name
 from diffsweep.eval import needles
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison, save_figure
 from diffsweep.model.transformer import LanguageModel
 
 
@@ -186,8 +186,4 @@ def heat_map(rows: list[dict[str, Any]], path: Path, title: str, settings: Needl
     ax.set_title(f"{title}: N={settings.needles}, R={settings.queries}, {settings.samples} samples per cell",
                  fontsize="medium")
     fig.colorbar(image, ax=ax, label="accuracy")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

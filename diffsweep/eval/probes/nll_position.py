@@ -28,7 +28,7 @@ import torch
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_color, display_name
 from diffsweep.data.dataset import val_starts, windows
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
+from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison, save_figure
 from diffsweep.model.transformer import LanguageModel
 from diffsweep.train.probes import token_losses
 
@@ -137,9 +137,5 @@ def plot(cumulative: np.ndarray, path: Path, name: str, color: str | None, note:
     ax.set_title(f"NLL by position: {name} (mean {note})", fontsize="medium")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
