@@ -112,6 +112,25 @@ def test_a_failing_probe_marks_its_run_failed(trained_run, mlflow_store):
     assert [r.info.status for r in runs] == ["FAILED"]
 
 
+def test_an_interrupted_probe_marks_its_run_killed_and_a_rerun_evaluates_it(trained_run, mlflow_store):
+    class Interrupted(ValLoss):
+        name = "interrupted_test"
+
+        def run(self, ctx, settings):
+            raise KeyboardInterrupt
+
+    trained = load_trained(trained_run)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(trained, [(Interrupted(), LossSettings())], uri=mlflow_store, echo=lambda line: None)
+    client = MlflowClient(mlflow_store)
+    exp = client.get_run(trained.mlflow_run_id).info.experiment_id
+    runs = client.search_runs([exp], "tags.`diffsweep.eval.probe` = 'interrupted_test'")
+    assert [r.info.status for r in runs] == ["KILLED"]
+    Interrupted.run = ValLoss.run  # the same probe and key, now finishing: not skipped (only FINISHED ones are)
+    (again,) = evaluate(trained, [(Interrupted(), LossSettings())], uri=mlflow_store, echo=lambda line: None)
+    assert again.ran and client.get_run(again.mlflow_run_id).info.status == "FINISHED"
+
+
 def test_bad_requests_name_the_field(tmp_path):
     for names, items, key in [([], [], "probes"), (["nosuch"], [], "probes"),
                               (["outliers"], ["needle.samples=3"], "probe_settings"),
