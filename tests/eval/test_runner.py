@@ -187,8 +187,9 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
     assert done["nll_position"]["metrics"]["nll_position/mean"] > 0
     kept = trained_run / "eval" / "step_00000012"
     assert 0 <= done["icl"]["metrics"]["icl/shots_01/accuracy"] <= 1
-    assert sorted(p.name for p in kept.iterdir()) == ["attention_focus", "icl", "needle", "nll_position", "outliers",
-                                                     "quantization"]
+    # The shared run's eval folder may also hold other tests' probes: each of these six is there.
+    assert {"attention_focus", "icl", "needle", "nll_position", "outliers", "quantization"} <= {
+        p.name for p in kept.iterdir()}
     assert any(p.suffix == ".png" for p in (kept / "needle").iterdir())
     assert any(p.suffix == ".png" for p in (kept / "nll_position").iterdir())
     client = MlflowClient(mlflow_store)
