@@ -108,7 +108,7 @@ CHECKS: dict[str, tuple] = {
     "diffsweep status sweeps/table6-ablation.yaml": ("run", ["status", "sweeps/table6-ablation.yaml"]),
     "diffsweep eval sweeps/table6-ablation.yaml --probe outliers --probe quantization":
         ("cheap", ["eval", "sweeps/table6-ablation.yaml", "--probe", "outliers", "--probe", "quantization", HELP],
-         "it needs the sweep's trained 1.4B checkpoints; tests/eval/test_eval_sweep.py evaluates a launched tiny sweep"),
+         "it needs the sweep's trained 1.4B checkpoints; tests/eval/test_sweep_eval_section.py evaluates a launched tiny sweep"),
     "diffsweep compare sweeps/table6-ablation.yaml --probes":
         ("cheap", ["compare", "sweeps/table6-ablation.yaml", "--probes", HELP],
          "it needs the sweep's evaluations; tests/eval/test_probe_tables.py runs it on a launched, evaluated tiny sweep"),
@@ -155,6 +155,14 @@ CHECKS: dict[str, tuple] = {
                    "needle.depths=[0, 50, 100]", HELP], EVAL_WHY),
     "diffsweep eval runs/my-run --probe outliers --json":
         ("cheap", ["eval", "runs/my-run", "--probe", "outliers", "--json", HELP], EVAL_WHY),
+    "diffsweep eval sweeps/x.yaml --probe needle --launch --profile h100-example --wait":
+        ("cheap", ["eval", "sweeps/x.yaml", "--probe", "needle", "--launch", "--profile", "h100-example", "--wait", HELP],
+         "Slurm jobs of the user's sweep; tests/eval/test_sweep_eval_section.py runs --launch --wait on the localhost "
+         "Slurm cluster and the local queue"),
+    "diffsweep compare sweeps/demo-ladder.yaml --probes":
+        ("cheap", ["compare", "sweeps/demo-ladder.yaml", "--probes", HELP],
+         "it needs the demo ladder trained and evaluated (the network, ~25 minutes); tests/eval/test_probe_tables.py "
+         "runs it on a launched, evaluated tiny sweep"),
     "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
 }
 

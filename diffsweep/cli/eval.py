@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -14,7 +15,8 @@ from diffsweep.cli.sweep import ExecutorOpt, OnlyOpt, OutOpt, ProfileOpt, SweepS
 from diffsweep.config import ConfigError
 from diffsweep.eval.probe import probe_names
 
-FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set", "launch": "--launch"}
+FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set", "launch": "--launch", "wait": "--wait",
+         "force": "--force"}
 
 
 @handle_errors(flags=FLAGS)
@@ -36,7 +38,11 @@ def eval_(
     sets: SweepSetOpt = None,
     launch: Annotated[bool, typer.Option("--launch", help="A sweep: evaluate as jobs of its scheduler (Slurm "
                                          "arrays, or the local queue) with each run's training resources, "
-                                         "instead of one after another here; returns once submitted.")] = False,
+                                         "instead of one after another here; returns once submitted "
+                                         "(see --wait).")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="With --launch: wait until the evaluation jobs end, "
+                                       "then say what each evaluated (exit 1 if a job or a probe failed).")
+                    ] = False,
     profile: ProfileOpt = None,
     executor: ExecutorOpt = None,
 ) -> None:
@@ -46,7 +52,7 @@ def eval_(
     tables and plots are the MLflow run's artifacts, also kept in RUN_DIR/eval/step_XXXXXXXX/PROBE/.
     Exit status: 0 done, 2 bad input (nothing runs), 3 a missing package or GPU.
     """
-    from diffsweep.eval.probe import probe_requests, settings_dict
+    from diffsweep.eval.probe import probe_requests
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
 
@@ -55,17 +61,15 @@ def eval_(
     if (launch or profile or executor) and not is_sweep:
         raise ConfigError("launch", "--launch, --profile and --executor are for a sweep YAML; a run directory or "
                           "checkpoint is evaluated here")
+    if wait and not launch:
+        raise ConfigError("wait", "only with --launch (without it, evaluation runs here and the command returns "
+                          "when it is done)")
     if launch:
-        from diffsweep.cli.sweep import _target
-        from diffsweep.launch.api import launch_eval
-
-        names = [probe.name for probe, _ in requests]
-        plain = {probe.name: settings_dict(s) for probe, s in requests}
-        submitted, waiting = launch_eval(_target(target, profile=profile, executor=executor, only=only, out=out,
-                                                 sets=sets), tuple(names), plain, echo=echo)
-        typer.echo(f"submitted {len(submitted)} evaluation jobs ({', '.join(names)})" + (
-            f"; {len(waiting)} runs not finished yet" if waiting else "") + "; follow them with diffsweep status "
-            f"{target}, then see the evaluations in MLflow (diffsweep ui)")
+        if force:
+            raise ConfigError("force", "not with --launch: launched jobs skip what the store already has; "
+                              "run diffsweep eval SWEEP --force here to evaluate again")
+        _launch(target, requests, wait=wait, profile=profile, executor=executor, only=only, out=out, sets=sets,
+                echo=echo)
         return
     if is_sweep:
         from diffsweep.cli.sweep import _target
@@ -99,3 +103,36 @@ def eval_(
             typer.echo(f"  {name} = {value:.6g}")
         if e.out_dir is not None:
             typer.echo(f"  files: {e.out_dir}")
+
+
+def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], None], **choices: Any) -> None:
+    """``--launch``: the finished runs' jobs submitted again with these probes; with ``wait``,
+    until they end, then what each evaluated."""
+    from diffsweep.cli.common import fail
+    from diffsweep.cli.sweep import _target, _wait
+    from diffsweep.eval.probe import settings_dict
+    from diffsweep.launch.api import launch_eval
+    from diffsweep.rundir import read_job_state
+
+    target = _target(sweep, **choices)
+    names = [probe.name for probe, _ in requests]
+    plain = {probe.name: settings_dict(s) for probe, s in requests}
+    submitted, waiting = launch_eval(target, tuple(names), plain, echo=echo)
+    typer.echo(f"submitted {len(submitted)} evaluation jobs ({', '.join(names)})" + (
+        f"; {len(waiting)} runs not finished yet" if waiting else "") + (
+        "" if wait else f"; follow them with diffsweep status {sweep}, then see the evaluations in MLflow "
+        "(diffsweep ui)"))
+    if not wait or not submitted:
+        return
+    _wait(target, sweep)  # exits 1 if a job did not finish
+    failed = []
+    for name, run_dir in submitted.items():
+        job = read_job_state(run_dir) or {}
+        if job.get("eval_error"):
+            failed.append(name)
+            typer.echo(f"{name}: evaluation failed: {job['eval_error']}")
+        else:
+            typer.echo(f"{name}: evaluated {', '.join(job.get('evaluated', [])) or 'nothing'}")
+    if failed:
+        fail(f"{len(failed)} of {len(submitted)} evaluation jobs failed a probe ({', '.join(failed)}); see "
+             f"`diffsweep logs {sweep} RUN`, then run `diffsweep eval {sweep} --probe ...` for what is missing", 1)

@@ -308,13 +308,15 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
 
 def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str, dict[str, Any]],
                 steps: tuple[int, ...] = (), *, tracking_uri: str | None = None,
-                echo: Callable[[str], None] = print) -> tuple[list[str], list[str]]:
+                echo: Callable[[str], None] = print) -> tuple[dict[str, Path], list[str]]:
     """Evaluate the sweep's finished runs as jobs of its scheduler (Slurm arrays, or the local
     queue), each with the resources its training had (the memory planner's estimate): the run's
     job is submitted again with these probes as its evaluation request; its trainer finds the run
     finished and returns at once, then the job evaluates (``TrainJob``), skipping what the store
-    already has. Returns the names of the runs submitted and of those not finished yet. The
-    probes and settings are checked against every run before anything is submitted."""
+    already has. Returns the runs submitted (name: run directory, whose ``job.json`` says what
+    the job evaluated once it ends: ``evaluated`` or ``eval_error``) and the names of those not
+    finished yet. The probes and settings are checked against every run before anything is
+    submitted."""
     from dataclasses import replace
 
     from diffsweep.launch.state import DONE
@@ -327,7 +329,7 @@ def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str
         finished = [r for r in plan.runs if r.state.state == DONE]
         waiting = [r.run.name for r in plan.runs if r.state.state != DONE]
         if not finished:
-            return [], waiting
+            return {}, waiting
         selection = Selection(submit=finished)
         check_launch(plan, selection, None)
         if tracking_uri is None:
@@ -336,4 +338,4 @@ def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str
             tracking_uri = default_uri()
         submitted = submit(plan, selection, max_parallel=plan.spec.launch.max_parallel, tracking_uri=tracking_uri,
                            echo=echo)
-    return [r.run.name for r, _ in submitted], waiting
+    return {r.run.name: r.run_dir for r, _ in submitted}, waiting

@@ -5,7 +5,8 @@ marked FAILED or KILLED with the scheduler's state as the reason.
 States: ``new`` (never launched), ``changed`` (a run of the same name was launched with another
 config; the differing fields are the detail), ``pending`` (queued: waiting in Slurm, with Slurm's
 reason, requeued, or in the local queue), ``running`` (running, with its step, or still stopping
-after a cancel), ``done``, ``failed`` (with the job's recorded reason), ``cancelled``, ``unknown``
+after a cancel), ``done`` (a done run whose job is submitted again to evaluate it, ``diffsweep
+eval --launch``, is pending, then running, with the detail "evaluating"), ``failed`` (with the job's recorded reason), ``cancelled``, ``unknown``
 (the scheduler has no record of the job and the job never reported). A state may be ``blocked``:
 launch skips it.
 """
@@ -50,6 +51,12 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
     job = read_job_state(run_dir) if run_dir is not None else None
     entry = ledger.entries.get(key) if ledger else None
     if job and job.get("state") == "finished":
+        if entry is not None and entry.latest is not None and str(job.get("updated", "")) < entry.latest.submitted:
+            # A finished run's job submitted again (``diffsweep eval --launch``) and not started yet:
+            # pending or running while the scheduler says so, then done as before.
+            again = attempt_state(entry.latest, None, scheduler)
+            if again.state in ACTIVE_STATES:
+                return RunState(again.state, ", ".join(x for x in ("evaluating", again.detail) if x))
         return RunState(DONE, f"{job.get('step', '?')} steps")
     if entry is None or not entry.attempts:
         others = [e for e in (ledger.by_name(name) if ledger else []) if e.key != key]

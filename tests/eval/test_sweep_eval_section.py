@@ -79,13 +79,15 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     # the sweep's comparison of training runs is not confused by the evaluation runs
     r = cli("compare", str(sweep), "--json", cwd=tmp_path, env=store)
     assert r.returncode == 0 and len(json.loads(r.stdout)["rows"]) == 2, r.stdout + r.stderr
-    # another probe, as jobs of the local queue (the runs' jobs again: the trainers return at once)
+    # another probe, as jobs of the local queue (the runs' jobs again: the trainers return at once),
+    # waiting until they end: each job's evaluation is said when it returns
     r = cli("eval", str(sweep), "--probe", "quantization", "--probe-set", "quantization.tokens=64", "--launch",
-            "--executor", "local", cwd=tmp_path, env=store)
+            "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "submitted 2 evaluation jobs (quantization)" in r.stdout, r.stdout + r.stderr
-    wait_for(lambda: sum(p == "quantization" for _, p, _ in evaluations(store)) == 2, 180, "two quantization runs",
-             poll=2)
-    wait_for(lambda: finished(tmp_path), 60, "the jobs finished", poll=2)
+    for name in ("transformer-tiny-xs-s0", "diff_v1-tiny-xs-s0"):
+        assert f"{name}: evaluated quantization" in r.stdout, r.stdout
+    assert sum(p == "quantization" for _, p, _ in evaluations(store)) == 2
+    assert finished(tmp_path)
     s = json.loads(cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
     assert s["counts"] == {"done": 2}
     # a new row, not launched: reported as not finished, nothing evaluated
@@ -119,9 +121,9 @@ def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
         assert json.loads((run_dir / "job.json").read_text())["evaluated"] == ["nll_position", "outliers"]
     # another probe on the finished runs, as a Slurm array with the runs' training resources
     r = cli("eval", str(sweep), "--probe", "quantization", "--probe-set", "quantization.tokens=64", "--launch",
-            "--profile", "localhost", cwd=tmp_path, env=store)
+            "--profile", "localhost", "--wait", cwd=tmp_path, env=store, timeout=420)
     assert r.returncode == 0 and "submitted 2 evaluation jobs" in r.stdout and "Slurm array" in r.stdout, r.stdout
-    wait_for(lambda: sum(p == "quantization" for _, p, _ in evaluations(store)) == 2, 300, "two quantization runs",
-             poll=2)
-    wait_for(lambda: finished(tmp_path), 120, "both runs' jobs finished again", poll=2)
-    assert done()
+    for name in ("transformer-tiny-xs-s0", "diff_v1-tiny-xs-s0"):
+        assert f"{name}: evaluated quantization" in r.stdout, r.stdout
+    assert sum(p == "quantization" for _, p, _ in evaluations(store)) == 2
+    assert finished(tmp_path) and done()

@@ -7,9 +7,10 @@ import os
 import subprocess
 import sys
 
-from diffsweep.launch.ledger import Attempt
-from diffsweep.launch.state import attempt_state
+from diffsweep.launch.ledger import Attempt, Entry, Ledger
+from diffsweep.launch.state import attempt_state, run_state
 from diffsweep.lockfile import pid_alive, proc_start
+from diffsweep.rundir import write_job_state
 
 
 def attempt(**kw) -> Attempt:
@@ -55,6 +56,27 @@ def test_failures():
     s = attempt_state(attempt(), {"state": "failed", "reason": "diverged: loss nan", "retryable": False},
                       {"7_1": "FAILED"})
     assert s.state == "failed" and "diverged" in s.blocked
+
+
+def test_a_finished_run_submitted_again_to_evaluate_is_active_until_its_new_job_ends(tmp_path):
+    """``diffsweep eval --launch`` submits a done run's job again: until that job starts and writes
+    its own job.json, the old "finished" must not make the run look done (``--wait`` would return
+    at once); once the scheduler no longer has it, the run is done as before."""
+    write_job_state(tmp_path, "finished", step=8)
+    updated = (tmp_path / "job.json").read_text().split('"updated": "')[1][:25]
+    old = attempt(submitted="2000-01-01T00:00:00+00:00", job_id="5_0")
+    again = attempt(submitted="2999-01-01T00:00:00+00:00")
+    ledger = Ledger("s", "s", "uri", {"k": Entry("k", "r", str(tmp_path), {}, [old])})
+    assert run_state("k", "r", tmp_path, ledger, {"5_0": "COMPLETED"}, None).state == "done"
+    ledger.entries["k"].attempts.append(again)
+    for sched, state in (("PENDING (Priority)", "pending"), ("RUNNING", "running"), ("COMPLETED", "done"),
+                         ("FAILED", "done")):
+        s = run_state("k", "r", tmp_path, ledger, {"7_1": sched}, None)
+        assert s.state == state, (sched, s)
+        assert (s.detail.startswith("evaluating") if state != "done" else s.detail == "8 steps"), s
+    # the same second as the submission: the job wrote it, the run is done
+    ledger.entries["k"].attempts[-1] = attempt(submitted=updated)
+    assert run_state("k", "r", tmp_path, ledger, {"7_1": "RUNNING"}, None).state == "done"
 
 
 def test_local_queue_states():
