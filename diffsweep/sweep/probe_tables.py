@@ -281,6 +281,8 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
             if not any(arm == base for arm, _ in loaded):
                 notes.append(f"{probe}: the baseline {base} has no evaluation; differences left out")
             for s in specs:
+                if not any(s.table in record.tables for _, record in loaded):
+                    continue  # a table the probe makes only with some settings (quantization's tasks)
                 table = build_table(probe, s, loaded, arms, base, level)
                 if len(table.settings) > 1:
                     notes.append(f"{probe}: evaluated with {len(table.settings)} different settings; cells of one "
@@ -304,8 +306,10 @@ def _record(run: Any) -> EvalRecord:
 
 
 def _with_tables(client: Any, record: EvalRecord, names: Sequence[str], tmp: Path) -> EvalRecord:
+    """``record`` with those of the tables ``names`` that its run has as artifacts."""
     tables = {}
-    for name in dict.fromkeys(names):
+    have = {f.path for f in retry_busy(lambda: client.list_artifacts(record.run_id))}
+    for name in dict.fromkeys(n for n in names if f"{n}.json" in have):
         dst = tmp / record.run_id
         dst.mkdir(exist_ok=True)
         try:

@@ -179,6 +179,48 @@ def test_accuracy_is_the_share_of_items_whose_gold_choice_scores_highest(trained
         probe.run(ctx, DownstreamSettings(tasks=("arc_easy",), include_path=str(TASKS), limit=1))
 
 
+def test_quantization_runs_the_tasks_at_each_bit_width(trained, hf_cache):
+    """Fig. 8's downstream half: at 16 bits the downstream probe's numbers exactly; at 4 bits the
+    accuracy of the model scored directly with its attention logits quantized."""
+    from diffsweep.eval.probe import get_probe, parse_settings
+    from diffsweep.eval.tap import tapped
+
+    ctx = EvalContext(model=trained.model, config=trained.config, tokenizer=trained.tokenizer,
+                      val_tokens=trained.dataset.split("val"), device=torch.device("cpu"), autocast_dtype=None,
+                      out_dir=hf_cache / "out")
+    probe = get_probe("quantization")
+    settings = parse_settings(probe, {"bits": [4], "tokens": SEQ_LEN, "micro_batch": 4,
+                                      "tasks": ["diffsweep_tiny_qa"], "include_path": str(TASKS)})
+    probe.check(settings, trained.config)
+    result = probe.run(ctx, settings)
+    plain = DownstreamProbe().run(ctx, DownstreamSettings(tasks=("diffsweep_tiny_qa",), include_path=str(TASKS),
+                                                          batch=4))
+    rows = {(r["bits"], r["metric"]): r for r in result.tables["quantization_downstream"]}
+    assert {bits for bits, _ in rows} == {16, 4}
+    for row in plain.tables["downstream"]:
+        assert rows[16, row["metric"]]["value"] == row["value"] and rows[16, row["metric"]]["delta"] == 0
+        assert rows[4, row["metric"]]["delta"] == rows[4, row["metric"]]["value"] - row["value"]
+    m = result.metrics
+    assert m["quantization/bits_16/diffsweep_tiny_qa/acc"] == plain.metrics["downstream/diffsweep_tiny_qa/acc"]
+    assert m["quantization/bits_16/downstream_average"] == plain.metrics["downstream/average"]
+    items = [json.loads(line) for line in (TASKS / "tiny_qa.jsonl").read_text().splitlines()]
+    hits = 0
+    with tapped(trained.model, bits=4):
+        for item in items:
+            scores = [direct(trained.model, trained.tokenizer, f"Question: {item['question']}\nAnswer:", f" {c}")[0]
+                      for c in item["choices"]]
+            hits += max(range(len(scores)), key=scores.__getitem__) == item["label"]
+    assert m["quantization/bits_04/diffsweep_tiny_qa/acc"] == pytest.approx(hits / len(items))
+    assert rows[4, "acc"]["value"] == pytest.approx(hits / len(items))
+    # its task settings are checked as the downstream probe's, named by this probe's keys
+    for items_, key in [({"tasks": ["arc_easyy"]}, "quantization.tasks"), ({"limit": 3}, "quantization.tasks"),
+                        ({"tasks": ["arc_easy"], "include_path": "/no/such/dir"}, "quantization.include_path"),
+                        ({"tasks": ["arc_easy"], "micro_batch": 0}, "quantization.micro_batch")]:
+        with pytest.raises(ConfigError) as caught:
+            probe.check(parse_settings(probe, items_), trained.config)
+        assert caught.value.key == key, items_
+
+
 def test_bad_settings_and_a_missing_lm_eval_stop_before_anything_runs(trained, monkeypatch):
     probe = DownstreamProbe()
     with pytest.raises(ConfigError) as caught:

@@ -117,6 +117,9 @@ def _probe_rows(probe: str, shift: float) -> list[dict]:
     """Rows shaped as each built-in probe's table (see its module docstring)."""
     if probe == "outliers":
         return _outlier_rows(30 + shift, 1.0, 300.0, 0.5 + shift)
+    if probe == "quantization_downstream":
+        return [{"bits": b, "task": t, "metric": m, "value": 0.4 + shift + 1 / b, "stderr": 0.02, "samples": 100,
+                 "delta": 1 / b - 1 / 16} for b in (16, 8, 4) for t in ("arc_easy", "piqa") for m in ("acc", "acc_norm")]
     if probe == "quantization":
         return [{"bits": b, "val_loss": 3.0 + shift + 1 / b, "delta": 1 / b - 1 / 16} for b in (16, 8, 4)]
     if probe == "needle":
@@ -136,14 +139,15 @@ def _probe_rows(probe: str, shift: float) -> list[dict]:
     return [{"position": t, "nll": 5.0 - shift, "cumulative": 5.5 - shift} for t in (1, 2, 4, 8, 16)]
 
 
-@pytest.mark.parametrize("probe, index", [("outliers", 0), ("quantization", 0), ("needle", 0), ("attention_focus", 0),
+@pytest.mark.parametrize("probe, index", [("outliers", 0), ("quantization", 0), ("quantization", 1), ("needle", 0),
+                                          ("attention_focus", 0),
                                           ("nll_position", 0), ("downstream", 0), ("icl", 0), ("icl", 1)])
 def test_every_probe_table_is_built_written_and_plotted(probe, index, tmp_path):
     from diffsweep.eval.probe import get_probe
     from diffsweep.sweep.probe_report import plot
 
     spec = get_probe(probe).comparisons[index]
-    shape = spec.table if probe == "icl" else probe
+    shape = spec.table if probe == "icl" or index else probe
     records = [(arm, _record(f"{arm}-s{s}", _probe_rows(shape, shift + 0.01 * s), probe=probe, table=spec.table))
                for arm, shift in (("transformer", 0.0), ("diff", 0.2)) for s in range(2)]
     table = build_table(probe, spec, records, ["transformer", "diff"], "transformer")

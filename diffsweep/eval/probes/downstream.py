@@ -105,29 +105,35 @@ class DownstreamProbe(Probe):
                                   f"tasks, groups and tags{where}){hint}")
 
     def run(self, ctx: EvalContext, settings: DownstreamSettings) -> ProbeResult:
-        require_lm_eval()
-        simple_evaluate = _module("lm_eval.evaluator").simple_evaluate
-        from diffsweep.eval.lm_eval_adapter import DiffsweepLM
+        return evaluate_tasks(ctx, settings)
 
-        ctx.model.eval()
-        seq_len = ctx.config.train.seq_len
-        lm = DiffsweepLM(ctx.model, ctx.tokenizer, seq_len=seq_len, device=ctx.device, batch_size=settings.batch,
-                         autocast=ctx.autocast, max_gen_toks=min(256, seq_len // 2))
-        manager = task_manager(settings.include_path)
-        with _offline(), _quiet(), _inside(settings.include_path):
-            try:
-                output = simple_evaluate(
-                    model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
-                    limit=settings.limit or None, task_manager=manager, log_samples=False, batch_size=settings.batch,
-                    random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
-                    fewshot_random_seed=ctx.seed)
-            except ConnectionError as exc:  # datasets' OfflineModeIsEnabled: a dataset not in the cache
-                cache = _module("datasets.config").HF_DATASETS_CACHE
-                raise EnvironmentUnavailable(
-                    f"downstream: {exc}; nothing is downloaded while evaluating: load the task's dataset once "
-                    f"with network access into this machine's Hugging Face cache ({cache}; see HF_HOME)") from exc
-        assert output is not None  # None only on ranks other than 0
-        return summarize(output)
+
+def evaluate_tasks(ctx: EvalContext, settings: DownstreamSettings) -> ProbeResult:
+    """Run the tasks on ``ctx.model`` as it is now (``quantization`` runs them with its attention
+    logits quantized) and ``summarize`` them."""
+    require_lm_eval()
+    simple_evaluate = _module("lm_eval.evaluator").simple_evaluate
+    from diffsweep.eval.lm_eval_adapter import DiffsweepLM
+
+    ctx.model.eval()
+    seq_len = ctx.config.train.seq_len
+    lm = DiffsweepLM(ctx.model, ctx.tokenizer, seq_len=seq_len, device=ctx.device, batch_size=settings.batch,
+                     autocast=ctx.autocast, max_gen_toks=min(256, seq_len // 2))
+    manager = task_manager(settings.include_path)
+    with _offline(), _quiet(), _inside(settings.include_path):
+        try:
+            output = simple_evaluate(
+                model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
+                limit=settings.limit or None, task_manager=manager, log_samples=False, batch_size=settings.batch,
+                random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
+                fewshot_random_seed=ctx.seed)
+        except ConnectionError as exc:  # datasets' OfflineModeIsEnabled: a dataset not in the cache
+            cache = _module("datasets.config").HF_DATASETS_CACHE
+            raise EnvironmentUnavailable(
+                f"downstream: {exc}; nothing is downloaded while evaluating: load the task's dataset once "
+                f"with network access into this machine's Hugging Face cache ({cache}; see HF_HOME)") from exc
+    assert output is not None  # None only on ranks other than 0
+    return summarize(output)
 
 
 def summarize(output: dict[str, Any]) -> ProbeResult:

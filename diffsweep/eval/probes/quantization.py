@@ -10,8 +10,16 @@ by the run's own backend under its autocast (the paper's 16-bit baseline), and i
 ``delta`` is each width's loss minus its loss. The paper quantizes without any calibration or
 fine-tuning (dynamic post-training quantization), as here.
 
-Metrics: ``quantization/bits_XX/val_loss``; table ``quantization``: rows ``{bits, val_loss,
-delta}``, widest first.
+With ``tasks`` (lm-eval task names, as the ``downstream`` probe takes them; none by default), the
+paper's other half of Fig. 8: the zero-shot downstream accuracy of the same quantized model at each
+bit width, through lm-evaluation-harness (``diffsweep.eval.probes.downstream``; needs the
+``lm-eval`` extra; the tasks' datasets offline, as there). 16 bits gives the ``downstream``
+probe's numbers exactly.
+
+Metrics: ``quantization/bits_XX/val_loss``, and with tasks ``quantization/bits_XX/TASK/METRIC``
+(and ``quantization/bits_XX/downstream_average``); table ``quantization``: rows ``{bits, val_loss,
+delta}``, widest first; with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
+value, stderr, delta}`` (``delta``: the value minus its 16-bit value).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
+from diffsweep.eval.probes.downstream import DownstreamProbe, DownstreamSettings, evaluate_tasks
 from diffsweep.eval.probes.outliers import check_counts, validation_windows
 from diffsweep.eval.tap import UNQUANTIZED, replacement_note, tapped
 from diffsweep.train.probes import token_losses
@@ -30,12 +39,22 @@ from diffsweep.train.probes import token_losses
 @dataclass(frozen=True)
 class QuantizationSettings:
     """``bits``: widths to evaluate, each in 2..16 (16: unquantized); ``tokens``: predicted
-    validation tokens; ``micro_batch``: windows per forward (bounds the ``(B, H, T, T)`` logits
-    the explicit path holds)."""
+    validation tokens; ``micro_batch``: windows (or lm-eval requests) per forward (bounds the
+    ``(B, H, T, T)`` logits the explicit path holds); ``tasks``: lm-eval tasks also evaluated at
+    each width (none: validation loss only), with ``include_path`` and ``limit`` as for the
+    ``downstream`` probe."""
 
     bits: tuple[int, ...] = (16, 8, 6, 4)
     tokens: int = 65_536
     micro_batch: int = 8
+    tasks: tuple[str, ...] = ()
+    include_path: str = ""
+    limit: int = 0
+
+    def downstream(self) -> DownstreamSettings:
+        """The ``downstream`` probe's settings for these tasks (zero-shot, as in the paper)."""
+        return DownstreamSettings(tasks=self.tasks, include_path=self.include_path, limit=self.limit,
+                                  batch=self.micro_batch, num_fewshot=0)
 
 
 class QuantizationProbe(Probe):
@@ -44,13 +63,25 @@ class QuantizationProbe(Probe):
     cites = "Fig. 8, §3.7"
     Settings = QuantizationSettings
     comparisons = (TableComparison(table="quantization", title="Fig. 8: validation loss with attention logits "
-                                   "quantized to b bits", keys=("bits",), values=("val_loss", "delta"), x="bits"),)
+                                   "quantized to b bits", keys=("bits",), values=("val_loss", "delta"), x="bits"),
+                   TableComparison(table="quantization_downstream", title="Fig. 8: zero-shot accuracy with attention "
+                                   "logits quantized to b bits", keys=("task", "bits"), values=("value", "delta"),
+                                   where=(("metric", "acc"),)))
 
     def check(self, settings: QuantizationSettings, config: Config) -> None:
         bad = [b for b in settings.bits if not 2 <= b <= UNQUANTIZED]
         if bad or not settings.bits:
             raise ConfigError(f"{self.name}.bits", f"expected bit widths in 2..{UNQUANTIZED}, got {list(settings.bits)}")
         check_counts(self.name, settings)
+        if settings.tasks or settings.include_path or settings.limit:
+            if not settings.tasks:
+                raise ConfigError(f"{self.name}.tasks", "expected lm-eval tasks to evaluate at each bit width "
+                                  "(include_path and limit are for them)")
+            try:
+                DownstreamProbe().check(settings.downstream(), config)
+            except ConfigError as exc:  # named by this probe's keys
+                raise ConfigError(exc.key.replace("downstream.", f"{self.name}.", 1).replace(
+                    f"{self.name}.batch", f"{self.name}.micro_batch"), exc.message) from None
 
     @torch.no_grad()
     def run(self, ctx: EvalContext, settings: QuantizationSettings) -> ProbeResult:
@@ -64,7 +95,27 @@ class QuantizationProbe(Probe):
         base = losses[UNQUANTIZED]
         result.tables["quantization"] = [{"bits": b, "val_loss": loss, "delta": loss - base} for b, loss in losses.items()]
         result.metrics = {f"quantization/bits_{b:02d}/val_loss": loss for b, loss in losses.items()}
+        if settings.tasks:
+            downstream(ctx, settings, widths, result)
         return result
+
+
+def downstream(ctx: EvalContext, settings: QuantizationSettings, widths: list[int], result: ProbeResult) -> None:
+    """The lm-eval tasks at each width (the model's attention logits quantized while they run)
+    into ``result``: metrics and the ``quantization_downstream`` table."""
+    by_width = {}
+    for bits in widths:
+        with tapped(ctx.model, bits=bits):
+            by_width[bits] = evaluate_tasks(ctx, settings.downstream())
+    base = {(r["task"], r["metric"]): r["value"] for r in by_width[UNQUANTIZED].tables.get("downstream", [])}
+    rows = result.tables["quantization_downstream"] = []
+    for bits, found in by_width.items():
+        for name, value in found.metrics.items():  # downstream/TASK/METRIC, downstream/average
+            short = name.removeprefix("downstream/")
+            result.metrics[f"quantization/bits_{bits:02d}/{'downstream_average' if short == 'average' else short}"] = value
+        rows += [{"bits": bits, **row, "delta": row["value"] - base[row["task"], row["metric"]]}
+                 for row in found.tables.get("downstream", [])]
+    result.notes += sorted({note for found in by_width.values() for note in found.notes})
 
 
 def validation_loss(ctx: EvalContext, data: torch.Tensor, micro_batch: int, bits: int) -> float:
