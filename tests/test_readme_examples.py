@@ -163,6 +163,10 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["compare", "sweeps/demo-ladder.yaml", "--probes", HELP],
          "it needs the demo ladder trained and evaluated (the network, ~25 minutes); tests/eval/test_probe_tables.py "
          "runs it on a launched, evaluated tiny sweep"),
+    "diffsweep compare sweeps/demo-ladder.yaml --probes --only tiny-m --out compare/ladder-tiny-m":
+        ("cheap", ["compare", "sweeps/demo-ladder.yaml", "--probes", "--only", "tiny-m", "--out", "compare/ladder-tiny-m",
+                   HELP], "it needs the demo ladder trained and evaluated; tests/eval/test_probe_tables.py runs "
+         "compare --probes --only on a launched, evaluated tiny sweep"),
     "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
 }
 

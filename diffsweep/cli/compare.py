@@ -12,7 +12,8 @@ from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
 
 # The library's fields at fault, as the flags that set them.
-FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level", "step": "--step", "out": "--out"}
+FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level", "step": "--step", "out": "--out",
+         "only": "--only"}
 
 
 @handle_errors(flags=FLAGS)
@@ -36,6 +37,9 @@ def compare(
                                              "compare/<sweep>-probes).", show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="With --probes: do not log the comparison as an MLflow "
                                          "run.")] = False,
+    only: Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex, "
+                                             "e.g. one size of a ladder: --only tiny-m.", show_default=False)]
+    = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Each row's mean over its seeds and its difference from the baseline row with a confidence
@@ -44,6 +48,7 @@ def compare(
     from diffsweep.store import existing_store, tracking_uri
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.compare import compare_sweep
+    from diffsweep.sweep.expand import select
 
     if not 0.5 < level < 1:
         raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")
@@ -54,7 +59,7 @@ def compare(
     elif metric != "val/loss":
         raise ConfigError("--metric", "does not apply with --probes (each probe's table says what it compares)")
     spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
-    runs = expand(spec).runs
+    runs = select(expand(spec).runs, only, sweep)
     if probes:
         _probes(existing_store(tracking_uri()), spec, runs, baseline, step, level, out, not no_log, json_out)
         return

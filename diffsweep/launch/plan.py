@@ -7,7 +7,6 @@ the runs in the ledger that the sweep no longer produces (orphans).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_res
 from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state, scheduler_states
 from diffsweep.sweep import SweepRun, SweepSpec, expand
+from diffsweep.sweep.expand import only_pattern
 
 SUBMITTABLE = (NEW, CHANGED, FAILED, CANCELLED)
 
@@ -134,10 +134,7 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
     """Expand, select with ``only`` (a regex searched in run names and keys), estimate, and read
     states; also the ledger's runs that the expansion no longer has (``orphans``)."""
     expansion = expand(spec)
-    try:
-        pattern = re.compile(only or "")
-    except re.error as exc:
-        raise ConfigError("only", f"not a valid regular expression ({exc})") from None
+    pattern = only_pattern(only)
     runs = [r for r in expansion.runs if pattern.search(r.name) or pattern.search(r.key)]
     ledger = read_ledger(out)
     if ledger is not None and ledger.sweep != spec.name:

@@ -335,3 +335,20 @@ def _unique_names(runs: list[SweepRun]) -> None:
     for i, r in enumerate(runs):
         if counts[r.name] > 1:  # distinct values that spell the same; the key tells them apart
             object.__setattr__(runs[i], "name", f"{r.name}-{r.key[:6]}")
+
+
+def only_pattern(only: str | None) -> re.Pattern[str]:
+    """``--only``: a regular expression searched in run names and keys (None: every run)."""
+    try:
+        return re.compile(only or "")
+    except re.error as exc:
+        raise ConfigError("only", f"not a valid regular expression ({exc})") from None
+
+
+def select(runs: list[SweepRun], only: str | None, path: Path) -> list[SweepRun]:
+    """The runs whose name or key ``only`` matches; a pattern matching none is a ``ConfigError``."""
+    pattern = only_pattern(only)
+    chosen = [r for r in runs if pattern.search(r.name) or pattern.search(r.key)]
+    if not chosen:
+        raise ConfigError("only", f"{only!r} matches no run of {path}")
+    return chosen

@@ -172,6 +172,15 @@ def test_a_row_without_finished_runs_is_listed_as_missing(launched, tmp_path):
     assert r.returncode == 2 and "row transformer-tiny-xs has no finished run" in r.stderr
 
 
+def test_only_compares_the_rows_it_matches(launched):
+    root, sweep, env = launched
+    r = _run("compare", str(sweep), "--only", "diff_v1", "--json", cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [row["row"] for row in data["rows"]] == ["diff_v1-tiny-xs"] and data["baseline"] == "diff_v1-tiny-xs"
+    assert data["rows"][0]["runs"] == ["diff_v1-tiny-xs-s0", "diff_v1-tiny-xs-s1"]
+
+
 def _run(*args: str, cwd: Path, env: dict):
     """``diffsweep ARGS`` in this process (the same app; a fresh process costs ~5 s of imports here)."""
     from typer.testing import CliRunner
@@ -201,6 +210,8 @@ def test_bad_inputs_are_one_line_exit_2_and_create_nothing(launched, tmp_path):
     for level in ("0.5", "95"):
         _bad([str(sweep), "--level", level], root, env, "--level", "(0.5, 1)")
     _bad([str(root / "nope.yaml")], root, env, "nope.yaml")
+    _bad([str(sweep), "--only", "diff_v9"], root, env, "--only: 'diff_v9' matches no run of")
+    _bad([str(sweep), "--only", "diff_v1["], root, env, "--only: not a valid regular expression")
     (tmp_path / "bad.yaml").write_text("name: cmp\ngrid: {model.attention.kind: [transformer, nope]}\n")
     _bad([str(tmp_path / "bad.yaml")], root, env, "model.attention.kind", "nope")
     # launched with other --set overrides: other run keys, so no finished run of the sweep as given

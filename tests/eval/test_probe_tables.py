@@ -249,6 +249,9 @@ def test_a_sweep_of_two_kinds_by_two_seeds_is_compared_probe_by_probe(tmp_path, 
     r = cli("compare", str(sweep), "--json", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     assert [row["n"] for row in json.loads(r.stdout)["rows"]] == [2, 2]
+    r = cli("compare", str(sweep), "--probes", "--only", "diff_v1", "--out", "one", "--no-log", "--json",
+            cwd=tmp_path, env=store)  # one arm of the sweep (e.g. one size of a ladder)
+    assert r.returncode == 0 and json.loads(r.stdout)["arms"] == ["diff_v1-tiny-xs"], r.stdout + r.stderr
     r = cli("compare", str(sweep), "--probes", "--step", "3", cwd=tmp_path, env=store)
     assert r.returncode == 2 and "--step" in r.stderr and "[4]" in r.stderr, r.stderr
     r = cli("compare", str(sweep), "--out", "elsewhere", cwd=tmp_path, env=store)  # the seed comparison writes none
