@@ -29,7 +29,8 @@ def difference_text(d: Difference | None) -> str:
     if d.lo is None or d.hi is None:
         return f"{d.delta:+.4g} (no CI: one seed per arm)"
     p = "" if d.p is None else f", p={d.p:.2g}"
-    return f"{d.delta:+.4g} [{d.lo:+.4g}, {d.hi:+.4g}]{p}: {d.verdict}"
+    paired = f", paired on {d.pairs} seeds" if d.pairs else ""
+    return f"{d.delta:+.4g} [{d.lo:+.4g}, {d.hi:+.4g}]{p}{paired}: {d.verdict}"
 
 
 def _key_text(value: Any) -> str:
@@ -57,7 +58,9 @@ def markdown(result: ProbeComparison, plots: Sequence[str]) -> str:
            (f"Experiment `{result.experiment}`; evaluations at {step}. Each arm: mean ± {result.level:.0%} CI over "
             "its seeds (n runs; Student t on the seed sd pooled over the arms; one seed per arm: the value, no CI). "
             f"Differences: arm − baseline ({result.baseline}) with a {result.level:.0%} CI and the p-value of the "
-            "same pooled t statistic; 'within seed noise' when the CI contains 0."), ""]
+            "same t statistic: a paired t test over the seeds both arms have where they share two or more "
+            "(marked 'paired on N seeds'), else Student t on the pooled seed sd; 'within seed noise' when the "
+            "CI contains 0."), ""]
     for t, png in zip(result.tables, plots, strict=True):
         steps = sorted(set(t.steps.values()))
         out += [f"## {t.probe}: {t.spec.title}", "",

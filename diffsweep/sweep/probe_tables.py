@@ -9,14 +9,19 @@ the sweep's arms (its rows without the seed, as ``compare`` groups them: ``sweep
 - how a probe's table is laid out is the probe's own ``comparisons`` (``TableComparison`` in
   ``diffsweep.eval.probe``, passed in by the caller: this layer does not import the probes): the
   key columns make a cell, each value column is compared across arms cell by cell;
-- per cell and value column, ``compare_rows`` gives each arm's mean over its seeds, and each arm's
-  difference from the baseline arm with a Student-t CI on the seed sd pooled over the arms (so
-  the CIs' coverage is ``compare_rows``' own, checked by Monte Carlo in tests/sweep/test_compare.py
-  and, in this shape, tests/eval/test_probe_tables.py) and the two-sided p-value of the same t
-  statistic. An arm's mean gets ``± t(df) · s_pooled / √n``. With one seed per arm there is no CI.
-
-Pooling assumes the arms' seed-to-seed spread is equal. For outlier magnitudes, which differ by
-an order of magnitude between kinds, that is an approximation: read those CIs with care.
+- per cell and value column, ``compare_rows`` gives each arm's mean over its seeds; an arm's
+  mean gets ``± t(df) · s_pooled / √n`` (the seed sd pooled over the arms). With one seed per arm
+  there is no CI.
+- each arm's difference from the baseline arm is a **paired** t test where the two arms share at
+  least two seeds (``train.seed``: the same data order and initialisation stream): the differences
+  of the shared seeds' values, their mean (``delta``), ``± t(n−1) · sd / √n`` and the two-sided
+  p-value of that t statistic; no equal-spread assumption, and a seed's luck common to both arms
+  cancels. Otherwise (fewer than two shared seeds) it is ``compare_rows``' unpaired Student-t on
+  the pooled seed sd, and the p-value of the same statistic (pooling assumes the arms' spread is
+  equal: for outlier magnitudes, which differ by an order of magnitude between kinds, read those
+  with care). ``Difference.pairs`` says which: the number of seed pairs, 0 for unpaired. The
+  coverage of both CIs is checked by Monte Carlo in tests/eval/test_probe_tables.py (and the
+  unpaired one's in tests/sweep/test_compare.py).
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from diffsweep.config import ConfigError
 from diffsweep.fsutil import parents_made_for
 from diffsweep.store import COMPARISON_KIND, EVAL_KIND, all_runs, ensure_experiment, retry_busy, source_tags
-from diffsweep.sweep.compare import compare_rows, sweep_rows
+from diffsweep.sweep.compare import BEYOND, WITHIN, compare_rows, sweep_rows
 from diffsweep.sweep.expand import SweepRun
 from diffsweep.sweep.spec import SweepSpec
 
@@ -75,6 +80,7 @@ class EvalRecord:
     run_name: str
     settings: str  # JSON
     end_time: int
+    seed: int | None = None  # the training run's train.seed (pairs runs across arms); None: unknown
     tables: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
 
@@ -94,8 +100,9 @@ class Difference:
     delta: float  # mean(arm) - mean(baseline)
     lo: float | None
     hi: float | None
-    p: float | None  # two-sided p-value of the pooled t statistic
+    p: float | None  # two-sided p-value of the same t statistic
     verdict: str
+    pairs: int = 0  # seed pairs of a paired difference; 0: unpaired (pooled seed sd)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +132,7 @@ def build_table(probe: str, spec: TableSpec, records: Sequence[tuple[str, EvalRe
     training run), arms in the order ``arms``. Pure (see the module docstring)."""
     from scipy import stats
 
-    per: dict[tuple[Any, ...], dict[str, dict[str, list[tuple[float, str]]]]] = {}
+    per: dict[tuple[Any, ...], dict[str, dict[str, list[tuple[float, str, int | None]]]]] = {}
     for arm, record in records:
         rows = [r for r in record.tables.get(spec.table, ()) if all(r.get(k) == v for k, v in spec.where)]
         cells = [(tuple(r.get(k) for k in spec.keys), r) for r in rows]
@@ -145,7 +152,8 @@ def build_table(probe: str, spec: TableSpec, records: Sequence[tuple[str, EvalRe
             for v in spec.values:
                 number = _number(r.get(v))
                 if number is not None:
-                    per.setdefault(key, {}).setdefault(v, {}).setdefault(arm, []).append((number, record.run_name))
+                    per.setdefault(key, {}).setdefault(v, {}).setdefault(arm, []).append(
+                        (number, record.run_name, record.seed))
     out = []
     for key, by_value in per.items():
         for v in spec.values:
@@ -154,18 +162,22 @@ def build_table(probe: str, spec: TableSpec, records: Sequence[tuple[str, EvalRe
                 continue
             present = [a for a in arms if a in by_arm]
             base = baseline if baseline in by_arm else present[0]
-            comparison = compare_rows({a: [x for x, _ in by_arm[a]] for a in present}, base, level, unit=v)
+            comparison = compare_rows({a: [x for x, _, _ in by_arm[a]] for a in present}, base, level, unit=v)
             pooled, df = comparison.pooled_sd, comparison.df
             t = float(stats.t.ppf(0.5 + level / 2, df)) if pooled is not None else math.nan
             stats_ = tuple(ArmStat(arm=d.row, n=d.n, mean=d.mean,
                                    half=t * pooled / math.sqrt(d.n) if pooled is not None else None,
-                                   values=tuple(x for x, _ in by_arm[d.row]),
-                                   runs=tuple(name for _, name in by_arm[d.row])) for d in comparison.rows)
+                                   values=tuple(x for x, _, _ in by_arm[d.row]),
+                                   runs=tuple(name for _, name, _ in by_arm[d.row])) for d in comparison.rows)
             differences = []
             if baseline in by_arm:
                 n_base = len(by_arm[baseline])
                 for d in comparison.rows:
                     if d.row == baseline:
+                        continue
+                    paired = paired_difference(by_arm[d.row], by_arm[baseline], level)
+                    if paired is not None:
+                        differences.append(replace(paired, arm=d.row))
                         continue
                     p = None
                     if pooled is not None:
@@ -176,6 +188,33 @@ def build_table(probe: str, spec: TableSpec, records: Sequence[tuple[str, EvalRe
     steps = {record.run_name: record.step for _, record in records}
     settings = tuple(sorted({record.settings for _, record in records}))
     return ProbeTable(probe=probe, spec=spec, cells=tuple(out), steps=steps, settings=settings)
+
+
+def paired_difference(arm: Sequence[tuple[float, str, int | None]], base: Sequence[tuple[float, str, int | None]],
+                      level: float) -> Difference | None:
+    """The paired t difference ``arm − base`` over their shared seeds ((value, run, seed) each);
+    None with fewer than two shared seeds (a seed given twice in an arm is not paired)."""
+    from scipy import stats
+
+    def by_seed(values: Sequence[tuple[float, str, int | None]]) -> dict[int, float]:
+        seeds = [seed for _, _, seed in values]
+        return {seed: x for x, _, seed in values if seed is not None and seeds.count(seed) == 1}
+
+    mine, theirs = by_seed(arm), by_seed(base)
+    shared = sorted(mine.keys() & theirs.keys())
+    n = len(shared)
+    if n < 2:
+        return None
+    d = [mine[s] - theirs[s] for s in shared]
+    delta = sum(d) / n
+    sd = math.sqrt(sum((x - delta) ** 2 for x in d) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    if sd > 0:
+        p = float(2 * stats.t.sf(abs(delta) / (sd / math.sqrt(n)), n - 1))
+    else:  # every pair differs by the same amount
+        p = 1.0 if delta == 0 else 0.0
+    lo, hi = delta - half, delta + half
+    return Difference(arm="", delta=delta, lo=lo, hi=hi, p=p, verdict=WITHIN if lo <= 0 <= hi else BEYOND, pairs=n)
 
 
 def _number(x: Any) -> float | None:
@@ -232,7 +271,8 @@ def _table_dict(t: ProbeTable) -> dict[str, Any]:
                        "arms": [{"arm": a.arm, "n": a.n, "mean": a.mean, "ci_half": a.half, "values": list(a.values),
                                  "runs": list(a.runs)} for a in c.arms],
                        "differences": [{"arm": d.arm, "delta": d.delta, "lo": d.lo, "hi": d.hi, "p": d.p,
-                                        "verdict": d.verdict} for d in c.differences]} for c in t.cells]}
+                                        "verdict": d.verdict, "paired_seeds": d.pairs} for d in c.differences]}
+                      for c in t.cells]}
 
 
 def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
@@ -257,7 +297,9 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     found = [] if exp is None else all_runs(client, exp.experiment_id, f"tags.`diffsweep.kind` = '{EVAL_KIND}' and "
                                             f"tags.`diffsweep.eval.sweep` = '{spec.name}' and "
                                             "attributes.status = 'FINISHED'")
-    records = [_record(r) for r in found if r.data.tags.get("diffsweep.eval.run_key") in arm_of]
+    seed_of = {run.key: run.config.train.seed for run in runs}
+    records = [replace(_record(r), seed=seed_of[r.data.tags["diffsweep.eval.run_key"]]) for r in found
+               if r.data.tags.get("diffsweep.eval.run_key") in arm_of]
     first = f"run `diffsweep eval {spec.path} --probe PROBE` first"
     if not records:
         raise ConfigError(str(spec.path), f"no evaluation run of sweep '{spec.name}' in experiment "
@@ -317,8 +359,7 @@ def _with_tables(client: Any, record: EvalRecord, names: Sequence[str], tmp: Pat
         except Exception as exc:  # an artifact store that lost the file: say which run, rather than guess
             raise ConfigError(f"run {record.run_id}", f"cannot read its {name}.json artifact ({exc})") from exc
         tables[name] = json.loads(Path(path).read_text())
-    return EvalRecord(run_id=record.run_id, probe=record.probe, step=record.step, run_key=record.run_key,
-                      run_name=record.run_name, settings=record.settings, end_time=record.end_time, tables=tables)
+    return replace(record, tables=tables)
 
 
 def _write_outputs(result: ProbeComparison, folder: Path, uri: str | None) -> None:
