@@ -157,16 +157,17 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["eval", "runs/my-run", "--probe", "outliers", "--json", HELP], EVAL_WHY),
     "diffsweep eval sweeps/x.yaml --probe needle --launch --profile h100-example --wait":
         ("cheap", ["eval", "sweeps/x.yaml", "--probe", "needle", "--launch", "--profile", "h100-example", "--wait", HELP],
-         "Slurm jobs of the user's sweep; tests/eval/test_sweep_eval_section.py runs --launch --wait on the localhost "
-         "Slurm cluster and the local queue"),
+         ("Slurm jobs of the user's sweep; tests/eval/test_sweep_eval_section.py runs --launch --wait on the "
+          "localhost Slurm cluster and the local queue")),
     "diffsweep compare sweeps/demo-ladder.yaml --probes":
         ("cheap", ["compare", "sweeps/demo-ladder.yaml", "--probes", HELP],
-         "it needs the demo ladder trained and evaluated (the network, ~25 minutes); tests/eval/test_probe_tables.py "
-         "runs it on a launched, evaluated tiny sweep"),
+         ("it needs the demo ladder trained and evaluated (the network, ~25 minutes); "
+          "tests/eval/test_probe_tables.py runs it on a launched, evaluated tiny sweep")),
     "diffsweep compare sweeps/demo-ladder.yaml --probes --only tiny-m --out compare/ladder-tiny-m":
         ("cheap", ["compare", "sweeps/demo-ladder.yaml", "--probes", "--only", "tiny-m", "--out", "compare/ladder-tiny-m",
-                   HELP], "it needs the demo ladder trained and evaluated; tests/eval/test_probe_tables.py runs "
-         "compare --probes --only on a launched, evaluated tiny sweep"),
+                   HELP],
+         ("it needs the demo ladder trained and evaluated; tests/eval/test_probe_tables.py runs compare --probes "
+          "--only on a launched, evaluated tiny sweep")),
     "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
 }
 
