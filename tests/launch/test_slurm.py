@@ -104,12 +104,16 @@ def test_slurm_cancel_reconcile_and_relaunch(tmp_path, text_dataset, store):
     assert launch(sweep, tmp_path, store).returncode == 0
     entries = {e["name"]: e for e in ledger(out)["entries"].values()}
     dirs = {n: out / "runs" / f"{n}-{e['key']}" for n, e in entries.items()}
-    for d in dirs.values():
-        wait_for(lambda d=d: len(list_checkpoints(d / "checkpoints")) >= 2, 180, f"checkpoints in {d}")
 
+    def checkpointed(name: str) -> None:  # each run is stopped as soon as it has two checkpoints: the
+        d = dirs[name]  # other may start late (2 CPUs), and this one must not finish its 400 steps first
+        wait_for(lambda: len(list_checkpoints(d / "checkpoints")) >= 2, 180, f"checkpoints in {d}")
+
+    checkpointed("transformer-tiny-xs-s0")
     r = cli("cancel", str(sweep), "--profile", "localhost", "--only", "^transformer", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0" in r.stdout, r.stdout + r.stderr
     # the other job's process dies without reporting (SIGKILL: no handler runs, job.json says running)
+    checkpointed("diff_v1-tiny-xs-s0")
     os.kill(json.loads((dirs["diff_v1-tiny-xs-s0"] / "job.json").read_text())["pid"], signal.SIGKILL)
 
     def settled():
