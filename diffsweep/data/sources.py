@@ -329,8 +329,8 @@ def open_sources(inputs: Sequence[str | Path], *, text_field: str = "text", spli
                  config: str | None = None) -> list[Source]:
     """The sources of ``data prepare``'s INPUTS (paths or Hugging Face dataset names), in order.
 
-    A path that does not exist is an error unless it looks like a dataset name (no known suffix,
-    not starting with ``/``, ``.`` or ``~``). Nothing is read yet beyond directory listings.
+    A path that does not exist is an error unless it looks like a dataset name (see
+    ``_looks_like_a_path``). Nothing is read yet beyond directory listings.
     """
     if not inputs:
         raise ConfigError("INPUTS", "no files, directories or datasets given")
@@ -343,11 +343,19 @@ def open_sources(inputs: Sequence[str | Path], *, text_field: str = "text", spli
             sources.extend(_directory(path, text_field, split, config))
         elif path.is_file():
             sources.append(_file(path, text_field))
-        elif str(given).endswith(KNOWN_SUFFIXES) or str(given).startswith(("/", ".", "~")):
+        elif _looks_like_a_path(str(given)):
             raise ConfigError(str(given), "no such file or directory")
         else:
             sources.append(HfDataset(str(given), path=None, config=config, split=split, text_field=text_field))
     return sources
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a missing INPUT is a mistyped path rather than a Hugging Face dataset name
+    (``name`` or ``owner/name``): a known suffix, a leading ``/``, ``.`` or ``~``, a trailing
+    ``/``, more than one ``/``, or a first part that is a local directory."""
+    return (name.endswith((*KNOWN_SUFFIXES, "/")) or name.startswith(("/", ".", "~")) or name.count("/") > 1
+            or ("/" in name and Path(name.split("/")[0]).is_dir()))
 
 
 def _file(path: Path, text_field: str) -> Source:

@@ -182,6 +182,8 @@ BAD = {
     "parquet-not-strings": ("c.parquet", _parquet(text=[1, 2]), ["c.parquet"], 2,
                             "c.parquet:1: 'text' is not a string (it is a number)"),
     "missing-file": ("other.txt", b"x", ["c.jsonl"], 2, "c.jsonl: no such file or directory"),
+    "missing-dir": ("other.txt", b"x", ["corpus/"], 2, "corpus/: no such file or directory"),
+    "missing-nested": ("other.txt", b"x", ["my/own/corpus"], 2, "my/own/corpus: no such file or directory"),
     "bad-max-tokens": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--max-tokens", "0"], 2, "--max-tokens: expected a positive"),
     "bad-sample": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--sample", "1.5"], 2, "--sample: expected a fraction in (0, 1]"),
     "sample-keeps-none": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--sample", "1e-9"], 2, "--sample: kept none of the documents"),
