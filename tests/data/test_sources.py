@@ -127,6 +127,30 @@ def token_files_bins(out: Path) -> tuple[bytes, ...]:
     return tuple((out / name).read_bytes() for name in ("train.bin", "val.bin"))
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
+def test_sources_are_read_lazily(tmp_path, suffix):
+    """A source yields its first documents before it reads the rest (nothing holds the corpus):
+    a bad last row is only met when the pass gets there."""
+    rows = [{"text": "first"}, {"text": "second"}] + [{"text": f"row {i}"} for i in range(3000)] + [{"body": "x"}]
+    path = tmp_path / f"c{suffix}"
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": [r.get("text") for r in rows], "body": [r.get("body") for r in rows]}),
+                       path, row_group_size=100)
+        bad = f"{path}:{len(rows)}: 'text' is not a string (it is null)"
+    else:
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        bad = f"{path}:{len(rows)}: no 'text' field (it has: body)"
+    documents = Corpus(open_sources([path])).documents()
+    assert [next(documents).text, next(documents).text] == ["first", "second"]
+    with pytest.raises(ConfigError) as err:
+        list(documents)
+    assert str(err.value) == bad
+
+
 def test_a_missing_optional_package_names_the_extra():
     with pytest.raises(EnvironmentUnavailable, match=r"needs the no_such_package package: .*diffsweep\[corpora\]"):
         optional_module("no_such_package", "a test file")
