@@ -81,6 +81,17 @@ CHECKS: dict[str, tuple] = {
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
         ("cheap", ["data", "prepare", "my_texts/", "--out", "data/mine", "--tokenizer", "cl100k_base", HELP],
          "my_texts/ is the user's own folder, and cl100k_base downloads its vocabulary"),
+    "diffsweep data prepare web/*.jsonl.zst --out data/web --tokenizer cl100k_base --max-tokens 100000000":
+        ("cheap", ["data", "prepare", "web/x.jsonl.zst", "--out", "data/web", "--tokenizer", "cl100k_base",
+                   "--max-tokens", "100000000", HELP],
+         ("web/ is the user's own corpus; tests/data/test_sources.py prepares every format (.zst included) "
+          "and checks --max-tokens")),
+    ("diffsweep data prepare HuggingFaceFW/fineweb-edu --config sample-10BT --out data/fineweb --tokenizer "
+     "cl100k_base --sample 0.1"):
+        ("cheap", ["data", "prepare", "HuggingFaceFW/fineweb-edu", "--config", "sample-10BT", "--out", "data/fineweb",
+                   "--tokenizer", "cl100k_base", "--sample", "0.1", HELP],
+         ("the dataset must be in the Hugging Face cache (the network); tests/data/test_sources.py prepares a "
+          "saved Hugging Face dataset and checks --sample and the not-cached error")),
     "diffsweep data info data/demo": ("data-info", ("data/demo is made by the network-fetched demo sources: the "
                                                    "same command on a dataset prepared from local text")),
     "diffsweep train sweeps/runs/demo-diff_v1.yaml --set train.max_steps=100":

@@ -31,27 +31,44 @@ def fetch_demo(
 
 
 @app.command()
-@handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction"})
+@handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction", "text_field": "--text-field",
+                      "max_tokens": "--max-tokens", "sample": "--sample"})
 def prepare(
-    inputs: Annotated[list[Path] | None, typer.Argument(help="Text files or directories (.txt/.md/.rst).",
-                                                         show_default=False)] = None,
+    inputs: Annotated[list[str] | None, typer.Argument(
+        help="Text files (.txt/.md/.rst: one document each), JSONL (.jsonl/.ndjson, also .gz/.zst: one per "
+             "line), Parquet (.parquet: one per row), directories of them, Hugging Face datasets saved with "
+             "save_to_disk, or Hugging Face dataset names (from the local cache only).",
+        show_default=False)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Dataset directory to create (default: data/demo "
                                              "with --demo).", show_default=False)] = None,
     tokenizer: Annotated[TokenizerKind, choice(TokenizerKind, "--tokenizer", "Tokenizer.")] = TokenizerKind.BPE,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of a trained bpe.")] = 4096,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each document kept for "
                                                 "validation.")] = 0.05,
+    text_field: Annotated[str, typer.Option("--text-field", help="The field (column) holding the text in JSONL, "
+                                            "Parquet and Hugging Face datasets.")] = "text",
+    split: Annotated[str, typer.Option("--split", help="Split of a Hugging Face dataset (or of a saved "
+                                       "DatasetDict).")] = "train",
+    hf_config: Annotated[str | None, typer.Option("--config", help="Configuration (subset) of a Hugging Face "
+                                                  "dataset.", show_default=False)] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Stop once this many tokens (train + "
+                                                   "val) are written; the last document is cut to fit.",
+                                                   show_default=False)] = None,
+    sample: Annotated[float | None, typer.Option("--sample", help="Keep this fraction of the documents, chosen "
+                                                 "by a hash of (--seed, file, row).", show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --sample.")] = 0,
     demo: Annotated[bool, typer.Option("--demo", help="Tokenize the demo corpus (after `data fetch-demo`).")] = False,
     sources: Annotated[Path, typer.Option("--sources", help="Where `data fetch-demo` put the demo sources.")] = Path(
         "data/sources"),
     force: Annotated[bool, typer.Option("--force", help="Replace an existing dataset directory.")] = False,
 ) -> None:
     """Tokenize text into a dataset directory: train.bin / val.bin (memory-mapped tokens) and
-    meta.json (tokenizer, vocabulary, token counts, source checksums)."""
+    meta.json (tokenizer, vocabulary, token counts, sources and their checksums). Inputs are read
+    as streams: a corpus larger than memory is fine. Nothing is downloaded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from diffsweep.data.prepare import prepare as prepare_dataset
-    from diffsweep.data.prepare import read_documents, text_files
+    from diffsweep.data.sources import Corpus, Document, open_sources
 
     if demo == bool(inputs):
         fail("give either INPUTS or --demo (not both)")
@@ -60,25 +77,31 @@ def prepare(
         fail("--out: expected a directory for the dataset")
     if out.exists() and not force:
         fail(f"{out}: already exists (pass --force to replace it)")
+    if demo and (sample is not None or hf_config is not None):
+        fail("--sample and --config apply to INPUTS, not to --demo")
+    documents: list[Document] | Corpus
     if demo:
         from diffsweep.data.demo import demo_documents
 
         documents = demo_documents(sources)
+        what = f"{len(documents)} documents"
     else:
-        documents = read_documents(text_files(inputs or []))
+        documents = Corpus(open_sources(inputs or [], text_field=text_field, split=split, config=hf_config),
+                           sample=sample, seed=seed)
+        what = f"{len(documents.sources)} source{'s' if len(documents.sources) != 1 else ''}"
 
     def progress(docs, total_chars):
-        with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} characters"),
                       TimeRemainingColumn(), transient=True) as bar:
             task = bar.add_task("", total=total_chars)
             for doc in docs:
                 yield doc
                 bar.advance(task, len(doc.text))
 
-    typer.echo(f"{len(documents)} documents; tokenizer {tokenizer.value}"
+    typer.echo(f"{what}; tokenizer {tokenizer.value}"
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
     meta = prepare_dataset(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
-                           force=force, progress=progress)
+                           force=force, progress=progress, max_tokens=max_tokens)
     typer.echo(f"{out}: {meta.tokens['train']:,} train + {meta.tokens['val']:,} val tokens, "
                f"{meta.tokenizer.value} vocab {meta.vocab_size}, {meta.num_documents} documents")
 

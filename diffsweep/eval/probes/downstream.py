@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from diffsweep.config import Config, ConfigError, EnvironmentUnavailable
+from diffsweep.data.hf import offline
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 
 # Table 1's tasks, by their lm-eval names.
@@ -120,7 +121,7 @@ def evaluate_tasks(ctx: EvalContext, settings: DownstreamSettings) -> ProbeResul
     lm = DiffsweepLM(ctx.model, ctx.tokenizer, seq_len=seq_len, device=ctx.device, batch_size=settings.batch,
                      autocast=ctx.autocast, max_gen_toks=min(256, seq_len // 2))
     manager = task_manager(settings.include_path)
-    with _offline(), _quiet(), _inside(settings.include_path):
+    with offline(), _quiet(), _inside(settings.include_path):
         try:
             output = simple_evaluate(
                 model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
@@ -167,31 +168,6 @@ def summarize(output: dict[str, Any]) -> ProbeResult:
     else:
         result.notes.append("downstream: no task reports an accuracy (acc); no average")
     return result
-
-
-@contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    """Hugging Face's offline mode (no dataset or file is fetched), also where ``datasets`` and
-    ``huggingface_hub`` were imported before (they read the variables at import)."""
-    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    before_env = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, "1"))
-    datasets_config, hub_constants = _module("datasets.config"), _module("huggingface_hub.constants")
-    patched = [(datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"),
-               (hub_constants, "HF_HUB_OFFLINE")]
-    before = [getattr(module, name, None) for module, name in patched]
-    for module, name in patched:
-        setattr(module, name, True)
-    try:
-        yield
-    finally:
-        for (module, name), value in zip(patched, before, strict=True):
-            setattr(module, name, value)
-        for name, env in before_env.items():
-            if env is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = env
 
 
 @contextlib.contextmanager

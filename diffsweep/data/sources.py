@@ -1,0 +1,458 @@
+"""Where ``data prepare`` reads its documents: text files, JSONL, Parquet and Hugging Face datasets,
+each read lazily (one document at a time), so a pretraining corpus never sits in memory.
+
+Each input of ``data prepare`` becomes one ``Source`` per file (a directory is searched for the
+suffixes below, recursively and sorted) or one per Hugging Face dataset:
+
+- ``.txt`` / ``.md`` / ``.rst``: the whole file is one document (UTF-8); an empty or
+  whitespace-only file is refused, naming it;
+- ``.jsonl`` / ``.ndjson`` (also ``.gz`` or ``.zst`` compressed): one document per line, a JSON
+  object whose ``text_field`` holds the text; blank lines are skipped;
+- ``.parquet``: one document per row, its ``text_field`` column read in batches;
+- a directory written by ``datasets.Dataset.save_to_disk`` (``state.json`` + ``dataset_info.json``,
+  or a ``DatasetDict``'s ``dataset_dict.json``, from which ``split`` is taken): its rows;
+- a name that is no path (``HuggingFaceFW/fineweb-edu``): ``datasets.load_dataset(name, config,
+  split=split, streaming=True)`` in Hugging Face's offline mode: it must be in the local cache.
+
+A row whose text is empty or only whitespace is skipped (web corpora have them; they would only
+add end-of-document tokens); a source with no document with text is refused. A bad row (not JSON,
+not UTF-8, no such field, a text that is no string) is one ``ConfigError`` keyed ``FILE:ROW``
+(rows count from 1; a JSONL row is its line number). A corrupt compressed or Parquet file is an
+error naming the file; a missing optional package or a dataset not in the cache is
+``EnvironmentUnavailable``.
+
+Sources count the documents they yielded on their last pass (``describe()``, for ``meta.json``)
+and say what identifies their content (``identity()``: a file's sha256; a Hugging Face dataset's
+texts hashed as they are read), which the dataset's fingerprint covers. A ``Corpus`` chains the
+sources and applies ``--sample``: a document is kept iff a hash of (seed, its name) is below the
+fraction, its name being ``FILE`` or ``FILE:ROW``, so the choice depends on nothing but the
+document (not on the order sources are read in, nor on how they are split among workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import importlib
+import io
+import json
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diffsweep.config import ConfigError, EnvironmentUnavailable
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst")  # a whole file is one document
+JSONL_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".ndjson") for z in ("", ".gz", ".zst"))
+PARQUET_SUFFIXES = (".parquet",)
+KNOWN_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES  # what a directory contributes
+HF_SAVED = ("state.json", "dataset_info.json")  # a Dataset.save_to_disk directory
+HF_SAVED_DICT = "dataset_dict.json"  # a DatasetDict.save_to_disk directory
+INSTALL = "pip install 'diffsweep[corpora]'"
+BATCH_ROWS = 1024  # rows per Parquet / Hugging Face batch
+
+
+@dataclass(frozen=True)
+class Document:
+    """One text to tokenize, its name (``FILE`` or ``FILE:ROW``; errors and ``--sample`` use it),
+    and the file or dataset it came from (for the dataset's source checksums)."""
+
+    name: str
+    text: str
+    source: Path
+
+
+def text_files(paths: Sequence[Path]) -> list[Path]:
+    """The files ``paths`` name: files as given, directories searched for ``TEXT_SUFFIXES``."""
+    if not paths:
+        raise ConfigError("INPUTS", "no text files or directories given")
+    files: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+            if not found:
+                raise ConfigError(str(path), f"no {'/'.join(TEXT_SUFFIXES)} files in this directory")
+            files.extend(found)
+        else:
+            raise ConfigError(str(path), "no such file or directory")
+    return files
+
+
+def read_documents(files: Sequence[Path]) -> list[Document]:
+    """Each file is one document (UTF-8), read now (small corpora; ``open_sources`` streams)."""
+    return [doc for file in files for doc in TextFile(file).documents()]
+
+
+# --- sources --------------------------------------------------------------------------------------
+
+
+class Source(ABC):
+    """One input of ``data prepare``: ``documents()`` is a fresh lazy pass over its documents."""
+
+    name: str  # the path or dataset name, as errors and meta.json show it
+    format: str
+    count: int = 0  # documents yielded by the last pass
+
+    @abstractmethod
+    def _read(self) -> Iterator[Document]:
+        """Every document with text, in order."""
+
+    def documents(self) -> Iterator[Document]:
+        """The documents, counted; a source with none (read to its end) is a ``ConfigError``."""
+        self.count = 0
+        for doc in self._read():
+            self.count += 1
+            yield doc
+        if not self.count:
+            raise ConfigError(self.name, "no documents with text")
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What meta.json records about this source (after a pass)."""
+
+    @abstractmethod
+    def identity(self) -> str:
+        """What identifies the content read (after a pass), for the dataset's fingerprint."""
+
+    @property
+    def size(self) -> int | None:
+        """Bytes of text this source holds, when known without reading it (for a progress bar)."""
+        return None
+
+
+class FileSource(Source):
+    """A file: meta.json records its path, sha256 and size (as for text files before)."""
+
+    def __init__(self, path: Path, text_field: str = "text") -> None:
+        self.path, self.name, self.text_field = path, str(path), text_field
+        self._sha256: str | None = None
+
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = sha256_file(self.path)
+        return self._sha256
+
+    def describe(self) -> dict[str, Any]:
+        entry = {"path": self.name, "sha256": self.sha256(), "bytes": self.path.stat().st_size,
+                 "format": self.format, "documents": self.count}
+        return entry if self.format == "text" else entry | {"text_field": self.text_field}
+
+    def identity(self) -> str:
+        # A text file's identity is its sha256 alone (as before rows existed); a row file's also
+        # names the field read from it.
+        return self.sha256() if self.format == "text" else f"{self.sha256()}:{self.text_field}"
+
+    def row_text(self, row: int, value: Any, has: Iterable[str]) -> str | None:
+        """The text of row ``row`` (its ``text_field``; None when empty), or a ConfigError."""
+        key = f"{self.name}:{row}"
+        if value is _MISSING:
+            raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(has) or 'nothing'})")
+        if not isinstance(value, str):
+            raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+        return value if value.strip() else None
+
+
+class TextFile(FileSource):
+    format = "text"
+
+    @property
+    def size(self) -> int | None:
+        return self.path.stat().st_size
+
+    def _read(self) -> Iterator[Document]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(self.name, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        if not text.strip():  # an empty file would still make a dataset: of end-of-document tokens only
+            raise ConfigError(self.name, "no text (empty or only whitespace)")
+        yield Document(name=self.name, text=text, source=self.path)
+
+
+class JsonlFile(FileSource):
+    """One JSON object per line, plain or ``.gz`` / ``.zst`` compressed (streamed)."""
+
+    format = "jsonl"
+
+    @property
+    def size(self) -> int | None:
+        return self.path.stat().st_size if self.name.endswith((".jsonl", ".ndjson")) else None
+
+    def _open(self) -> io.BufferedIOBase:
+        if self.name.endswith(".gz"):
+            return gzip.open(self.path, "rb")
+        if self.name.endswith(".zst"):
+            zstd = optional_module("zstandard", "a .zst file")
+            return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(open(self.path, "rb"), closefd=True))
+        return open(self.path, "rb")
+
+    def _read(self) -> Iterator[Document]:
+        errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+        if self.name.endswith(".zst"):
+            errors += (optional_module("zstandard", "a .zst file").ZstdError,)
+        try:
+            with self._open() as f:
+                for row, line in enumerate(f, start=1):
+                    text = self._row(row, line)
+                    if text is not None:
+                        yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
+        except errors as exc:
+            raise ConfigError(self.name, f"cannot read it ({_one_line(exc)})") from exc
+
+    def _row(self, row: int, line: bytes) -> str | None:
+        key = f"{self.name}:{row}"
+        try:
+            decoded = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(key, f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)") from exc
+        if not decoded.strip():
+            return None
+        try:
+            obj = json.loads(decoded.rstrip("\r\n"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(key, f"not a JSON object ({exc.msg.removesuffix(' at')} at column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError(key, f"not a JSON object (it is {_json_type(obj)})")
+        return self.row_text(row, obj.get(self.text_field, _MISSING), obj)
+
+
+class ParquetFile(FileSource):
+    """A Parquet file's ``text_field`` column, read in batches of rows."""
+
+    format = "parquet"
+
+    def _read(self) -> Iterator[Document]:
+        pq = optional_module("pyarrow.parquet", "a Parquet file")
+        pa = optional_module("pyarrow", "a Parquet file")
+        try:
+            parquet = pq.ParquetFile(self.path)
+            columns = list(parquet.schema_arrow.names)
+            if self.text_field not in columns:
+                raise ConfigError(self.name, f"no {self.text_field!r} column (it has: {', '.join(columns)})")
+            row = 0
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[self.text_field]):
+                for value in batch.column(0).to_pylist():
+                    row += 1
+                    text = self.row_text(row, value, columns)
+                    if text is not None:
+                        yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise ConfigError(self.name, f"not a readable Parquet file ({_one_line(exc)})") from exc
+
+
+class HfDataset(Source):
+    """A Hugging Face dataset: saved to disk (``path``) or in the local cache (``name``)."""
+
+    format = "hf-dataset"
+
+    def __init__(self, name: str, *, path: Path | None, config: str | None, split: str, text_field: str) -> None:
+        self.name, self.path, self.config, self.split, self.text_field = name, path, config, split, text_field
+        self.fingerprint: str | None = None
+        self._content = hashlib.sha256()
+
+    def _load(self) -> Any:
+        """The dataset (a ``datasets.Dataset``, or an ``IterableDataset`` when streamed)."""
+        datasets = optional_module("datasets", "a Hugging Face dataset")
+        if self.path is not None:
+            try:
+                loaded = datasets.load_from_disk(str(self.path))
+            except (OSError, ValueError) as exc:  # FileNotFoundError: not a saved dataset
+                raise ConfigError(self.name, f"not a readable saved dataset ({_one_line(exc)})") from exc
+            if isinstance(loaded, datasets.DatasetDict):
+                if self.split not in loaded:
+                    raise ConfigError(self.name, f"no split {self.split!r} (it has: {', '.join(loaded)})")
+                loaded = loaded[self.split]
+            self.fingerprint = getattr(loaded, "_fingerprint", None)
+            return loaded
+        from diffsweep.data.hf import offline
+
+        where = (f"config {self.config}, " if self.config else "") + f"split {self.split}"
+        try:
+            with offline():
+                return datasets.load_dataset(self.name, self.config, split=self.split, streaming=True)
+        except Exception as exc:  # noqa: BLE001 (datasets raises many kinds; all mean "not here")
+            raise EnvironmentUnavailable(
+                f"{self.name}: not in the local Hugging Face cache ({where}); "
+                f"nothing is downloaded at run time: load it once where there is network, with the same HF_HOME "
+                f"({_one_line(exc)})"
+            ) from exc
+
+    def _texts(self, loaded: Any) -> Iterator[tuple[Any, list[str]]]:
+        """(value, the row's fields) of every row, in order."""
+        columns = list(loaded.column_names or [])
+        if self.path is not None:
+            if self.text_field not in columns:
+                raise ConfigError(self.name, f"no {self.text_field!r} column (it has: {', '.join(columns)})")
+            for batch in loaded.select_columns([self.text_field]).iter(batch_size=BATCH_ROWS):
+                for value in batch[self.text_field]:
+                    yield value, columns
+        else:
+            for row in loaded:
+                yield row.get(self.text_field, _MISSING), list(row)
+
+    def _read(self) -> Iterator[Document]:
+        self._content = hashlib.sha256()
+        loaded = self._load()
+        from diffsweep.data.hf import offline
+
+        with offline() if self.path is None else contextlib.nullcontext():
+            for row, (value, columns) in enumerate(self._texts(loaded), start=1):
+                key = f"{self.name}:{row}"
+                if value is _MISSING:
+                    raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(columns)})")
+                if not isinstance(value, str):
+                    raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+                if value.strip():
+                    data = value.encode("utf-8", errors="surrogatepass")
+                    self._content.update(len(data).to_bytes(8, "little") + data)
+                    yield Document(name=key, text=value, source=Path(self.name))
+
+    def describe(self) -> dict[str, Any]:
+        return {"dataset": self.name, "format": self.format, "config": self.config, "split": self.split,
+                "text_field": self.text_field, "fingerprint": self.fingerprint, "sha256": self._content.hexdigest(),
+                "documents": self.count}
+
+    def identity(self) -> str:
+        return self._content.hexdigest()  # of the texts read: the same rows give the same dataset
+
+
+# --- opening inputs -------------------------------------------------------------------------------
+
+
+def open_sources(inputs: Sequence[str | Path], *, text_field: str = "text", split: str = "train",
+                 config: str | None = None) -> list[Source]:
+    """The sources of ``data prepare``'s INPUTS (paths or Hugging Face dataset names), in order.
+
+    A path that does not exist is an error unless it looks like a dataset name (see
+    ``_looks_like_a_path``). Nothing is read yet beyond directory listings.
+    """
+    if not inputs:
+        raise ConfigError("INPUTS", "no files, directories or datasets given")
+    if not text_field:
+        raise ConfigError("text_field", "expected a field name")
+    sources: list[Source] = []
+    for given in inputs:
+        path = Path(given)
+        if path.is_dir():
+            sources.extend(_directory(path, text_field, split, config))
+        elif path.is_file():
+            sources.append(_file(path, text_field))
+        elif _looks_like_a_path(str(given)):
+            raise ConfigError(str(given), "no such file or directory")
+        else:
+            sources.append(HfDataset(str(given), path=None, config=config, split=split, text_field=text_field))
+    return sources
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a missing INPUT is a mistyped path rather than a Hugging Face dataset name
+    (``name`` or ``owner/name``): a known suffix, a leading ``/``, ``.`` or ``~``, a trailing
+    ``/``, more than one ``/``, or a first part that is a local directory."""
+    return (name.endswith((*KNOWN_SUFFIXES, "/")) or name.startswith(("/", ".", "~")) or name.count("/") > 1
+            or ("/" in name and Path(name.split("/")[0]).is_dir()))
+
+
+def _file(path: Path, text_field: str) -> Source:
+    """A file given by name: by its suffix; an unknown suffix is read as text (as before rows)."""
+    if path.name.endswith(JSONL_SUFFIXES):
+        return JsonlFile(path, text_field)
+    if path.name.endswith(PARQUET_SUFFIXES):
+        return ParquetFile(path, text_field)
+    return TextFile(path, text_field)
+
+
+def _directory(path: Path, text_field: str, split: str, config: str | None) -> list[Source]:
+    if all((path / name).is_file() for name in HF_SAVED) or (path / HF_SAVED_DICT).is_file():
+        return [HfDataset(str(path), path=path, config=config, split=split, text_field=text_field)]
+    found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(KNOWN_SUFFIXES))
+    if not found:
+        raise ConfigError(str(path), f"no {'/'.join(KNOWN_SUFFIXES)} files in this directory")
+    return [_file(p, text_field) for p in found]
+
+
+# --- a corpus: the sources chained, sampled -------------------------------------------------------
+
+
+class Corpus:
+    """The documents of ``sources`` in order, keeping a ``sample`` fraction of them (``seed``)."""
+
+    def __init__(self, sources: Sequence[Source], *, sample: float | None = None, seed: int = 0) -> None:
+        if not sources:
+            raise ConfigError("INPUTS", "no files, directories or datasets given")
+        if sample is not None and not 0.0 < sample <= 1.0:
+            raise ConfigError("sample", f"expected a fraction in (0, 1], got {sample}")
+        self.sources, self.sample, self.seed = list(sources), sample, seed
+
+    def documents(self) -> Iterator[Document]:
+        """A fresh pass over the kept documents (a ``ConfigError`` when none is kept)."""
+        kept = 0
+        for source in self.sources:
+            for doc in source.documents():
+                if self.sample is None or keep(doc.name, self.sample, self.seed):
+                    kept += 1
+                    yield doc
+        if not kept:
+            raise ConfigError("sample", f"kept none of the documents (fraction {self.sample}, seed {self.seed})")
+
+    @property
+    def size(self) -> int | None:
+        """Bytes of text in all sources, when every source knows its size (else None)."""
+        sizes = [s.size for s in self.sources]
+        return None if self.sample is not None or None in sizes else sum(s for s in sizes if s is not None)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self.sources]
+
+    def identity(self) -> list[str]:
+        return [s.identity() for s in self.sources]
+
+
+def keep(name: str, fraction: float, seed: int) -> bool:
+    """Whether ``--sample fraction --seed seed`` keeps the document ``name``: a pure function of the three."""
+    digest = hashlib.blake2b(f"{seed}\0{name}".encode(errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def optional_module(name: str, needed_for: str) -> Any:
+    """Import an optional package of the ``corpora`` extra, or say which extra installs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        package = name.split(".")[0]
+        raise EnvironmentUnavailable(f"reading {needed_for} needs the {package} package: {INSTALL}") from exc
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _json_type(value: Any) -> str:
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "an array",
+             dict: "an object", str: "a string"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
