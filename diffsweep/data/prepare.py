@@ -25,12 +25,11 @@ import numpy as np
 
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta
-from diffsweep.data.sources import Corpus, Document, read_documents, sha256_file, text_files
+from diffsweep.data.sources import Corpus, Document, sha256_file
 from diffsweep.data.tokenizers import new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
-# Re-exported: callers made datasets from these before they moved to ``sources``.
-__all__ = ["Corpus", "Document", "prepare", "read_documents", "sha256_file", "text_files"]
+__all__ = ["Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
 Progress = Callable[[Iterable[Document], int | None], Iterable[Document]]
 
 

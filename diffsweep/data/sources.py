@@ -66,29 +66,6 @@ class Document:
     source: Path
 
 
-def text_files(paths: Sequence[Path]) -> list[Path]:
-    """The files ``paths`` name: files as given, directories searched for ``TEXT_SUFFIXES``."""
-    if not paths:
-        raise ConfigError("INPUTS", "no text files or directories given")
-    files: list[Path] = []
-    for path in paths:
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
-            if not found:
-                raise ConfigError(str(path), f"no {'/'.join(TEXT_SUFFIXES)} files in this directory")
-            files.extend(found)
-        else:
-            raise ConfigError(str(path), "no such file or directory")
-    return files
-
-
-def read_documents(files: Sequence[Path]) -> list[Document]:
-    """Each file is one document (UTF-8), read now (small corpora; ``open_sources`` streams)."""
-    return [doc for file in files for doc in TextFile(file).documents()]
-
-
 # --- sources --------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,8 @@ from diffsweep.data.dataset import (
     val_starts,
     windows,
 )
-from diffsweep.data.prepare import Document, prepare, read_documents, text_files
+from diffsweep.data.prepare import Document, prepare
+from diffsweep.data.sources import Corpus, open_sources
 from diffsweep.data.tokenizers import load_tokenizer
 
 TOPICS = sorted(pydoc_data.topics.topics.items())[:24]  # ~0.2 MB: enough for a 512-token BPE
@@ -53,22 +54,27 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bpe_dataset(corpus) -> tuple[Path, object, list[Document]]:
-    documents = read_documents(text_files([corpus]))
+    documents = list(Corpus(open_sources([corpus])).documents())
     out = corpus.parent / "ds"
     meta = prepare(documents, out, TokenizerKind.BPE, vocab_size=512, val_fraction=VAL_FRACTION)
     return out, meta, documents
 
 
+def _files(inputs: list[Path]) -> list[Path]:
+    """The files ``open_sources`` reads for ``inputs``."""
+    return [source.path for source in open_sources(inputs)]
+
+
 def test_text_files_searches_directories_and_keeps_given_files(corpus, tmp_path):
     """A directory contributes its .txt/.md/.rst files (recursively, sorted); a file given by name
     is taken as is, whatever its suffix."""
-    files = text_files([corpus])
+    files = _files([corpus])
     assert len(files) == len(TOPICS)
     assert files == sorted(files)
     assert all(f.suffix == ".txt" for f in files)
     assert any(f.parent.name == "more" for f in files)
     given = corpus / "notes.py"
-    assert text_files([given, corpus])[0] == given
+    assert _files([given, corpus])[0] == given
 
 
 def test_meta_fields(bpe_dataset, corpus):
@@ -85,7 +91,7 @@ def test_meta_fields(bpe_dataset, corpus):
     assert meta.num_documents == len(TOPICS) == len(documents)
     assert meta.val_fraction == VAL_FRACTION
     assert meta.tokenizer_sha256 == tok.fingerprint()
-    files = text_files([corpus])
+    files = _files([corpus])
     assert [s["path"] for s in meta.sources] == [str(f) for f in sorted(files)]
     for source, file in zip(meta.sources, sorted(files), strict=True):
         assert source["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
@@ -141,7 +147,7 @@ def test_cl100k_dataset_uses_uint32(tmp_path):
     text = TOPICS[5][1][:3000]
     src = tmp_path / "a.txt"
     src.write_text(text)
-    meta = prepare(read_documents([src]), tmp_path / "ds", TokenizerKind.CL100K_BASE)
+    meta = prepare(Corpus(open_sources([src])), tmp_path / "ds", TokenizerKind.CL100K_BASE)
     assert (meta.vocab_size, meta.eos_id, meta.dtype) == (100277, 100257, "uint32")
     ds = open_dataset(tmp_path / "ds")
     tok = load_tokenizer(TokenizerKind.CL100K_BASE, tmp_path / "ds")
@@ -160,12 +166,12 @@ def test_fingerprint_is_content_addressed(tmp_path):
     a.mkdir(), b.mkdir()
     for d in (a, b):
         (d / "x.txt").write_text(TOPICS[0][1])
-    m1 = prepare(read_documents(text_files([a])), tmp_path / "d1", TokenizerKind.BYTES)
-    m2 = prepare(read_documents(text_files([b])), tmp_path / "d2", TokenizerKind.BYTES)
-    m3 = prepare(read_documents(text_files([b])), tmp_path / "d3", TokenizerKind.BYTES, val_fraction=0.2)
+    m1 = prepare(Corpus(open_sources([a])), tmp_path / "d1", TokenizerKind.BYTES)
+    m2 = prepare(Corpus(open_sources([b])), tmp_path / "d2", TokenizerKind.BYTES)
+    m3 = prepare(Corpus(open_sources([b])), tmp_path / "d3", TokenizerKind.BYTES, val_fraction=0.2)
     assert m1.fingerprint == m2.fingerprint != m3.fingerprint
     (b / "x.txt").write_text(TOPICS[0][1] + " ")
-    m4 = prepare(read_documents(text_files([b])), tmp_path / "d4", TokenizerKind.BYTES)
+    m4 = prepare(Corpus(open_sources([b])), tmp_path / "d4", TokenizerKind.BYTES)
     assert m4.fingerprint != m1.fingerprint
 
 
@@ -239,7 +245,7 @@ def test_non_utf8_input_leaves_no_out_dir(tmp_path, corpus):
     (inputs / "b.txt").write_bytes(b"caf\xe9 latin-1 text")
     out = tmp_path / "ds"
     with pytest.raises(ConfigError) as err:
-        prepare(read_documents(text_files([inputs])), out, TokenizerKind.BYTES)
+        prepare(Corpus(open_sources([inputs])), out, TokenizerKind.BYTES)
     assert str(inputs / "b.txt") in str(err.value)
     assert "UTF-8" in str(err.value) and "byte 3" in str(err.value)
     assert not out.exists() and _siblings(out) == []
@@ -250,20 +256,20 @@ def test_non_utf8_input_leaves_no_out_dir(tmp_path, corpus):
 
 def test_missing_path_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
-        text_files([tmp_path / "nope"])
+        _files([tmp_path / "nope"])
     assert str(err.value) == f"{tmp_path / 'nope'}: no such file or directory"
 
 
 def test_directory_without_text_files_is_a_config_error(tmp_path):
     (tmp_path / "x.py").write_text("")
     with pytest.raises(ConfigError) as err:
-        text_files([tmp_path])
+        _files([tmp_path])
     assert str(tmp_path) in str(err.value) and ".txt" in str(err.value)
 
 
 def test_no_inputs_and_bad_val_fraction(tmp_path):
     with pytest.raises(ConfigError, match="INPUTS"):
-        text_files([])
+        _files([])
     with pytest.raises(ConfigError, match="INPUTS"):
         prepare([], tmp_path / "ds", TokenizerKind.BYTES)
     for bad in (0.0, 1.0, -0.1):

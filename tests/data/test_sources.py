@@ -15,7 +15,7 @@ import pytest
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import open_dataset
-from diffsweep.data.prepare import prepare, read_documents, text_files
+from diffsweep.data.prepare import prepare
 from diffsweep.data.sources import Corpus, keep, open_sources, optional_module
 from tests.launch.conftest import cli
 
@@ -57,7 +57,7 @@ def token_files(out: Path) -> tuple[bytes, ...]:
 def test_every_format_gives_the_same_tokens(corpus, tmp_path):
     """Same documents, same order: the same BPE and the same train.bin / val.bin, whatever the format;
     meta.json names each source with its format and document count."""
-    reference = prepare(read_documents(text_files([corpus["txt"]])), tmp_path / "ref", **BPE)
+    reference = prepare(Corpus(open_sources([corpus["txt"]])), tmp_path / "ref", **BPE)
     expected = token_files(tmp_path / "ref")
     for name, path in corpus.items():
         meta = prepare(Corpus(open_sources([path])), tmp_path / name, **BPE)
