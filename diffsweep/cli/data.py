@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +33,8 @@ def fetch_demo(
 
 @app.command()
 @handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction", "text_field": "--text-field",
-                      "max_tokens": "--max-tokens", "sample": "--sample"})
+                      "max_tokens": "--max-tokens", "sample": "--sample", "workers": "--workers",
+                      "shard_size": "--shard-size", "val_split": "--val-split"})
 def prepare(
     inputs: Annotated[list[str] | None, typer.Argument(
         help="Text files (.txt/.md/.rst: one document each), JSONL (.jsonl/.ndjson, also .gz/.zst: one per "
@@ -43,8 +45,12 @@ def prepare(
                                              "with --demo).", show_default=False)] = None,
     tokenizer: Annotated[TokenizerKind, choice(TokenizerKind, "--tokenizer", "Tokenizer.")] = TokenizerKind.BPE,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of a trained bpe.")] = 4096,
-    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each document kept for "
-                                                "validation.")] = 0.05,
+    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of the tokens (--val-split tail) "
+                                                "or of the documents (document) kept for validation.")] = 0.05,
+    val_split: Annotated[str, typer.Option("--val-split", help="tail: the last --val-fraction of every document "
+                                           "is validation; document: whole documents are, chosen by a hash of "
+                                           "their name (no document in both splits; stable as a corpus grows).")
+                         ] = "tail",
     text_field: Annotated[str, typer.Option("--text-field", help="The field (column) holding the text in JSONL, "
                                             "Parquet and Hugging Face datasets.")] = "text",
     split: Annotated[str, typer.Option("--split", help="Split of a Hugging Face dataset (or of a saved "
@@ -57,6 +63,10 @@ def prepare(
     sample: Annotated[float | None, typer.Option("--sample", help="Keep this fraction of the documents, chosen "
                                                  "by a hash of (--seed, file, row).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --sample.")] = 0,
+    workers: Annotated[int | None, typer.Option("--workers", help="Tokenizing processes (default: the cores "
+                                                "available).", show_default=False)] = None,
+    shard_size: Annotated[str, typer.Option("--shard-size", help="Input bytes per output shard (K, M, G "
+                                            "suffixes): input files are grouped up to it.")] = "256M",
     demo: Annotated[bool, typer.Option("--demo", help="Tokenize the demo corpus (after `data fetch-demo`).")] = False,
     sources: Annotated[Path, typer.Option("--sources", help="Where `data fetch-demo` put the demo sources.")] = Path(
         "data/sources"),
@@ -90,20 +100,36 @@ def prepare(
                            sample=sample, seed=seed)
         what = f"{len(documents.sources)} source{'s' if len(documents.sources) != 1 else ''}"
 
-    def progress(docs, total_chars):
-        with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} characters"),
+    def progress(steps, total_bytes):
+        with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} bytes"),
                       TimeRemainingColumn(), transient=True) as bar:
-            task = bar.add_task("", total=total_chars)
-            for doc in docs:
-                yield doc
-                bar.advance(task, len(doc.text))
+            task = bar.add_task("", total=total_bytes)
+            for step in steps:
+                yield step
+                bar.advance(task, step)
 
     typer.echo(f"{what}; tokenizer {tokenizer.value}"
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
     meta = prepare_dataset(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
-                           force=force, progress=progress, max_tokens=max_tokens)
+                           val_split=val_split, force=force, progress=progress, max_tokens=max_tokens,
+                           workers=workers or len(os.sched_getaffinity(0)), shard_size=parse_size(shard_size, "--shard-size"))
     typer.echo(f"{out}: {meta.tokens['train']:,} train + {meta.tokens['val']:,} val tokens, "
                f"{meta.tokenizer.value} vocab {meta.vocab_size}, {meta.num_documents} documents")
+
+
+def parse_size(text: str, flag: str) -> int:
+    """``256M`` -> bytes (suffixes K, M, G, T: powers of 1024), or the one-line error naming ``flag``."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    number, unit = text.strip().rstrip("Bb"), ""
+    if number[-1:].upper() in units:
+        number, unit = number[:-1], number[-1].upper()
+    try:
+        size = float(number) * units[unit]
+    except ValueError:
+        fail(f"{flag}: expected a size such as 256M or 1G, got {text!r}")
+    if size < 1:
+        fail(f"{flag}: expected a positive size, got {text!r}")
+    return int(size)
 
 
 @app.command()

@@ -11,6 +11,9 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{key}: {message}" if key else message)
 
+    def __reduce__(self):  # pickled by its two fields (it crosses from a worker process)
+        return type(self), (self.key, self.message)
+
 
 class EnvironmentUnavailable(RuntimeError):
     """The config is valid, but this machine lacks what it needs (a GPU, a package)."""

@@ -1,6 +1,8 @@
-"""A prepared token dataset: ``train.bin`` / ``val.bin`` (flat token arrays, memory-mapped) and
-``meta.json`` (tokenizer, vocabulary, token counts, source checksums), and the deterministic
-sampling the trainer uses.
+"""A prepared token dataset: its token shards ``train-00000.bin`` ... / ``val-00000.bin`` ... (flat
+token arrays, memory-mapped, read in order as one stream per split) and ``meta.json`` (tokenizer,
+vocabulary, token counts per shard with their sha256, sources and their checksums), and the
+deterministic sampling the trainer uses. A dataset made before shards (``train.bin`` /
+``val.bin``, no ``shards`` in meta.json) opens as one shard.
 
 Batches are a pure function of ``(seed, step)``: the loader has no state beyond the step, so a
 resumed run reads exactly what the uninterrupted run would have read.
@@ -41,18 +43,77 @@ class DatasetMeta:
     max_tokens: int | None = None  # --max-tokens: writing stopped at this many tokens (train + val)
     sample: float | None = None  # --sample: the fraction of documents kept ...
     seed: int | None = None  # ... by this seed (None without --sample)
+    val_split: str = "tail"  # tail: the end of every document is validation; document: whole documents
+    # [{"tokens": {"train", "val"}, "documents", "sha256": {"train", "val"}}] per shard, in order
+    # (None: a dataset from before shards, one train.bin / val.bin)
+    shards: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **{k: (v.value if k == "tokenizer" else v) for k, v in self.__dict__.items()}}
 
 
-class TokenDataset:
-    """A prepared dataset opened read-only: ``split(name)`` is a memory-mapped 1-D token array."""
+def shard_file(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.bin"
 
-    def __init__(self, path: Path, meta: DatasetMeta, arrays: dict[str, np.ndarray]) -> None:
+
+def token_files(meta: DatasetMeta) -> dict[str, list[tuple[str, int]]]:
+    """Each split's files in order, with their token counts."""
+    if meta.shards is None:
+        return {split: [(f"{split}.bin", meta.tokens[split])] for split in SPLITS}
+    return {split: [(shard_file(split, i), s["tokens"][split]) for i, s in enumerate(meta.shards)]
+            for split in SPLITS}
+
+
+class ShardedTokens:
+    """Several memory-mapped token files read as one 1-D array: ``len``, integer and slice indexing
+    (a slice may span files), ``np.asarray`` (copies the whole split into memory)."""
+
+    def __init__(self, parts: list[np.ndarray]) -> None:
+        self._parts = [p for p in parts if len(p)]
+        self._ends = np.cumsum([len(p) for p in self._parts])
+        self.dtype = parts[0].dtype
+        self.shape = (int(self._ends[-1]) if len(self._ends) else 0,)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                return np.asarray(self)[key]
+            return self._range(start, stop)
+        index = int(key) + (len(self) if key < 0 else 0)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {key} out of range for {len(self)} tokens")
+        part = int(np.searchsorted(self._ends, index, side="right"))
+        return self._parts[part][index - (self._ends[part - 1] if part else 0)]
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros(0, self.dtype)
+        first = int(np.searchsorted(self._ends, start, side="right"))
+        pieces = []
+        while start < stop:
+            begin = int(self._ends[first - 1]) if first else 0
+            end = min(stop, int(self._ends[first]))
+            pieces.append(self._parts[first][start - begin : end - begin])
+            start, first = end, first + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = np.concatenate(self._parts) if self._parts else np.zeros(0, self.dtype)
+        return whole if dtype is None else whole.astype(dtype)
+
+
+class TokenDataset:
+    """A prepared dataset opened read-only: ``split(name)`` is its 1-D token array (memory-mapped;
+    shards read as one array)."""
+
+    def __init__(self, path: Path, meta: DatasetMeta, arrays: dict[str, np.ndarray | ShardedTokens]) -> None:
         self.path, self.meta, self._arrays = path, meta, arrays
 
-    def split(self, name: str) -> np.ndarray:
+    def split(self, name: str) -> Any:
         return self._arrays[name]
 
 
@@ -65,14 +126,17 @@ def open_dataset(path: str | Path, key: str = "data.path") -> TokenDataset:
     if not meta_path.is_file():
         raise ConfigError(key, f"{meta_path} is missing: {path} is not a dataset made by `diffsweep data prepare`")
     meta = read_meta(meta_path)
-    arrays = {}
-    for name in SPLITS:
-        file = path / f"{name}.bin"
-        expected = meta.tokens[name] * np.dtype(meta.dtype).itemsize
-        if not file.is_file() or file.stat().st_size != expected:
-            found = file.stat().st_size if file.is_file() else "no file"
-            raise ConfigError(key, f"{file}: expected {expected} bytes ({meta.tokens[name]} tokens), found {found}")
-        arrays[name] = np.memmap(file, dtype=meta.dtype, mode="r") if expected else np.zeros(0, meta.dtype)
+    arrays: dict[str, np.ndarray | ShardedTokens] = {}
+    for name, files in token_files(meta).items():
+        parts = []
+        for file_name, count in files:
+            file = path / file_name
+            expected = count * np.dtype(meta.dtype).itemsize
+            if not file.is_file() or file.stat().st_size != expected:
+                found = file.stat().st_size if file.is_file() else "no file"
+                raise ConfigError(key, f"{file}: expected {expected} bytes ({count} tokens), found {found}")
+            parts.append(np.memmap(file, dtype=meta.dtype, mode="r") if expected else np.zeros(0, meta.dtype))
+        arrays[name] = parts[0] if len(parts) == 1 else ShardedTokens(parts)
     return TokenDataset(path, meta, arrays)
 
 
@@ -92,13 +156,27 @@ def read_meta(meta_path: Path) -> DatasetMeta:
             raise ValueError(f"tokens: expected an object of split -> token count, got {meta.tokens!r}")
         for name in SPLITS:
             count = meta.tokens.get(name)
-            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            if not _count(count):
                 raise ValueError(f"tokens.{name}: expected a token count, got {count!r}")
+        if meta.shards is not None:
+            if not isinstance(meta.shards, list) or not meta.shards:
+                raise ValueError(f"shards: expected a list of shards, got {meta.shards!r}")
+            for i, shard in enumerate(meta.shards):
+                counts = shard.get("tokens") if isinstance(shard, dict) else None
+                if not isinstance(counts, dict) or any(not _count(counts.get(n)) for n in SPLITS):
+                    raise ValueError(f"shards[{i}].tokens: expected train and val token counts, got {counts!r}")
+            for name in SPLITS:
+                if sum(s["tokens"][name] for s in meta.shards) != meta.tokens[name]:
+                    raise ValueError(f"tokens.{name}: {meta.tokens[name]} is not the sum of its shards' tokens")
         if not isinstance(meta.vocab_size, int) or meta.vocab_size < 1:
             raise ValueError(f"vocab_size: expected a positive integer, got {meta.vocab_size!r}")
         return meta
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({exc})") from exc
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_compatible(meta: DatasetMeta, tokenizer: TokenizerKind, vocab_size: int, seq_len: int) -> None:

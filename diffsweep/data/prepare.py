@@ -1,41 +1,68 @@
-"""``diffsweep data prepare``: tokenize documents into a dataset directory (see ``dataset``).
+"""``diffsweep data prepare``: tokenize documents into a sharded dataset directory (see ``dataset``).
 
-The documents come from a list in memory or from a ``sources.Corpus``, read lazily (twice for a
-trained ``bpe``: once to train it, once to write), so memory stays bounded by one document.
+The work is cut into **shards**, groups of input files (or row ranges of a saved Hugging Face
+dataset) of about ``shard_size`` bytes on disk (``sources.plan_shards``). Shard ``i`` becomes
+``train-{i:05d}.bin`` and ``val-{i:05d}.bin``; the dataset reads the shards in order as one token
+stream. The shards depend on the inputs and ``shard_size`` only, never on how many processes write
+them, so 1 worker, 64 workers and a Slurm array (``data.launch``) write the same bytes.
 
-Each document is tokenized; its last ``val_fraction`` of tokens go to the validation split and
-the rest to training (so both splits sample every document), each part followed by the
-tokenizer's end-of-document token when it has one. The directory is built beside its destination and renamed into
-place at the end: an interrupted or failed prepare leaves nothing behind and clobbers nothing, not
-even the parent folders it created for the destination.
+Three steps, each usable on its own (the Slurm array runs the middle one in its tasks):
+
+- ``stage``: train the tokenizer (``bpe``: on every document, one pass), plan the shards and write
+  both into a staging folder beside the destination (``plan.json``, ``tokenizer.json``);
+- ``write_shards``: tokenize shards; each is written under a temporary name and renamed, then its
+  record ``shard-{i:05d}.json`` (token counts, documents, sources, sha256 of its files) is written
+  last: a shard with a record is done and is not redone;
+- ``finish``: check every shard, apply ``max_tokens``, write ``meta.json`` and rename the staging
+  folder into place, replacing an old dataset only then.
+
+Each document is tokenized and split between train and validation by ``val_split``: ``tail`` (the
+last ``val_fraction`` of every document's tokens is validation, the rest training; both splits see
+every document) or ``document`` (a whole document is validation when a hash of its name is below
+``val_fraction``: no document is in both, and the choice of a document never changes as a corpus
+grows). Every part ends with the tokenizer's end-of-document token when it has one.
+
+``prepare`` runs the three in this process and ``workers`` processes; it leaves nothing behind
+when it fails or is interrupted (a rerun writes the identical dataset).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from diffsweep.config import ConfigError, TokenizerKind
-from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta
-from diffsweep.data.sources import Corpus, Document, sha256_file
-from diffsweep.data.tokenizers import new_tokenizer
+from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
+from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta, shard_file
+from diffsweep.data.sources import Corpus, Document, from_recipe, keep, plan_shards, sha256_file
+from diffsweep.data.tokenizers import Tokenizer, load_tokenizer, new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
 __all__ = ["Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
-Progress = Callable[[Iterable[Document], int | None], Iterable[Document]]
+# Wraps a stream of progress increments (bytes of text; for shards written by workers, of each
+# finished shard's files), given the total when known, to show a progress bar.
+Progress = Callable[[Iterable[int], int | None], Iterable[int]]
+
+PLAN_FILE = "plan.json"
+PLAN_FORMAT = "diffsweep-prepare-plan/1"
+SHARD_SIZE = 256 * 2**20  # bytes of input per shard (default of --shard-size)
+VAL_SPLITS = ("tail", "document")
 
 
 class _Listed:
-    """Documents already in memory (the demo corpus, tests), as a ``Corpus``: meta.json lists the
-    files they came from (each once, sorted), with sha256 and size."""
+    """Documents already in memory (the demo corpus, tests), as a ``Corpus`` of one shard written in
+    this process: meta.json lists the files they came from (each once, sorted), with sha256 and size."""
 
     sample: float | None = None
     seed: int = 0
@@ -64,6 +91,15 @@ class _Listed:
         return [s["sha256"] for s in self.describe()]
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A staging folder made by ``stage``: what ``write_shards`` and ``finish`` work on."""
+
+    path: Path
+    num_shards: int
+    shard_bytes: list[int]  # input bytes of each shard (for progress bars and array task groups)
+
+
 def prepare(
     documents: Sequence[Document] | Corpus,
     out: Path,
@@ -71,9 +107,12 @@ def prepare(
     *,
     vocab_size: int = 4096,
     val_fraction: float = 0.05,
+    val_split: str = "tail",
     force: bool = False,
     progress: Progress | None = None,
     max_tokens: int | None = None,
+    workers: int = 1,
+    shard_size: int = SHARD_SIZE,
 ) -> DatasetMeta:
     """Tokenize ``documents`` (a list, or a ``Corpus`` read lazily) into the dataset directory
     ``out`` and return its metadata.
@@ -82,91 +121,366 @@ def prepare(
     pass, before the pass that writes the tokens). ``max_tokens`` stops writing once that many
     tokens (train + val) are written: the document that crosses it is cut to fit (its first
     tokens, split as any other), so the dataset has exactly ``max_tokens`` tokens unless the room
-    left is too small for a token and its two end-of-document tokens (then it is dropped and the
-    dataset is 1 or 2 tokens short). ``progress`` wraps the document iteration (given the total
-    characters, or for a ``Corpus`` the bytes of its files; None when unknown) to show a progress bar.
+    left is too small for a token and its end-of-document tokens (then it is dropped and the
+    dataset is 1 or 2 tokens short). ``workers`` processes write the shards (a list of documents is
+    one shard, written here).
     """
-    corpus = _Listed(documents) if isinstance(documents, Sequence) else documents
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError("val_fraction", f"expected a value in (0, 1), got {val_fraction}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ConfigError("max_tokens", f"expected a positive number of tokens, got {max_tokens}")
     if out.exists() and not force:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
-
-    tok = new_tokenizer(tokenizer, lambda: (d.text for d in corpus.documents()), vocab_size)
-    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
+    if workers < 1:
+        raise ConfigError("workers", f"expected at least 1 worker, got {workers}")
     try:
         with parents_made_for(out):
-            return _write(corpus, out, tok, dtype, val_fraction, progress, max_tokens)
+            _check_writable(out)
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+            try:
+                staged = stage(documents, staging, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
+                               val_split=val_split, max_tokens=max_tokens, shard_size=shard_size)
+                if isinstance(documents, Sequence):
+                    _write_listed(staged, documents, progress)
+                else:
+                    _write_all(staged, workers, progress)
+                return finish(staging, out, force=force)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
     except OSError as exc:
         raise ConfigError(str(out), f"cannot write it ({exc.strerror or exc})") from None
 
 
-def _write(corpus, out, tok, dtype, val_fraction, progress, max_tokens) -> DatasetMeta:
-    """Tokenize into a staging folder beside ``out`` and rename it into place."""
-    if not os.access(out.parent, os.W_OK):
-        raise ConfigError(str(out), f"cannot write in {out.parent}")
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+# --- step 1: the plan ------------------------------------------------------------------------------
+
+
+def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: TokenizerKind, *, vocab_size: int,
+          val_fraction: float, val_split: str, max_tokens: int | None, shard_size: int) -> Staged:
+    """Check the settings, make the tokenizer and write the plan into the (existing) ``staging``."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError("val_fraction", f"expected a value in (0, 1), got {val_fraction}")
+    if val_split not in VAL_SPLITS:
+        raise ConfigError("val_split", f"expected one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError("max_tokens", f"expected a positive number of tokens, got {max_tokens}")
+    listed = isinstance(documents, Sequence)
+    corpus = _Listed(documents) if listed else documents
+    shards = [[]] if listed else plan_shards(corpus.sources, shard_size)
+    tok = new_tokenizer(tokenizer, lambda: (d.text for d in corpus.documents()), vocab_size)
+    tok.save(staging)
+    plan = {
+        "format": PLAN_FORMAT,
+        "tokenizer": tok.kind.value, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+        "tokenizer_sha256": tok.fingerprint(),
+        "dtype": "uint16" if tok.vocab_size <= 1 << 16 else "uint32",
+        "val_fraction": val_fraction, "val_split": val_split, "max_tokens": max_tokens,
+        "sample": corpus.sample, "seed": corpus.seed,
+        "listed": corpus.describe() if listed else None,
+        "shards": [[s.recipe() for s in group] for group in shards],
+        "shard_bytes": [sum(s.stored_bytes for s in group) for group in shards],
+    }
+    _write_json(staging / PLAN_FILE, plan)
+    return Staged(staging, len(shards), plan["shard_bytes"])
+
+
+def read_plan(staging: Path) -> dict[str, Any]:
     try:
-        counts = {name: 0 for name in SPLITS}
-        num_documents = 0
-        files = {name: open(staging / f"{name}.bin", "wb") for name in SPLITS}
-        eos = [tok.eos_id] if tok.eos_id is not None else []
+        plan = json.loads((staging / PLAN_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(staging / PLAN_FILE), f"not a readable prepare plan ({exc})") from exc
+    if plan.get("format") != PLAN_FORMAT:
+        raise ConfigError(str(staging / PLAN_FILE), f"format is not {PLAN_FORMAT!r}")
+    return plan
+
+
+# --- step 2: the shards ----------------------------------------------------------------------------
+
+
+def write_shards(staging: Path, indices: Iterable[int]) -> list[dict[str, Any]]:
+    """Write the shards ``indices`` not yet done (resumable: a done shard has its record); returns
+    their records. What a worker process or a Slurm array task runs."""
+    return [shard_record(staging, i) or write_shard(staging, i) for i in indices]
+
+
+def shard_record(staging: Path, index: int) -> dict[str, Any] | None:
+    """The record of a finished shard (None when it is not done, or its files do not match it)."""
+    try:
+        record = json.loads((staging / _record_name(index)).read_text())
+    except (OSError, ValueError):
+        return None
+    for split in SPLITS:
+        file = staging / shard_file(split, index)
+        if not file.is_file() or file.stat().st_size != record["tokens"][split] * record["itemsize"]:
+            return None
+    return record
+
+
+def write_shard(staging: Path, index: int, *, budget: int | None = None, documents: Iterable[Document] | None = None,
+                on_document: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Tokenize shard ``index`` (its sources from the plan, or ``documents``) and write its files,
+    then its record. ``budget``: stop after that many tokens (``max_tokens`` left for this shard)."""
+    plan = read_plan(staging)
+    tok = _tokenizer(staging, plan)
+    sources = [] if documents is not None else [from_recipe(r) for r in plan["shards"][index]]
+    if documents is None:
+        documents = _sampled(sources, plan["sample"], plan["seed"])
+    dtype = np.dtype(plan["dtype"])
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    whole_documents = plan["val_split"] == "document"
+    eos_per_document = len(eos) * (1 if whole_documents else 2)
+    counts = dict.fromkeys(SPLITS, 0)
+    digests = {split: hashlib.sha256() for split in SPLITS}
+    num_documents = 0
+    temp = {split: staging / f".{shard_file(split, index)}.{os.getpid()}" for split in SPLITS}
+    try:
+        files = {split: open(temp[split], "wb") for split in SPLITS}
         try:
-            documents = corpus.documents()
-            for doc in progress(documents, corpus.size) if progress else documents:
+            for doc in documents:
                 ids = tok.encode(doc.text)
-                if max_tokens is not None:
-                    room = max_tokens - sum(counts.values()) - 2 * len(eos)
+                if budget is not None:
+                    room = budget - sum(counts.values()) - eos_per_document
                     if room < 1:
                         break
                     ids = ids[:room]
-                num_val = int(round(len(ids) * val_fraction))
-                # Both parts end with eos, so both splits show the model document boundaries.
-                parts = {"train": ids[: len(ids) - num_val] + eos, "val": ids[len(ids) - num_val :] + eos}
-                for name in SPLITS:
-                    files[name].write(np.asarray(parts[name], dtype=dtype).tobytes())
-                    counts[name] += len(parts[name])
+                for split, part in _parts(ids, eos, doc.name, plan["val_fraction"], whole_documents):
+                    data = np.asarray(part, dtype=dtype).tobytes()
+                    files[split].write(data)
+                    digests[split].update(data)
+                    counts[split] += len(part)
                 num_documents += 1
-                if max_tokens is not None and sum(counts.values()) >= max_tokens:
+                if on_document is not None:
+                    on_document(len(doc.text))
+                if budget is not None and sum(counts.values()) >= budget:
                     break
         finally:
             for f in files.values():
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
-        meta = _meta(tok, dtype, counts, corpus, num_documents, val_fraction, max_tokens)
-        tok.save(staging)
-        (staging / META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
-        _replace_dir(staging, out)
+        for split in SPLITS:
+            os.replace(temp[split], staging / shard_file(split, index))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for path in temp.values():
+            path.unlink(missing_ok=True)
         raise
+    record = {"index": index, "tokens": counts, "documents": num_documents, "itemsize": dtype.itemsize,
+              "sha256": {split: digests[split].hexdigest() for split in SPLITS}, "budget": budget,
+              "sources": [s.describe() for s in sources], "identity": [s.identity() for s in sources]}
+    _write_json(staging / _record_name(index), record)
+    return record
+
+
+def _parts(ids: list[int], eos: list[int], name: str, val_fraction: float,
+           whole_documents: bool) -> list[tuple[str, list[int]]]:
+    """(split, tokens) of one document: both splits (``tail``) or one (``document``), each ending with eos."""
+    if whole_documents:
+        return [("val" if in_validation(name, val_fraction) else "train", ids + eos)]
+    num_val = int(round(len(ids) * val_fraction))
+    # Both parts end with eos, so both splits show the model document boundaries.
+    return [("train", ids[: len(ids) - num_val] + eos), ("val", ids[len(ids) - num_val :] + eos)]
+
+
+def in_validation(name: str, fraction: float) -> bool:
+    """``--val-split document``: whether the document ``name`` (``FILE:ROW``) is held out. A pure
+    function of its name: adding files to a corpus moves no document between the splits."""
+    return keep(f"validation\0{name}", fraction, seed=0)
+
+
+def _sampled(sources: list[Any], sample: float | None, seed: int) -> Iterator[Document]:
+    for source in sources:
+        for doc in source.documents():
+            if sample is None or keep(doc.name, sample, seed):
+                yield doc
+
+
+_TOKENIZERS: dict[tuple[str, str], Tokenizer] = {}  # per process: a worker loads it once
+
+
+def _tokenizer(staging: Path, plan: dict[str, Any]) -> Tokenizer:
+    key = (str(staging), plan["tokenizer_sha256"])
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = load_tokenizer(TokenizerKind(plan["tokenizer"]), staging)
+    return _TOKENIZERS[key]
+
+
+def _write_listed(staged: Staged, documents: Sequence[Document], progress: Progress | None) -> None:
+    """The one shard of documents given as a list, in this process, a progress step per document
+    (the progress wrapper drives the iteration, so a Ctrl-C it raises stops the writing)."""
+    if progress is not None:
+        steps = iter(progress((len(d.text) for d in documents), sum(len(d.text) for d in documents)))
+        documents = _stepped(documents, steps)
+    write_shard(staged.path, 0, documents=documents)
+
+
+def _stepped(documents: Iterable[Document], steps: Iterator[int]) -> Iterator[Document]:
+    for doc in documents:
+        next(steps)
+        yield doc
+
+
+def _write_all(staged: Staged, workers: int, progress: Progress | None) -> None:
+    """Every shard, in ``workers`` processes (or this one for 1), stopping early when a ``max_tokens``
+    budget is spent by the shards before (``finish`` cuts the shard that crosses it)."""
+    plan = read_plan(staged.path)
+    budget = plan["max_tokens"]
+    increments = _shards_in_order(staged, workers, budget)
+    for _ in progress(increments, sum(staged.shard_bytes) or None) if progress else increments:
+        pass
+
+
+def _shards_in_order(staged: Staged, workers: int, budget: int | None) -> Iterator[int]:
+    """Write the shards, yielding each one's input bytes as it completes (in order)."""
+    written = 0
+    if workers == 1 or staged.num_shards == 1:
+        for i in range(staged.num_shards):
+            if budget is not None and written >= budget:
+                return
+            record = write_shard(staged.path, i, budget=None if budget is None else budget - written)
+            written += sum(record["tokens"].values())
+            yield staged.shard_bytes[i]
+        return
+    context = multiprocessing.get_context("spawn")  # a forked HF tokenizer may deadlock
+    with concurrent.futures.ProcessPoolExecutor(min(workers, staged.num_shards), mp_context=context) as pool:
+        pending: list[concurrent.futures.Future] = []
+        next_index = 0
+        try:
+            while next_index < staged.num_shards or pending:
+                while next_index < staged.num_shards and len(pending) < 2 * workers:
+                    pending.append(pool.submit(write_shards, staged.path, [next_index]))
+                    next_index += 1
+                record = pending.pop(0).result()[0]
+                written += sum(record["tokens"].values())
+                yield staged.shard_bytes[record["index"]]
+                if budget is not None and written >= budget:
+                    break  # finish cuts the shard that crossed it; later ones are not needed
+        except BrokenProcessPool as exc:
+            raise EnvironmentUnavailable(
+                "a tokenizing worker process died (killed, or out of memory); nothing was written: "
+                "run the same command again") from exc
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+# --- step 3: the dataset ---------------------------------------------------------------------------
+
+
+def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
+    """Check the shards, cut at ``max_tokens``, write ``meta.json`` and move the dataset into place."""
+    plan = read_plan(staging)
+    if out.exists() and not force:
+        raise ConfigError(str(out), "already exists (pass --force to replace it)")
+    budget = plan["max_tokens"]
+    records: list[dict[str, Any]] = []
+    written = 0
+    for i in range(len(plan["shards"])):
+        if budget is not None and written >= budget:
+            _drop_shard(staging, i)
+            continue
+        record = shard_record(staging, i)
+        if record is None:
+            raise ConfigError(str(staging), f"shard {i} of {len(plan['shards'])} is not written")
+        if budget is not None and written + sum(record["tokens"].values()) > budget:
+            if record["budget"] != budget - written:
+                record = write_shard(staging, i, budget=budget - written)
+            written = budget  # a shard cut to fit: the later documents are not in the dataset
+        else:
+            written += sum(record["tokens"].values())
+        records.append(record)
+    meta = _meta(plan, records, staging)
+    if not meta.num_documents:
+        raise ConfigError("sample", f"kept none of the documents (fraction {plan['sample']}, seed {plan['seed']})")
+    _write_json(staging / META_FILE, meta.to_json())
+    for i in range(len(plan["shards"])):
+        (staging / _record_name(i)).unlink(missing_ok=True)
+    (staging / PLAN_FILE).unlink()
+    _replace_dir(staging, out)
     return meta
 
 
-def _meta(tok, dtype, counts, corpus, num_documents, val_fraction, max_tokens) -> DatasetMeta:
+def _drop_shard(staging: Path, index: int) -> None:
+    for name in (*(shard_file(split, index) for split in SPLITS), _record_name(index)):
+        (staging / name).unlink(missing_ok=True)
+
+
+def _meta(plan: dict[str, Any], records: list[dict[str, Any]], staging: Path) -> DatasetMeta:
+    """The dataset's metadata: its sources (each input once, in order) and fingerprint."""
+    if plan["listed"] is not None:
+        sources, identity = plan["listed"], [s["sha256"] for s in plan["listed"]]
+    else:
+        sources, identity = _sources(plan, records)
+    counts = {split: sum(r["tokens"][split] for r in records) for split in SPLITS}
     fields = dict(
-        tokenizer=tok.kind,
-        vocab_size=tok.vocab_size,
-        eos_id=tok.eos_id,
-        dtype=np.dtype(dtype).name,
+        tokenizer=TokenizerKind(plan["tokenizer"]),
+        vocab_size=plan["vocab_size"],
+        eos_id=plan["eos_id"],
+        dtype=plan["dtype"],
         tokens=counts,
-        tokenizer_sha256=tok.fingerprint(),
-        sources=corpus.describe(),
-        num_documents=num_documents,
-        val_fraction=val_fraction,
+        tokenizer_sha256=plan["tokenizer_sha256"],
+        sources=sources,
+        num_documents=sum(r["documents"] for r in records),
+        val_fraction=plan["val_fraction"],
     )
     # How the corpus was cut: recorded always, in the identity only when used (so a dataset made
-    # without them keeps the fingerprint it had before they existed).
-    selection = dict(max_tokens=max_tokens, sample=corpus.sample,
-                     seed=corpus.seed if corpus.sample is not None else None)
-    identity = {k: v for k, v in fields.items() if k != "sources"} | {"sources": corpus.identity()}
-    identity |= {k: v for k, v in selection.items() if v is not None}
-    identity["tokenizer"] = tok.kind.value
-    fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return DatasetMeta(**fields, fingerprint=fingerprint, **selection)
+    # without them keeps the fingerprint it had before they existed). The shards are not part of
+    # the identity: the token stream is the same however it is cut into files.
+    selection = dict(max_tokens=plan["max_tokens"], sample=plan["sample"],
+                     seed=plan["seed"] if plan["sample"] is not None else None)
+    key = {k: v for k, v in fields.items() if k != "sources"} | {"sources": identity, "tokenizer": plan["tokenizer"]}
+    key |= {k: v for k, v in selection.items() if v is not None}
+    if plan["val_split"] != "tail":
+        key["val_split"] = plan["val_split"]
+    fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    shards = [{"tokens": r["tokens"], "documents": r["documents"], "sha256": r["sha256"]} for r in records]
+    return DatasetMeta(**fields, fingerprint=fingerprint, **selection, val_split=plan["val_split"], shards=shards)
+
+
+def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every input once (a dataset cut into row ranges: its parts merged), described and identified.
+    Inputs of shards past a ``max_tokens`` cut are described unread (0 documents), as before shards."""
+    described: list[dict[str, Any]] = []
+    identities: list[list[str]] = []
+    by_input: dict[str, int] = {}
+    for i, recipes in enumerate(plan["shards"]):
+        record = records[i] if i < len(records) else None
+        for j, recipe in enumerate(recipes):
+            if record is not None:
+                entry, identity = record["sources"][j], record["identity"][j]
+            else:
+                unread = from_recipe(recipe)
+                entry, identity = unread.describe(), unread.identity()
+            name = recipe.get("path") or recipe["name"]
+            if recipe["format"] == "hf-dataset" and name in by_input:
+                merged = described[by_input[name]]
+                merged["documents"] += entry["documents"]
+                identities[by_input[name]].append(identity)
+                continue
+            by_input[name] = len(described)
+            described.append(dict(entry))
+            identities.append([identity])
+    identity = [ids[0] if len(ids) == 1 else hashlib.sha256("".join(ids).encode()).hexdigest() for ids in identities]
+    for entry, ids, key in zip(described, identities, identity, strict=True):
+        if len(ids) > 1:  # a dataset read in row ranges: described whole
+            entry["sha256"] = key  # of its parts' text hashes, in order
+            entry.pop("rows")
+    return described, identity
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _record_name(index: int) -> str:
+    return f"shard-{index:05d}.json"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically (a reader sees the old file or the whole new one)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    temp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temp, path)
+
+
+def _check_writable(out: Path) -> None:
+    if not os.access(out.parent, os.W_OK):
+        raise ConfigError(str(out), f"cannot write in {out.parent}")
 
 
 def _replace_dir(staging: Path, out: Path) -> None:

@@ -81,12 +81,13 @@ class Source(ABC):
         """Every document with text, in order."""
 
     def documents(self) -> Iterator[Document]:
-        """The documents, counted; a source with none (read to its end) is a ``ConfigError``."""
+        """The documents, counted; a source with none (read to its end) is a ``ConfigError``
+        (only a whole one: a part of a dataset may hold none)."""
         self.count = 0
         for doc in self._read():
             self.count += 1
             yield doc
-        if not self.count:
+        if not self.count and getattr(self, "rows", None) is None:
             raise ConfigError(self.name, "no documents with text")
 
     @abstractmethod
@@ -102,6 +103,15 @@ class Source(ABC):
         """Bytes of text this source holds, when known without reading it (for a progress bar)."""
         return None
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes it takes on disk (compressed or not; 0 when unknown): how shards are sized."""
+        return 0
+
+    @abstractmethod
+    def recipe(self) -> dict[str, Any]:
+        """Plain JSON from which ``from_recipe`` makes this source again (in a worker, a job)."""
+
 
 class FileSource(Source):
     """A file: meta.json records its path, sha256 and size (as for text files before)."""
@@ -109,6 +119,13 @@ class FileSource(Source):
     def __init__(self, path: Path, text_field: str = "text") -> None:
         self.path, self.name, self.text_field = path, str(path), text_field
         self._sha256: str | None = None
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def recipe(self) -> dict[str, Any]:
+        return {"format": self.format, "path": str(self.path), "text_field": self.text_field}
 
     def sha256(self) -> str:
         if self._sha256 is None:
@@ -228,10 +245,34 @@ class HfDataset(Source):
 
     format = "hf-dataset"
 
-    def __init__(self, name: str, *, path: Path | None, config: str | None, split: str, text_field: str) -> None:
+    def __init__(self, name: str, *, path: Path | None, config: str | None, split: str, text_field: str,
+                 rows: tuple[int, int] | None = None) -> None:
         self.name, self.path, self.config, self.split, self.text_field = name, path, config, split, text_field
+        self.rows = rows  # [first, end) of a saved dataset's rows: one shard's part of it (None: all)
         self.fingerprint: str | None = None
         self._content = hashlib.sha256()
+
+    def recipe(self) -> dict[str, Any]:
+        return {"format": self.format, "name": self.name, "path": None if self.path is None else str(self.path),
+                "config": self.config, "split": self.split, "text_field": self.text_field,
+                "rows": None if self.rows is None else list(self.rows)}
+
+    @property
+    def stored_bytes(self) -> int:
+        if self.path is None:
+            return 0
+        return sum(p.stat().st_size for p in self.path.rglob("*.arrow"))
+
+    def parts(self, shard_bytes: int) -> list[HfDataset]:
+        """This saved dataset cut into row ranges of about ``shard_bytes`` each (in order; itself
+        when it is small, or streamed from the cache, whose length is unknown)."""
+        if self.path is None or self.stored_bytes <= shard_bytes:
+            return [self]
+        num_rows = len(self._load())
+        per_part = max(1, -(-num_rows * shard_bytes // self.stored_bytes))
+        return [HfDataset(self.name, path=self.path, config=self.config, split=self.split,
+                          text_field=self.text_field, rows=(first, min(first + per_part, num_rows)))
+                for first in range(0, num_rows, per_part)]
 
     def _load(self) -> Any:
         """The dataset (a ``datasets.Dataset``, or an ``IterableDataset`` when streamed)."""
@@ -266,6 +307,8 @@ class HfDataset(Source):
         if self.path is not None:
             if self.text_field not in columns:
                 raise ConfigError(self.name, f"no {self.text_field!r} column (it has: {', '.join(columns)})")
+            if self.rows is not None:
+                loaded = loaded.select(range(*self.rows))
             for batch in loaded.select_columns([self.text_field]).iter(batch_size=BATCH_ROWS):
                 for value in batch[self.text_field]:
                     yield value, columns
@@ -279,7 +322,8 @@ class HfDataset(Source):
         from diffsweep.data.hf import offline
 
         with offline() if self.path is None else contextlib.nullcontext():
-            for row, (value, columns) in enumerate(self._texts(loaded), start=1):
+            first = 1 + (self.rows[0] if self.rows else 0)
+            for row, (value, columns) in enumerate(self._texts(loaded), start=first):
                 key = f"{self.name}:{row}"
                 if value is _MISSING:
                     raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(columns)})")
@@ -291,9 +335,10 @@ class HfDataset(Source):
                     yield Document(name=key, text=value, source=Path(self.name))
 
     def describe(self) -> dict[str, Any]:
-        return {"dataset": self.name, "format": self.format, "config": self.config, "split": self.split,
-                "text_field": self.text_field, "fingerprint": self.fingerprint, "sha256": self._content.hexdigest(),
-                "documents": self.count}
+        entry = {"dataset": self.name, "format": self.format, "config": self.config, "split": self.split,
+                 "text_field": self.text_field, "fingerprint": self.fingerprint, "sha256": self._content.hexdigest(),
+                 "documents": self.count}
+        return entry if self.rows is None else entry | {"rows": list(self.rows)}
 
     def identity(self) -> str:
         return self._content.hexdigest()  # of the texts read: the same rows give the same dataset
@@ -351,6 +396,42 @@ def _directory(path: Path, text_field: str, split: str, config: str | None) -> l
     if not found:
         raise ConfigError(str(path), f"no {'/'.join(KNOWN_SUFFIXES)} files in this directory")
     return [_file(p, text_field) for p in found]
+
+
+def from_recipe(recipe: dict[str, Any]) -> Source:
+    """The source a ``Source.recipe()`` describes."""
+    kinds: dict[str, type[FileSource]] = {"text": TextFile, "jsonl": JsonlFile, "parquet": ParquetFile}
+    if recipe["format"] in kinds:
+        return kinds[recipe["format"]](Path(recipe["path"]), recipe["text_field"])
+    rows = recipe.get("rows")
+    return HfDataset(recipe["name"], path=None if recipe["path"] is None else Path(recipe["path"]),
+                     config=recipe["config"], split=recipe["split"], text_field=recipe["text_field"],
+                     rows=None if rows is None else (rows[0], rows[1]))
+
+
+def plan_shards(sources: Sequence[Source], shard_bytes: int) -> list[list[Source]]:
+    """The sources in groups of about ``shard_bytes`` on disk, in order: one output shard each.
+
+    Consecutive files are grouped until a group reaches ``shard_bytes``; a bigger file is a shard
+    of its own; a saved Hugging Face dataset is cut into row ranges of that size. The groups depend
+    on the inputs and ``shard_bytes`` only (not on the number of workers), so the token stream is
+    the same whatever runs them.
+    """
+    if shard_bytes < 1:
+        raise ConfigError("shard_size", f"expected a positive size, got {shard_bytes}")
+    groups: list[list[Source]] = []
+    current: list[Source] = []
+    current_bytes = 0
+    for source in sources:
+        for part in source.parts(shard_bytes) if isinstance(source, HfDataset) else [source]:
+            current.append(part)
+            current_bytes += part.stored_bytes
+            if current_bytes >= shard_bytes:
+                groups.append(current)
+                current, current_bytes = [], 0
+    if current:
+        groups.append(current)
+    return groups
 
 
 # --- a corpus: the sources chained, sampled -------------------------------------------------------

@@ -101,7 +101,7 @@ def test_meta_fields(bpe_dataset, corpus):
     assert on_disk["format"] == FORMAT and on_disk["tokenizer"] == "bpe"
     assert on_disk == meta.to_json()
     assert read_meta(out / META_FILE) == meta
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train-00000.bin", "val-00000.bin"]
     assert _siblings(out) == []
 
 
@@ -299,7 +299,7 @@ def test_missing_dataset_and_meta(tmp_path, small_dataset):
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_truncated_bin_is_a_config_error_naming_it(small_dataset, split):
     """A token file whose size disagrees with meta.json is caught when the dataset is opened."""
-    file = small_dataset / f"{split}.bin"
+    file = small_dataset / f"{split}-00000.bin"
     size = file.stat().st_size
     with open(file, "r+b") as f:
         f.truncate(size - 2)

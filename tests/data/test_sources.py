@@ -51,7 +51,7 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 
 def token_files(out: Path) -> tuple[bytes, ...]:
-    return tuple((out / name).read_bytes() for name in ("train.bin", "val.bin", "tokenizer.json"))
+    return tuple((out / name).read_bytes() for name in ("train-00000.bin", "val-00000.bin", "tokenizer.json"))
 
 
 def test_every_format_gives_the_same_tokens(corpus, tmp_path):
@@ -124,7 +124,7 @@ def test_sample_is_deterministic_and_about_the_fraction(tmp_path):
 
 
 def token_files_bins(out: Path) -> tuple[bytes, ...]:
-    return tuple((out / name).read_bytes() for name in ("train.bin", "val.bin"))
+    return tuple((out / name).read_bytes() for name in ("train-00000.bin", "val-00000.bin"))
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
