@@ -77,11 +77,17 @@ def prepare(
     as streams: a corpus larger than memory is fine. Nothing is downloaded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from diffsweep.data.prepare import VAL_SPLITS
     from diffsweep.data.prepare import prepare as prepare_dataset
     from diffsweep.data.sources import Corpus, Document, open_sources
 
     if demo == bool(inputs):
         fail("give either INPUTS or --demo (not both)")
+    shard_bytes = parse_size(shard_size, "--shard-size")
+    if workers is not None and workers < 1:
+        fail(f"--workers: expected at least 1 worker, got {workers}")
+    if val_split not in VAL_SPLITS:
+        fail(f"--val-split: expected one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
     out = out or DEMO_OUT if demo else out
     if out is None:
         fail("--out: expected a directory for the dataset")
@@ -112,7 +118,7 @@ def prepare(
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
     meta = prepare_dataset(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
                            val_split=val_split, force=force, progress=progress, max_tokens=max_tokens,
-                           workers=workers or len(os.sched_getaffinity(0)), shard_size=parse_size(shard_size, "--shard-size"))
+                           workers=len(os.sched_getaffinity(0)) if workers is None else workers, shard_size=shard_bytes)
     typer.echo(f"{out}: {meta.tokens['train']:,} train + {meta.tokens['val']:,} val tokens, "
                f"{meta.tokenizer.value} vocab {meta.vocab_size}, {meta.num_documents} documents")
 

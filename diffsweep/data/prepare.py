@@ -45,7 +45,7 @@ import numpy as np
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta, shard_file
-from diffsweep.data.sources import Corpus, Document, from_recipe, keep, plan_shards, sha256_file
+from diffsweep.data.sources import Corpus, Document, combine_hashes, from_recipe, keep, plan_shards, sha256_file
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer, new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
@@ -456,10 +456,10 @@ def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[
             by_input[name] = len(described)
             described.append(dict(entry))
             identities.append([identity])
-    identity = [ids[0] if len(ids) == 1 else hashlib.sha256("".join(ids).encode()).hexdigest() for ids in identities]
+    identity = [ids[0] if len(ids) == 1 else combine_hashes(ids) for ids in identities]
     for entry, ids, key in zip(described, identities, identity, strict=True):
-        if len(ids) > 1:  # a dataset read in row ranges: described whole
-            entry["sha256"] = key  # of its parts' text hashes, in order
+        if len(ids) > 1:  # a dataset read in row ranges: described whole, as if read in one piece
+            entry["sha256"] = key
             entry.pop("rows")
     return described, identity
 

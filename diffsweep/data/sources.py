@@ -250,7 +250,7 @@ class HfDataset(Source):
         self.name, self.path, self.config, self.split, self.text_field = name, path, config, split, text_field
         self.rows = rows  # [first, end) of a saved dataset's rows: one shard's part of it (None: all)
         self.fingerprint: str | None = None
-        self._content = hashlib.sha256()
+        self._content = 0
 
     def recipe(self) -> dict[str, Any]:
         return {"format": self.format, "name": self.name, "path": None if self.path is None else str(self.path),
@@ -317,7 +317,7 @@ class HfDataset(Source):
                 yield row.get(self.text_field, _MISSING), list(row)
 
     def _read(self) -> Iterator[Document]:
-        self._content = hashlib.sha256()
+        self._content = 0
         loaded = self._load()
         from diffsweep.data.hf import offline
 
@@ -330,18 +330,17 @@ class HfDataset(Source):
                 if not isinstance(value, str):
                     raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
                 if value.strip():
-                    data = value.encode("utf-8", errors="surrogatepass")
-                    self._content.update(len(data).to_bytes(8, "little") + data)
+                    self._content = (self._content + row_hash(row, value)) % 2**256
                     yield Document(name=key, text=value, source=Path(self.name))
 
     def describe(self) -> dict[str, Any]:
         entry = {"dataset": self.name, "format": self.format, "config": self.config, "split": self.split,
-                 "text_field": self.text_field, "fingerprint": self.fingerprint, "sha256": self._content.hexdigest(),
+                 "text_field": self.text_field, "fingerprint": self.fingerprint, "sha256": self.identity(),
                  "documents": self.count}
         return entry if self.rows is None else entry | {"rows": list(self.rows)}
 
     def identity(self) -> str:
-        return self._content.hexdigest()  # of the texts read: the same rows give the same dataset
+        return f"{self._content:064x}"  # of the rows read: the same rows give the same dataset
 
 
 # --- opening inputs -------------------------------------------------------------------------------
@@ -469,6 +468,18 @@ class Corpus:
 
     def identity(self) -> list[str]:
         return [s.identity() for s in self.sources]
+
+
+def row_hash(row: int, text: str) -> int:
+    """A dataset row's part of its content hash: the hash of a dataset is the sum of its rows' (mod
+    2**256), so a dataset read in row ranges has the hash it has read whole (``combine_hashes``)."""
+    data = f"{row}\0".encode() + text.encode("utf-8", errors="surrogatepass")
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
+
+
+def combine_hashes(parts: Iterable[str]) -> str:
+    """The content hash of a dataset from those of its row ranges (see ``row_hash``)."""
+    return f"{sum(int(p, 16) for p in parts) % 2**256:064x}"
 
 
 def keep(name: str, fraction: float, seed: int) -> bool:
