@@ -72,7 +72,7 @@ def prepare(
         "data/sources"),
     force: Annotated[bool, typer.Option("--force", help="Replace an existing dataset directory.")] = False,
 ) -> None:
-    """Tokenize text into a dataset directory: train.bin / val.bin (memory-mapped tokens) and
+    """Tokenize text into a dataset directory: token shards train-00000.bin / val-00000.bin ... and
     meta.json (tokenizer, vocabulary, token counts, sources and their checksums). Inputs are read
     as streams: a corpus larger than memory is fine. Nothing is downloaded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

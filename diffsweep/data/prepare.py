@@ -74,7 +74,6 @@ class _Listed:
             if not doc.text.strip():
                 raise ConfigError(doc.name, "no text (empty or only whitespace)")
         self._documents = documents
-        self.size: int | None = sum(len(d.text) for d in documents)
         self._files = sorted({d.source for d in documents})
         self._described: list[dict[str, Any]] | None = None
 
@@ -86,9 +85,6 @@ class _Listed:
             self._described = [{"path": str(p), "sha256": sha256_file(p), "bytes": p.stat().st_size}
                                for p in self._files]
         return self._described
-
-    def identity(self) -> list[str]:
-        return [s["sha256"] for s in self.describe()]
 
 
 @dataclass(frozen=True)

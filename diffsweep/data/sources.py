@@ -23,10 +23,12 @@ error naming the file; a missing optional package or a dataset not in the cache 
 
 Sources count the documents they yielded on their last pass (``describe()``, for ``meta.json``)
 and say what identifies their content (``identity()``: a file's sha256; a Hugging Face dataset's
-texts hashed as they are read), which the dataset's fingerprint covers. A ``Corpus`` chains the
-sources and applies ``--sample``: a document is kept iff a hash of (seed, its name) is below the
-fraction, its name being ``FILE`` or ``FILE:ROW``, so the choice depends on nothing but the
-document (not on the order sources are read in, nor on how they are split among workers).
+rows hashed as they are read, a sum over rows so that row ranges read apart combine), which the
+dataset's fingerprint covers. A source is rebuilt in another process (a worker, a Slurm task) from
+its ``recipe()``; ``plan_shards`` groups the sources into the shards of the dataset. ``--sample``
+keeps a document iff a hash of (seed, its name) is below the fraction, its name being ``FILE`` or
+``FILE:ROW``, so the choice depends on nothing but the document (not on the order sources are read
+in, nor on how they are split among workers).
 """
 
 from __future__ import annotations
@@ -99,11 +101,6 @@ class Source(ABC):
         """What identifies the content read (after a pass), for the dataset's fingerprint."""
 
     @property
-    def size(self) -> int | None:
-        """Bytes of text this source holds, when known without reading it (for a progress bar)."""
-        return None
-
-    @property
     def stored_bytes(self) -> int:
         """Bytes it takes on disk (compressed or not; 0 when unknown): how shards are sized."""
         return 0
@@ -155,10 +152,6 @@ class FileSource(Source):
 class TextFile(FileSource):
     format = "text"
 
-    @property
-    def size(self) -> int | None:
-        return self.path.stat().st_size
-
     def _read(self) -> Iterator[Document]:
         try:
             text = self.path.read_text(encoding="utf-8")
@@ -173,10 +166,6 @@ class JsonlFile(FileSource):
     """One JSON object per line, plain or ``.gz`` / ``.zst`` compressed (streamed)."""
 
     format = "jsonl"
-
-    @property
-    def size(self) -> int | None:
-        return self.path.stat().st_size if self.name.endswith((".jsonl", ".ndjson")) else None
 
     def _open(self) -> io.BufferedIOBase:
         if self.name.endswith(".gz"):
@@ -456,18 +445,6 @@ class Corpus:
                     yield doc
         if not kept:
             raise ConfigError("sample", f"kept none of the documents (fraction {self.sample}, seed {self.seed})")
-
-    @property
-    def size(self) -> int | None:
-        """Bytes of text in all sources, when every source knows its size (else None)."""
-        sizes = [s.size for s in self.sources]
-        return None if self.sample is not None or None in sizes else sum(s for s in sizes if s is not None)
-
-    def describe(self) -> list[dict[str, Any]]:
-        return [s.describe() for s in self.sources]
-
-    def identity(self) -> list[str]:
-        return [s.identity() for s in self.sources]
 
 
 def row_hash(row: int, text: str) -> int:
