@@ -43,6 +43,7 @@ class DatasetMeta:
     max_tokens: int | None = None  # --max-tokens: writing stopped at this many tokens (train + val)
     sample: float | None = None  # --sample: the fraction of documents kept ...
     seed: int | None = None  # ... by this seed (None without --sample)
+    tokenizer_version: str | None = None  # the library that tokenized it and its version ("tiktoken 0.9.0")
     val_split: str = "tail"  # tail: the end of every document is validation; document: whole documents
     # [{"tokens": {"train", "val"}, "documents", "sha256": {"train", "val"}}] per shard, in order
     # (None: a dataset from before shards, one train.bin / val.bin)

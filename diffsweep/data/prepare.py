@@ -164,7 +164,7 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
     plan = {
         "format": PLAN_FORMAT,
         "tokenizer": tok.kind.value, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-        "tokenizer_sha256": tok.fingerprint(),
+        "tokenizer_sha256": tok.fingerprint(), "tokenizer_version": _library_version(tok.kind),
         "dtype": "uint16" if tok.vocab_size <= 1 << 16 else "uint32",
         "val_fraction": val_fraction, "val_split": val_split, "max_tokens": max_tokens,
         "sample": corpus.sample, "seed": corpus.seed,
@@ -426,7 +426,8 @@ def _meta(plan: dict[str, Any], records: list[dict[str, Any]], staging: Path) ->
         key["val_split"] = plan["val_split"]
     fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     shards = [{"tokens": r["tokens"], "documents": r["documents"], "sha256": r["sha256"]} for r in records]
-    return DatasetMeta(**fields, fingerprint=fingerprint, **selection, val_split=plan["val_split"], shards=shards)
+    return DatasetMeta(**fields, fingerprint=fingerprint, **selection, tokenizer_version=plan["tokenizer_version"],
+                       val_split=plan["val_split"], shards=shards)
 
 
 def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -461,6 +462,18 @@ def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _library_version(kind: TokenizerKind) -> str:
+    """The package that does the tokenizing, with its version (recorded, not part of the identity:
+    the tokenizer's own fingerprint is)."""
+    from importlib import metadata
+
+    package = {TokenizerKind.CL100K_BASE: "tiktoken", TokenizerKind.BPE: "tokenizers"}.get(kind, "diffsweep")
+    try:
+        return f"{package} {metadata.version(package)}"
+    except metadata.PackageNotFoundError:
+        return package
 
 
 def _record_name(index: int) -> str:

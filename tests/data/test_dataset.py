@@ -91,6 +91,7 @@ def test_meta_fields(bpe_dataset, corpus):
     assert meta.num_documents == len(TOPICS) == len(documents)
     assert meta.val_fraction == VAL_FRACTION
     assert meta.tokenizer_sha256 == tok.fingerprint()
+    assert meta.tokenizer_version is not None and meta.tokenizer_version.startswith("tokenizers 0.")
     files = _files([corpus])
     assert [s["path"] for s in meta.sources] == [str(f) for f in sorted(files)]
     for source, file in zip(meta.sources, sorted(files), strict=True):
