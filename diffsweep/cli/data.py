@@ -134,11 +134,21 @@ def parse_size(text: str, flag: str) -> int:
 
 @app.command()
 @handle_errors
-def info(path: Annotated[Path, typer.Argument(help="Dataset directory.")]) -> None:
-    """Print a dataset's metadata (JSON)."""
+def info(
+    path: Annotated[Path, typer.Argument(help="Dataset directory.")],
+    shards: Annotated[bool, typer.Option("--shards", help="Include every shard's token counts, documents and "
+                                         "sha256 (a long list for a large dataset).")] = False,
+) -> None:
+    """Print a dataset's metadata (JSON): meta.json with "num_shards" in place of the shard list
+    (--shards: with it)."""
     from diffsweep.data.dataset import open_dataset
 
-    typer.echo(json.dumps(open_dataset(path, key=str(path)).meta.to_json(), indent=2))
+    meta = open_dataset(path, key=str(path)).meta
+    shown = meta.to_json()
+    if not shards:
+        listed = shown.pop("shards")
+        shown["num_shards"] = len(listed) if listed is not None else 1
+    typer.echo(json.dumps(shown, indent=2))
 
 
 @app.command()
