@@ -140,8 +140,62 @@ def parse_size(text: str, flag: str) -> int:
 
 @app.command()
 @handle_errors
-def info(path: Annotated[Path, typer.Argument(help="Dataset directory.")]) -> None:
-    """Print a dataset's metadata (JSON)."""
+def info(
+    path: Annotated[Path, typer.Argument(help="Dataset directory.")],
+    shards: Annotated[bool, typer.Option("--shards", help="Include every shard's token counts, documents and "
+                                         "sha256 (a long list for a large dataset).")] = False,
+) -> None:
+    """Print a dataset's metadata (JSON): meta.json with "num_shards" in place of the shard list
+    (--shards: with it)."""
     from diffsweep.data.dataset import open_dataset
 
-    typer.echo(json.dumps(open_dataset(path, key=str(path)).meta.to_json(), indent=2))
+    meta = open_dataset(path, key=str(path)).meta
+    shown = meta.to_json()
+    if not shards:
+        listed = shown.pop("shards")
+        shown["num_shards"] = len(listed) if listed is not None else 1
+    typer.echo(json.dumps(shown, indent=2))
+
+
+@app.command()
+@handle_errors
+def verify(
+    path: Annotated[Path, typer.Argument(help="Dataset directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Re-read every token file and check it against meta.json: sizes, sha256, token ids below the
+    vocabulary, end-of-document tokens (one per document and split part; each file ends with one).
+    Exit 0 when all is well, 1 when the dataset is damaged (a line per problem, naming the file)."""
+    from diffsweep.data.verify import ShardCheck, verify_dataset
+
+    def show(shard: ShardCheck) -> None:
+        parts = " + ".join(f"{f.name} {f.tokens:,}" for f in shard.files)
+        documents = f", {_count(shard.documents, 'document')}" if shard.documents is not None else ""
+        typer.echo(f"{'✓' if shard.ok else '✗'} shard {shard.index:05d}: {parts} tokens{documents}")
+        for problem in shard.problems:
+            typer.echo(f"    ✗ {problem}")
+
+    report = verify_dataset(path, on_shard=None if as_json else show)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        listed = {p for s in report.shards for p in s.problems}
+        for problem in report.problems:
+            if problem not in listed:
+                typer.echo(f"✗ {problem}")
+        for note in report.notes:
+            typer.echo(f"note: {note}")
+        meta, damaged = report.meta, [s for s in report.shards if not s.ok]
+        shards = _count(len(report.shards), "shard")
+        if report.ok:
+            typer.echo(f"{path}: OK, {shards}, {meta.tokens['train']:,} train + {meta.tokens['val']:,} val tokens, "
+                       f"{_count(meta.num_documents, 'document')}")
+        else:
+            typer.echo(f"{path}: DAMAGED, {_count(len(report.problems), 'problem')} "
+                       f"({len(damaged)} of {shards} damaged)")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"
