@@ -45,7 +45,16 @@ import numpy as np
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta, shard_file
-from diffsweep.data.sources import Corpus, Document, combine_hashes, from_recipe, keep, plan_shards, sha256_file
+from diffsweep.data.sources import (
+    Corpus,
+    Document,
+    Source,
+    combine_hashes,
+    from_recipe,
+    keep,
+    plan_shards,
+    sha256_file,
+)
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer, new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
@@ -156,11 +165,18 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
         raise ConfigError("val_split", f"expected one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError("max_tokens", f"expected a positive number of tokens, got {max_tokens}")
-    listed = isinstance(documents, Sequence)
-    corpus = _Listed(documents) if listed else documents
-    shards = [[]] if listed else plan_shards(corpus.sources, shard_size)
-    tok = new_tokenizer(tokenizer, lambda: (d.text for d in corpus.documents()), vocab_size)
+    corpus: _Listed | Corpus
+    shards: list[list[Source]]
+    listed: list[dict[str, Any]] | None
+    if isinstance(documents, Sequence):
+        corpus, shards = _Listed(documents), [[]]
+        listed = corpus.describe()
+    else:
+        corpus, shards, listed = documents, plan_shards(documents.sources, shard_size), None
+    texts = corpus.documents
+    tok = new_tokenizer(tokenizer, lambda: (d.text for d in texts()), vocab_size)
     tok.save(staging)
+    shard_bytes = [sum(s.stored_bytes for s in group) for group in shards]
     plan = {
         "format": PLAN_FORMAT,
         "tokenizer": tok.kind.value, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
@@ -168,12 +184,12 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
         "dtype": "uint16" if tok.vocab_size <= 1 << 16 else "uint32",
         "val_fraction": val_fraction, "val_split": val_split, "max_tokens": max_tokens,
         "sample": corpus.sample, "seed": corpus.seed,
-        "listed": corpus.describe() if listed else None,
+        "listed": listed,
         "shards": [[s.recipe() for s in group] for group in shards],
-        "shard_bytes": [sum(s.stored_bytes for s in group) for group in shards],
+        "shard_bytes": shard_bytes,
     }
     _write_json(staging / PLAN_FILE, plan)
-    return Staged(staging, len(shards), plan["shard_bytes"])
+    return Staged(staging, len(shards), shard_bytes)
 
 
 def read_plan(staging: Path) -> dict[str, Any]:
@@ -300,10 +316,11 @@ def _tokenizer(staging: Path, plan: dict[str, Any]) -> Tokenizer:
 def _write_listed(staged: Staged, documents: Sequence[Document], progress: Progress | None) -> None:
     """The one shard of documents given as a list, in this process, a progress step per document
     (the progress wrapper drives the iteration, so a Ctrl-C it raises stops the writing)."""
-    if progress is not None:
-        steps = iter(progress((len(d.text) for d in documents), sum(len(d.text) for d in documents)))
-        documents = _stepped(documents, steps)
-    write_shard(staged.path, 0, documents=documents)
+    if progress is None:
+        write_shard(staged.path, 0, documents=documents)
+        return
+    steps = iter(progress((len(d.text) for d in documents), sum(len(d.text) for d in documents)))
+    write_shard(staged.path, 0, documents=_stepped(documents, steps))
 
 
 def _stepped(documents: Iterable[Document], steps: Iterator[int]) -> Iterator[Document]:

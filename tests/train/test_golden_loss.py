@@ -83,7 +83,7 @@ def sonnets(tmp_path_factory) -> Path:
 
 
 def _token_sha256(dataset: Path) -> dict[str, str]:
-    return {name: hashlib.sha256((dataset / f"{name}.bin").read_bytes()).hexdigest() for name in ("train", "val")}
+    return {name: hashlib.sha256((dataset / f"{name}-00000.bin").read_bytes()).hexdigest() for name in ("train", "val")}
 
 
 def _curve(kind: AttentionKind, dataset: Path, run_dir: Path, store: str) -> dict[str, dict[str, float]]:
