@@ -239,6 +239,8 @@ def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Any, pro
                           "made (replaced or removed since); pass --force to prepare it again")
     if active:
         return Launched(folder, [], num_tasks, num_shards, active, None)
+    if out.exists() and not record["replace"]:
+        raise ConfigError(str(out), "already exists (pass --force to replace it)")
     todo = [t for t, task in enumerate(record["tasks"]) if any(shard_record(staging, i) is None for i in task["shards"])]
     if not todo:  # every shard is written, but the task that would have finished did not (killed)
         echo("every shard is written; finishing the dataset here")
