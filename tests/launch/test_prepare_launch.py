@@ -118,6 +118,8 @@ def test_a_failed_task_is_redone_alone_when_launched_again(tmp_path):
 
     broken.write_bytes(good)
     os.utime(broken, ns=(stamp, stamp))
+    # what a task killed (SIGKILL) while writing shard 5 leaves: its temporary file
+    (staging / ".train-00005.bin.99999").write_bytes(b"partial")
     r = cli(*launch, "--wait", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "launched 1 of 4 tasks" in r.stdout
@@ -146,8 +148,8 @@ def test_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path):
         one_line_error(cli("data", command, "new/ds", cwd=tmp_path), "new/ds", "no launched prepare")
 
 
-@pytest.mark.slurm
-def test_slurm_launch_runs_an_array_on_the_cluster(tmp_path):
+@pytest.fixture
+def slurm_cluster():
     ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
                                                              timeout=30).returncode == 0
     if not ok:
@@ -156,6 +158,10 @@ def test_slurm_launch_runs_an_array_on_the_cluster(tmp_path):
         if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+@pytest.mark.slurm
+def test_slurm_launch_runs_an_array_on_the_cluster(tmp_path, slurm_cluster):
     text_corpus(tmp_path)
     common = ("corpus", "--tokenizer", "bytes", "--shard-size", "6K")
     r = cli("data", "prepare", *common, "--out", "ds", "--launch", "--profile", "localhost", "--tasks", "2", "--wait",
@@ -171,3 +177,35 @@ def test_slurm_launch_runs_an_array_on_the_cluster(tmp_path):
     assert files(tmp_path / "ds") == files(tmp_path / "plain")
     r = cli("data", "logs", "ds", cwd=tmp_path)
     assert r.stdout.count("==> task") == 2 and "every shard is written" in r.stdout
+
+
+@pytest.mark.slurm
+def test_slurm_pending_tasks_block_a_relaunch_and_cancel_stops_them(tmp_path, slurm_cluster):
+    """Tasks held by Slurm (--begin in an hour): a relaunch submits nothing, cancel stops them, and a
+    relaunch on the localhost profile then runs both again to the end."""
+    (tmp_path / "later.yaml").write_text(
+        (Path(__file__).resolve().parents[2] / "slurm/profiles/localhost.yaml").read_text().replace(
+            "  partition: debug", "  partition: debug\n  additional_parameters: {begin: now+1hour}"))
+    text_corpus(tmp_path, 4)
+    launch = ("data", "prepare", "corpus", "--tokenizer", "bytes", "--shard-size", "1", "--out", "ds", "--launch",
+              "--tasks", "2")
+    r = cli(*launch, "--profile", "later.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "launched 2 of 2 tasks" in r.stdout, r.stdout + r.stderr
+    assert [t["state"] for t in status("ds", tmp_path)["tasks"]] == ["PENDING (BeginTime)"] * 2
+    record = (tmp_path / ".ds.prepare" / "launch.json").read_text()
+
+    r = cli(*launch, cwd=tmp_path)  # the first launch's profile
+    assert r.returncode == 0 and "tasks 0, 1 of 2 are still pending or running; nothing submitted" in r.stdout
+    assert (tmp_path / ".ds.prepare" / "launch.json").read_text() == record
+    r = cli("data", "logs", "ds", "--task", "0", cwd=tmp_path)
+    assert r.returncode == 0 and "(no logs yet)" in r.stdout
+
+    r = cli("data", "cancel", "ds", cwd=tmp_path)
+    assert r.returncode == 0 and "cancelled tasks 0, 1" in r.stdout, r.stdout + r.stderr
+    report = status("ds", tmp_path)
+    assert [t["state"] for t in report["tasks"]] == ["CANCELLED"] * 2 and report["written"] == 0
+
+    r = cli(*launch, "--profile", "localhost", "--wait", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and "launched 2 of 2 tasks" in r.stdout, r.stdout + r.stderr
+    report = status("ds", tmp_path)
+    assert report["finished"] and [t["attempts"] for t in report["tasks"]] == [2, 2]
