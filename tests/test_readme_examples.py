@@ -79,8 +79,8 @@ CHECKS: dict[str, tuple] = {
     "diffsweep data prepare web/ --out data/web --tokenizer cl100k_base --shard-size 1G --launch --profile "
     "h100-example":
         ("cheap", ["data", "prepare", "web/", "--out", "data/web", "--launch", "--profile", "h100-example", HELP],
-         "it submits a job array to a GPU cluster; tests/launch/test_prepare_launch.py launches one for real, "
-         "locally and on the localhost Slurm cluster"),
+         ("it submits a job array to a GPU cluster; tests/launch/test_prepare_launch.py launches one for real, "
+          "locally and on the localhost Slurm cluster")),
     "diffsweep data status data/web": ("cheap", ["data", "status", "data/web", HELP],
                                        "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
     "diffsweep data logs data/web --task 3": ("cheap", ["data", "logs", "data/web", "--task", "3", HELP],
