@@ -445,7 +445,7 @@ def task_logs(out: Path, task: int | None) -> list[tuple[str, list[Path]]]:
     num = len(record["tasks"])
     if task is not None and not 0 <= task < num:
         raise ConfigError("task", f"expected a task from 0 to {num - 1}, got {task}")
-    result = []
+    result: list[tuple[str, list[Path]]] = []
     for t in [task] if task is not None else range(num):
         entry = record["tasks"][t]
         a = _latest(entry)
