@@ -43,9 +43,9 @@ from diffsweep.data.prepare import PLAN_FILE, finish, read_plan, shard_record, s
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
 from diffsweep.launch.plan import cpu_count
-from diffsweep.launch.profiles import pick_profile
+from diffsweep.launch.profiles import Profile, pick_profile
 from diffsweep.launch.resources import cpu_resources
-from diffsweep.launch.scheduler import TaskArray, get_scheduler
+from diffsweep.launch.scheduler import Scheduler, TaskArray, get_scheduler
 from diffsweep.launch.state import ACTIVE
 from diffsweep.rundir import now
 
@@ -224,7 +224,7 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
         return Launched(folder, submitted, len(record["tasks"]), staged.num_shards, [], None)
 
 
-def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Any, profile: Any, tasks: int | None,
+def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Scheduler, profile: Profile, tasks: int | None,
             active: list[int], echo: Callable[[str], None]) -> Launched:
     num_tasks, num_shards = len(record["tasks"]), sum(len(t["shards"]) for t in record["tasks"])
     if tasks is not None and tasks != num_tasks:
@@ -253,7 +253,7 @@ def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Any, pro
     return Launched(folder, submitted, num_tasks, num_shards, [], None)
 
 
-def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], profile: Any,
+def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], profile: Profile,
             echo: Callable[[str], None]) -> list[int]:
     """Submit the tasks ``todo`` as one array and record their attempts at once."""
     from diffsweep.launch.snapshot import snapshot_code
