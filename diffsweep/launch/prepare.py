@@ -213,6 +213,8 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
             staged = stage(corpus, staging, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
                            val_split=val_split, max_tokens=max_tokens, shard_size=shard_size)
             size = tasks or min(MAX_TASKS if scheduler.reserves_resources else cpu_count(), staged.num_shards)
+            if profile is not None and Path(profile).is_file():  # a relaunch from elsewhere finds it too
+                profile = str(Path(profile).absolute())
             record = {"format": FORMAT, "out": str(out), "request": request, "replace": force,
                       "profile": profile, "executor": executor, "created": now(),
                       "tasks": [{"shards": g, "attempts": []} for g in task_groups(staged.num_shards, size)]}
