@@ -76,6 +76,17 @@ CHECKS: dict[str, tuple] = {
                  "model.attention.lambda_init=constant:0.8"]),
     "python -m diffsweep --help": ("run", [HELP]),
     "diffsweep data fetch-demo": ("cheap", ["data", "fetch-demo", HELP], "it downloads (pip + apt): the network"),
+    "diffsweep data prepare web/ --out data/web --tokenizer cl100k_base --shard-size 1G --launch --profile "
+    "h100-example":
+        ("cheap", ["data", "prepare", "web/", "--out", "data/web", "--launch", "--profile", "h100-example", HELP],
+         ("it submits a job array to a GPU cluster; tests/launch/test_prepare_launch.py launches one for real, "
+          "locally and on the localhost Slurm cluster")),
+    "diffsweep data status data/web": ("cheap", ["data", "status", "data/web", HELP],
+                                       "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
+    "diffsweep data logs data/web --task 3": ("cheap", ["data", "logs", "data/web", "--task", "3", HELP],
+                                              "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
+    "diffsweep data cancel data/web": ("cheap", ["data", "cancel", "data/web", HELP],
+                                       "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
     "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
                                       "it needs the fetched demo sources (the network)"),
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":

@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import choice, fail, handle_errors
+from diffsweep.cli.common import JsonOpt, choice, fail, handle_errors, name_choice, print_json
 from diffsweep.config import TokenizerKind
+from diffsweep.launch.scheduler import scheduler_names
 
 app = typer.Typer(help="Prepare token datasets.", no_args_is_help=True)
 
@@ -34,7 +35,8 @@ def fetch_demo(
 @app.command()
 @handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction", "text_field": "--text-field",
                       "max_tokens": "--max-tokens", "sample": "--sample", "workers": "--workers",
-                      "shard_size": "--shard-size", "val_split": "--val-split"})
+                      "shard_size": "--shard-size", "val_split": "--val-split", "tasks": "--tasks",
+                      "executor": "--executor", "force": "--force"})
 def prepare(
     inputs: Annotated[list[str] | None, typer.Argument(
         help="Text files (.txt/.md/.rst: one document each), JSONL (.jsonl/.ndjson, also .gz/.zst: one per "
@@ -70,7 +72,22 @@ def prepare(
     demo: Annotated[bool, typer.Option("--demo", help="Tokenize the demo corpus (after `data fetch-demo`).")] = False,
     sources: Annotated[Path, typer.Option("--sources", help="Where `data fetch-demo` put the demo sources.")] = Path(
         "data/sources"),
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing dataset directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing dataset directory (with --launch: "
+                                        "also discard an unfinished launch of other inputs or settings).")] = False,
+    launch: Annotated[bool, typer.Option("--launch", help="Write the shards as a job array (Slurm, or processes "
+                                         "on this machine) and return; launching again resumes. Follow it with "
+                                         "`data status OUT`.")] = False,
+    profile: Annotated[str | None, typer.Option("--profile", help="With --launch: cluster profile (a name in "
+                                                "slurm/profiles/ or a YAML path); its cpu_jobs set each task's "
+                                                "CPUs, memory and time.", show_default=False)] = None,
+    executor: Annotated[str | None, name_choice(scheduler_names, "--executor", "With --launch: where the tasks "
+                                                "run: {choices} (default: the profile's; without one, slurm if a "
+                                                "Slurm controller answers, else local).", show_default=False)] = None,
+    tasks: Annotated[int | None, typer.Option("--tasks", help="With --launch: array tasks, each writing a "
+                                              "contiguous group of shards (default: min(16, shards); locally "
+                                              "min(cores, shards)).", show_default=False)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="With --launch: follow the tasks until the dataset is "
+                                       "finished.")] = False,
 ) -> None:
     """Tokenize text into a dataset directory: token shards train-00000.bin / val-00000.bin ... and
     meta.json (tokenizer, vocabulary, token counts, sources and their checksums). Inputs are read
@@ -91,7 +108,15 @@ def prepare(
     out = out or DEMO_OUT if demo else out
     if out is None:
         fail("--out: expected a directory for the dataset")
-    if out.exists() and not force:
+    if not launch:
+        for flag, value in (("--profile", profile), ("--executor", executor), ("--tasks", tasks), ("--wait", wait)):
+            if value not in (None, False):
+                fail(f"{flag}: applies only with --launch")
+    elif demo:
+        fail("--launch applies to INPUTS, not to --demo")
+    elif workers is not None:
+        fail("--workers: does not apply with --launch (use --tasks)")
+    if out.exists() and not force and not launch:  # a launch may be done already: it says so
         fail(f"{out}: already exists (pass --force to replace it)")
     if demo and (sample is not None or hf_config is not None):
         fail("--sample and --config apply to INPUTS, not to --demo")
@@ -116,11 +141,56 @@ def prepare(
 
     typer.echo(f"{what}; tokenizer {tokenizer.value}"
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
+    if launch:
+        assert isinstance(documents, Corpus)
+        _launch(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
+                max_tokens=max_tokens, shard_size=shard_bytes, profile=profile,
+                executor=executor, tasks=tasks, force=force, wait=wait)
+        return
     meta = prepare_dataset(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
                            val_split=val_split, force=force, progress=progress, max_tokens=max_tokens,
                            workers=len(os.sched_getaffinity(0)) if workers is None else workers, shard_size=shard_bytes)
+    _done_line(out, meta)
+
+
+def _done_line(out: Path, meta) -> None:
     typer.echo(f"{out}: {meta.tokens['train']:,} train + {meta.tokens['val']:,} val tokens, "
                f"{meta.tokenizer.value} vocab {meta.vocab_size}, {meta.num_documents} documents")
+
+
+def _launch(corpus, out: Path, tokenizer: TokenizerKind, *, wait: bool, **kwargs) -> None:
+    """``prepare --launch``: submit (or resume) the job array; with ``wait``, follow it to the end."""
+    from diffsweep.launch.prepare import launch_prepare
+
+    launched = launch_prepare(corpus, out, tokenizer, echo=typer.echo, **kwargs)
+    if launched.finished is not None:
+        _done_line(out, launched.finished)
+        return
+    if launched.active:
+        typer.echo(f"{out}: tasks {', '.join(map(str, launched.active))} of {launched.num_tasks} are still pending or "
+                   f"running; nothing submitted (see `diffsweep data status {out}`)")
+    if wait:
+        _wait(out)
+    elif launched.submitted:
+        typer.echo(f"follow it with `diffsweep data status {out}` (logs: `diffsweep data logs {out}`)")
+
+
+def _wait(out: Path) -> None:
+    from diffsweep.data.dataset import META_FILE, read_meta
+    from diffsweep.launch.prepare import wait
+
+    def show(status) -> None:
+        typer.echo(f"{status.written}/{status.num_shards} shards written; tasks: "
+                   + ", ".join(f"{t.task} {t.state}" for t in status.tasks), err=True)
+
+    status = wait(out, on_change=show)
+    if status.finished:
+        _done_line(out, read_meta(out / META_FILE))
+        return
+    failed = [t for t in status.tasks if t.written < len(t.shards)]
+    why = "; ".join(f"task {t.task} {t.state}" + (f": {t.error}" if t.error else "") for t in failed)
+    fail(f"{out}: the tasks ended with {status.num_shards - status.written} of {status.num_shards} shards unwritten "
+         f"({why or 'none of them running'}); see `diffsweep data logs {out}`, then launch again to redo them", 1)
 
 
 def parse_size(text: str, flag: str) -> int:
@@ -136,6 +206,55 @@ def parse_size(text: str, flag: str) -> int:
     if size < 1:
         fail(f"{flag}: expected a positive size, got {text!r}")
     return int(size)
+
+
+OutArg = Annotated[Path, typer.Argument(help="Dataset directory of a `data prepare --launch`.", show_default=False)]
+
+
+@app.command()
+@handle_errors
+def status(out: OutArg, as_json: JsonOpt = False) -> None:
+    """Where a launched prepare stands: shards written, each task's job and state, finished or not."""
+    from diffsweep.launch.prepare import prepare_status
+
+    report = prepare_status(out)
+    if as_json:
+        print_json(report.to_json())
+        return
+    state = "finished" if report.finished else ("running" if report.active else "not finished")
+    typer.echo(f"{out}: {report.written}/{report.num_shards} shards written; {state}")
+    for t in report.tasks:
+        shards = f"{t.shards[0]}-{t.shards[-1]}" if len(t.shards) > 1 else str(t.shards[0])
+        job = f"{t.executor} job {t.job_id}" if t.job_id else "not submitted"
+        tries = f", attempt {t.attempts}" if t.attempts > 1 else ""
+        typer.echo(f"  task {t.task}: shards {shards} ({t.written}/{len(t.shards)} written), {job}{tries}: {t.state}"
+                   + (f" ({t.error})" if t.error else ""))
+
+
+@app.command()
+@handle_errors(flags={"task": "--task"})
+def logs(out: OutArg, task: Annotated[int | None, typer.Option("--task", help="Only this task's logs (0-based).",
+                                                                show_default=False)] = None) -> None:
+    """Print the log files (stdout, stderr) of a launched prepare's tasks, latest attempt each."""
+    from diffsweep.launch.prepare import task_logs
+
+    for header, files in task_logs(out, task):
+        typer.echo(header)
+        if not files:
+            typer.echo("(no logs yet)")
+        for f in files:
+            typer.echo(f.read_text(errors="replace"), nl=False)
+
+
+@app.command()
+@handle_errors
+def cancel(out: OutArg) -> None:
+    """Stop the pending and running tasks of a launched prepare; their written shards stay, and
+    launching the same command again resumes."""
+    from diffsweep.launch.prepare import cancel_prepare
+
+    cancelled = cancel_prepare(out)
+    typer.echo(f"cancelled tasks {', '.join(map(str, cancelled))}" if cancelled else "nothing to cancel")
 
 
 @app.command()

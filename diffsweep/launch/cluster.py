@@ -17,12 +17,13 @@ import subprocess
 
 from diffsweep.config import ConfigError
 from diffsweep.launch.plan import SweepPlan
+from diffsweep.launch.profiles import Profile
 
 
 def check_cluster(plan: SweepPlan) -> None:
     """Everything ``launch`` checks with Slurm; raises ConfigError naming the profile key."""
     check_slurm()
-    check_partition(plan)
+    check_partition(plan.profile)
     check_gpus(plan)
     check_association(plan)
 
@@ -65,12 +66,12 @@ def partitions() -> dict[str, list[str]]:
     return found
 
 
-def check_partition(plan: SweepPlan) -> None:
+def check_partition(profile: Profile) -> None:
     """The profile's partition must exist (sbatch would refuse every array otherwise)."""
-    wanted = plan.profile.slurm.get("partition")
+    wanted = profile.slurm.get("partition")
     known = sorted(p for p in partitions() if p)
     if wanted is not None and known and str(wanted) not in known:
-        raise ConfigError(plan.profile.slurm_key("partition"), f"{wanted!r} is not a partition of this cluster; "
+        raise ConfigError(profile.slurm_key("partition"), f"{wanted!r} is not a partition of this cluster; "
                           f"expected one of [{', '.join(known)}]")
 
 

@@ -15,11 +15,10 @@ import submitit
 
 from diffsweep.launch.job import TrainJob
 from diffsweep.launch.ledger import locked, read_ledger, write_ledger
-from diffsweep.launch.local_scheduler import closed_marker
+from diffsweep.launch.local_scheduler import LOCAL_TIMEOUT_MIN, closed_marker
 from diffsweep.lockfile import proc_start
 from diffsweep.rundir import read_launch_config, read_launch_eval
 
-LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 POLL_S = 1.0
 
 

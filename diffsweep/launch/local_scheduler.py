@@ -11,17 +11,21 @@ object lives in the queue process, not in ``status`` or ``cancel``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from diffsweep.launch.ledger import Attempt, locked, now, read_ledger
 from diffsweep.launch.plan import PlanRow, cpu_count
 from diffsweep.launch.profiles import LOCAL, Profile
-from diffsweep.launch.scheduler import Scheduler, Submission
+from diffsweep.launch.scheduler import Scheduler, Submission, TaskArray
 from diffsweep.lockfile import pid_alive, proc_start
+
+LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
 
 
 def closed_marker(out: Path, pid: int) -> Path:
@@ -70,6 +74,26 @@ class LocalScheduler(Scheduler):
             submission.record(attempts, lock=False)
         return attempts
 
+    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
+        """Start every task at once, each a process (through submitit's local executor) that
+        outlives this one; nothing limits them but their number (``--tasks``)."""
+        import submitit
+
+        executor = submitit.LocalExecutor(folder=array.folder / "%j", max_num_timeout=array.profile.max_num_timeout)
+        executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (array.code_dir, os.environ.get("PYTHONPATH")) if p),
+               "OMP_NUM_THREADS": str(array.resources.cpus_per_task)}
+        array.folder.mkdir(parents=True, exist_ok=True)
+        # The tasks' controllers inherit this process's environment and standard streams: they get
+        # the snapshot's PYTHONPATH, and a log file instead of the caller's terminal or pipe (a
+        # pipe kept open by them would hold up whoever reads this command's output).
+        with _environ(env), _stdio_to(array.folder / "local-controllers.log"):
+            with executor.batch():
+                handles = [executor.submit(call) for call in array.calls]
+        return [Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir, folder=str(job.paths.folder),
+                        job_id=job.job_id, job_start=proc_start(int(job.job_id)), stdout=str(job.paths.stdout),
+                        stderr=str(job.paths.stderr)) for job in handles]
+
     def states(self, attempts: list[Attempt]) -> dict[str, str]:
         return {a.job_id: "RUNNING" if pid_alive(int(a.job_id), a.job_start) else "EXITED"
                 for a in attempts if a.job_id is not None}
@@ -81,6 +105,37 @@ class LocalScheduler(Scheduler):
                 # start time tells the job from a later process that got its pid)
                 os.kill(int(a.job_id), signal.SIGTERM)
         return {}, ""
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _stdio_to(log: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 point at ``log`` for the block (for the processes started in it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _live_queue(out: Path) -> tuple[int, int | None] | None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Entry, Ledger, read_ledger
-from diffsweep.launch.profiles import LOCAL, Profile, load_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
+from diffsweep.launch.profiles import LOCAL, Profile, load_profile, pick_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_resources
-from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.launch.state import CANCELLED, CHANGED, FAILED, NEW, RunState, entry_state, run_state, scheduler_states
 from diffsweep.sweep import SweepRun, SweepSpec, expand
 from diffsweep.sweep.expand import only_pattern
@@ -83,22 +83,13 @@ def choose_profile(spec: SweepSpec, profile: str | None, executor: str | None) -
     may replace it, e.g. ``local``) > ``--executor``'s default profile > the automatic choice: the
     default profile of the scheduler that answers here (Slurm if a controller answers, else this
     machine). ``--executor`` must agree with an explicit ``--profile``."""
-    named = get_scheduler(executor) if executor is not None else None  # an unknown name lists the known ones
+    if executor is not None:
+        get_scheduler(executor)  # an unknown name lists the known ones (before the sweep's profile is read)
     try:  # always checked; a missing or unknown one is the sweep file's error, not the command line's
         declared = load_profile(spec.launch.profile) if spec.launch.profile is not None else None
     except ConfigError as exc:
         raise ConfigError(f"{spec.path}: launch.profile" if exc.key == "profile" else exc.key, exc.message) from None
-    if profile is not None:
-        chosen = load_profile(profile)
-    elif declared is not None and not (named is not None and named.replaces_declared_profile
-                                       and declared.executor != named.name):
-        chosen = declared
-    else:
-        chosen = (named or detect_scheduler()).default_profile()
-    if named is not None and chosen.executor != named.name:
-        raise ConfigError("executor", f"{executor} disagrees with profile {chosen.name!r} "
-                          f"(executor: {chosen.executor}); pick a {executor} profile with --profile")
-    return chosen
+    return pick_profile(profile, executor, declared)
 
 
 def output_dir(spec: SweepSpec, out: Path | None) -> Path:

@@ -16,6 +16,7 @@ A profile file::
     max_num_timeout: 100            # requeues after time limits before a run counts as failed
     setup: ["module load cuda/12.4"]   # shell lines before the job starts (yours, run as written)
     slurm: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # passed to submitit
+    cpu_jobs: {cpus: 1, mem_gb: 8, time_hours: 4}   # CPU-only jobs: `data prepare --launch` tasks
 
 On the command line, ``--slurm KEY=VALUE`` sets a ``slurm:`` key, or ``time`` (the longest job,
 in Slurm's time format, instead of ``max_time_hours``), and ``--setup LINE`` adds a setup line
@@ -40,7 +41,7 @@ from typing import Annotated, Any
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.decode import INTERNAL, AtLeast, Check, Described, decode, did_you_mean, positive_number
 from diffsweep.config.loading import read_yaml
-from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 
 
 class ExecutorKind(StrEnum):
@@ -83,6 +84,15 @@ class Accelerator:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CpuJobs:
+    """What a CPU-only job asks for (a ``data prepare --launch`` task: one tokenizing process)."""
+
+    cpus: Annotated[int, AtLeast(1)] = 1  # a task tokenizes its shards one after another, in one process
+    mem_gb: Annotated[int, AtLeast(1)] = 8
+    time_hours: Annotated[float, Check(positive_number)] | None = None  # None: the profile's max_time_hours
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     """A cluster (or this machine) as the launcher sees it. A profile file sets every field but
     ``name`` (the file's stem) and ``overridden`` (``parse_profile``)."""
@@ -102,6 +112,7 @@ class Profile:
     max_num_timeout: Annotated[int, AtLeast(1)] = 100
     setup: Annotated[tuple[str, ...], Check(_shell_lines)] = ()
     slurm: Annotated[dict[str, Any], Check(_checked_with_the_executor)] = field(default_factory=dict)
+    cpu_jobs: Annotated[CpuJobs, Described("a mapping (cpus, mem_gb, time_hours)")] = field(default_factory=CpuJobs)
     overridden: Annotated[frozenset[str], INTERNAL] = frozenset()  # keys set with --slurm (errors name them so)
 
     @property
@@ -131,6 +142,25 @@ def profile_dirs() -> list[Path]:
     dirs = [Path(p) for p in os.environ.get("DIFFSWEEP_PROFILES", "").split(os.pathsep) if p]
     dirs += [Path.cwd() / "slurm" / "profiles", Path(__file__).resolve().parents[2] / "slurm" / "profiles"]
     return dirs
+
+
+def pick_profile(profile: str | None, executor: str | None, declared: Profile | None = None) -> Profile:
+    """``--profile`` > ``declared`` (a sweep's ``launch.profile``; unless ``--executor`` names a
+    scheduler that may replace it, e.g. ``local``) > ``--executor``'s default profile > the automatic
+    choice: the default profile of the scheduler that answers here (Slurm if a controller answers,
+    else this machine). ``--executor`` must agree with an explicit ``--profile``."""
+    named = get_scheduler(executor) if executor is not None else None  # an unknown name lists the known ones
+    if profile is not None:
+        chosen = load_profile(profile)
+    elif declared is not None and not (named is not None and named.replaces_declared_profile
+                                       and declared.executor != named.name):
+        chosen = declared
+    else:
+        chosen = (named or detect_scheduler()).default_profile()
+    if named is not None and chosen.executor != named.name:
+        raise ConfigError("executor", f"{executor} disagrees with profile {chosen.name!r} "
+                          f"(executor: {chosen.executor}); pick a {executor} profile with --profile")
+    return chosen
 
 
 def find_profile(name_or_path: str) -> Path:

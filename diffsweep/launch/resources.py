@@ -118,6 +118,18 @@ def estimate_resources(run: SweepRun, profile: Profile, gpus: int | None = None)
     return ResourceEstimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
 
 
+def cpu_resources(profile: Profile) -> Resources:
+    """What one CPU-only job (a ``data prepare --launch`` task) asks for on ``profile`` (pure): its
+    ``cpu_jobs`` CPUs, memory and time (default: the profile's ``max_time_hours``), no GPUs; on a
+    scheduler that reserves nothing (local), a process that takes what it finds."""
+    jobs = profile.cpu_jobs
+    hours = jobs.time_hours if jobs.time_hours is not None else profile.max_time_hours
+    time_min = max(1, math.floor(hours * 60 + 1e-6))
+    mem = jobs.mem_gb if get_scheduler(profile.executor).reserves_resources else 0
+    return Resources(nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=jobs.cpus, mem_gb=mem,
+                     time_min=time_min)
+
+
 def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, code_dir: str,
                      max_parallel: int | None) -> dict[str, Any]:
     """submitit ``SlurmExecutor.update_parameters`` keywords for one resource class (pure)."""

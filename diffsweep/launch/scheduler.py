@@ -56,6 +56,19 @@ class Submission:
     echo: Callable[[str], None] = print
 
 
+@dataclass
+class TaskArray:
+    """What ``Scheduler.submit_tasks`` gets: independent CPU-only tasks to run as one job array
+    (``diffsweep data prepare --launch``), each a submitit-picklable callable."""
+
+    calls: list[Callable[[], Any]]
+    resources: Resources  # each task's (``diffsweep.launch.resources.cpu_resources``)
+    profile: Profile
+    folder: Path  # submitit's folders go under it, one per job (``<folder>/<job id>``)
+    job_name: str
+    code_dir: str  # the launch's code snapshot: tasks put it first on PYTHONPATH
+
+
 class Scheduler(ABC):
     """Where jobs run: one subclass per scheduler, registered under ``name``.
 
@@ -120,6 +133,16 @@ class Scheduler(ABC):
     def cancel(self, attempts: list[Attempt]) -> tuple[dict[str, str], str]:
         """Stop the attempts' jobs (they save a checkpoint first). Returns the jobs still pending or
         running afterwards, by id with their states, and an error saying why ("" if none are)."""
+
+    def check_tasks(self, profile: Profile) -> None:
+        """What ``submit_tasks`` needs checked before anything is written (cheap)."""
+        return None
+
+    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
+        """Submit ``array.calls`` as one job array; returns each task's attempt (``executor`` is
+        ``self.name``). A scheduler without it refuses ``data prepare --launch``."""
+        raise ConfigError("executor", f"{self.name} cannot run CPU task arrays (data prepare --launch); "
+                          f"expected one of [{', '.join(BUILTIN)}]")
 
     def log_files(self, attempt: Attempt) -> list[Path]:
         """The attempt's stdout and stderr files that exist (none before its job has started)."""

@@ -27,7 +27,7 @@ from diffsweep.launch.ledger import Attempt, now
 from diffsweep.launch.plan import PlanRow, SweepPlan
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
-from diffsweep.launch.scheduler import Scheduler, Submission
+from diffsweep.launch.scheduler import Scheduler, Submission, TaskArray
 from diffsweep.launch.state import WAITING
 
 DEFAULT_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize
@@ -80,7 +80,7 @@ class SlurmScheduler(Scheduler):
         classes: dict[Resources, list[PlanRow]] = defaultdict(list)
         for r in submission.runs:
             classes[r.estimate.resources].append(r)
-        size = max_array_size(plan)
+        size = max_array_size(plan.profile)
         folder = plan.out / "jobs" / "%j"
         for i, (resources, runs) in enumerate(sorted(classes.items(), key=lambda kv: kv[0].time_min)):
             executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=plan.profile.max_num_timeout)
@@ -106,6 +106,28 @@ class SlurmScheduler(Scheduler):
                                 f"({resources.describe()})")
         return submitted
 
+    def check_tasks(self, profile: Profile) -> None:
+        cluster.check_slurm()
+        cluster.check_partition(profile)
+
+    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
+        import submitit
+
+        executor = submitit.SlurmExecutor(folder=array.folder / "%j", max_num_timeout=array.profile.max_num_timeout)
+        executor.update_parameters(**self.parameters(array.resources, array.profile, job_name=array.job_name,
+                                                     code_dir=array.code_dir, max_parallel=None))
+        attempts: list[Attempt] = []
+        for part in chunks(len(array.calls), max_array_size(array.profile)):
+            try:
+                with executor.batch():
+                    handles = [executor.submit(array.calls[j]) for j in part]
+            except Exception as exc:  # noqa: BLE001 (sbatch refused: bad partition, account, limits)
+                raise ConfigError("slurm", f"sbatch refused the job array: {_first_line(exc)}") from None
+            attempts += [Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
+                                 folder=str(job.paths.folder), job_id=job.job_id, stdout=str(job.paths.stdout),
+                                 stderr=str(job.paths.stderr)) for job in handles]
+        return attempts
+
     def states(self, attempts: list[Attempt]) -> dict[str, str]:
         return slurm_states([a.job_id for a in attempts if a.job_id is not None])
 
@@ -120,11 +142,11 @@ class SlurmScheduler(Scheduler):
         return still, f"scancel did not stop Slurm jobs {jobs} ({why})"
 
 
-def max_array_size(plan: SweepPlan) -> int:
+def max_array_size(profile: Profile) -> int:
     """The profile's ``max_array_size``, else the cluster's MaxArraySize (``scontrol show config``),
     else Slurm's default."""
-    if plan.profile.max_array_size is not None:
-        return plan.profile.max_array_size
+    if profile.max_array_size is not None:
+        return profile.max_array_size
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
         for line in out.stdout.splitlines():

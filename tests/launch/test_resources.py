@@ -136,3 +136,30 @@ def test_gpus_per_run_must_be_whole_nodes_and_split_the_batch(tmp_path):
         estimate_resources(run, h100, gpus=12)
     with pytest.raises(ConfigError, match="launch.gpus_per_run: 3 GPUs x micro-batch 1 do not divide the 128"):
         estimate_resources(run, h100, gpus=3)
+
+
+def test_cpu_jobs_ask_for_no_gpus_golden():
+    """``data prepare --launch`` tasks: the profile's cpu_jobs (localhost: 1 CPU, 1 GB), its longest
+    time, no GPUs; the defaults elsewhere; a process taking what it finds on the local executor."""
+    from diffsweep.launch.resources import cpu_resources
+
+    localhost = load_profile(str(REPO / "slurm/profiles/localhost.yaml"))
+    resources = cpu_resources(localhost)
+    assert resources == Resources(nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1, mem_gb=1, time_min=120)
+    params = slurm_parameters(resources, localhost, job_name="prepare-ds", code_dir="/c", max_parallel=None)
+    assert "gpus_per_node" not in params and "srun_args" not in params
+    assert (params["cpus_per_task"], params["mem"], params["time"], params["ntasks_per_node"]) == (1, "1GB", 120, 1)
+    h100 = cpu_resources(load_profile(str(REPO / "slurm/profiles/h100-example.yaml")))
+    assert (h100.cpus_per_task, h100.mem_gb, h100.time_min, h100.gpus) == (1, 8, 48 * 60, 0)
+    assert cpu_resources(LOCAL).mem_gb == 0 and cpu_resources(LOCAL).describe() == "local process"
+
+
+def test_a_profile_cpu_jobs_key_is_checked(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("cpu_jobs: {cpus: 2, gpus: 1}\n")
+    with pytest.raises(ConfigError, match="cpu_jobs.gpus"):
+        load_profile(str(path))
+    path.write_text("cpu_jobs: {cpus: 4, mem_gb: 32, time_hours: 0.5}\n")
+    from diffsweep.launch.resources import cpu_resources
+
+    assert cpu_resources(load_profile(str(path))).time_min == 30
