@@ -205,10 +205,11 @@ def read_plan(staging: Path) -> dict[str, Any]:
 # --- step 2: the shards ----------------------------------------------------------------------------
 
 
-def write_shards(staging: Path, indices: Iterable[int]) -> list[dict[str, Any]]:
-    """Write the shards ``indices`` not yet done (resumable: a done shard has its record); returns
-    their records. What a worker process or a Slurm array task runs."""
-    return [shard_record(staging, i) or write_shard(staging, i) for i in indices]
+def write_shards(staging: Path, indices: Iterable[int], workers: int = 1) -> list[dict[str, Any]]:
+    """Write the shards ``indices`` not yet done (resumable: a done shard has its record) in up to
+    ``workers`` processes (1: this one); returns their records. What a worker process or a Slurm
+    array task runs."""
+    return list(_in_order(staging, list(indices), workers))
 
 
 def shard_record(staging: Path, index: int) -> dict[str, Any] | None:
@@ -331,43 +332,45 @@ def _stepped(documents: Iterable[Document], steps: Iterator[int]) -> Iterator[Do
 
 def _write_all(staged: Staged, workers: int, progress: Progress | None) -> None:
     """Every shard, in ``workers`` processes (or this one for 1), stopping early when a ``max_tokens``
-    budget is spent by the shards before (``finish`` cuts the shard that crosses it)."""
-    plan = read_plan(staged.path)
-    budget = plan["max_tokens"]
-    increments = _shards_in_order(staged, workers, budget)
-    for _ in progress(increments, sum(staged.shard_bytes) or None) if progress else increments:
+    budget is spent by the shards before (``finish`` cuts the shard that crosses it); the progress
+    steps are each finished shard's input bytes."""
+    budget = read_plan(staged.path)["max_tokens"]
+    records = _in_order(staged.path, list(range(staged.num_shards)), workers, budget)
+    steps = (staged.shard_bytes[r["index"]] for r in records)
+    for _ in progress(steps, sum(staged.shard_bytes) or None) if progress else steps:
         pass
 
 
-def _shards_in_order(staged: Staged, workers: int, budget: int | None) -> Iterator[int]:
-    """Write the shards, yielding each one's input bytes as it completes (in order)."""
+def _in_order(staging: Path, indices: list[int], workers: int, budget: int | None = None) -> Iterator[dict[str, Any]]:
+    """Write the shards ``indices`` (a written one is kept), yielding their records in order; with a
+    ``budget`` of tokens, stop once the shards so far hold that many."""
     written = 0
-    if workers == 1 or staged.num_shards == 1:
-        for i in range(staged.num_shards):
+    if workers == 1 or len(indices) == 1:
+        for i in indices:
             if budget is not None and written >= budget:
                 return
-            record = write_shard(staged.path, i, budget=None if budget is None else budget - written)
+            record = shard_record(staging, i) or write_shard(staging, i, budget=None if budget is None else budget - written)
             written += sum(record["tokens"].values())
-            yield staged.shard_bytes[i]
+            yield record
         return
     context = multiprocessing.get_context("spawn")  # a forked HF tokenizer may deadlock
-    with concurrent.futures.ProcessPoolExecutor(min(workers, staged.num_shards), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(indices)), mp_context=context) as pool:
         pending: list[concurrent.futures.Future] = []
-        next_index = 0
+        todo = iter(indices)
         try:
-            while next_index < staged.num_shards or pending:
-                while next_index < staged.num_shards and len(pending) < 2 * workers:
-                    pending.append(pool.submit(write_shards, staged.path, [next_index]))
-                    next_index += 1
+            while True:
+                while len(pending) < 2 * workers and (index := next(todo, None)) is not None:
+                    pending.append(pool.submit(write_shards, staging, [index]))
+                if not pending:
+                    return
                 record = pending.pop(0).result()[0]
                 written += sum(record["tokens"].values())
-                yield staged.shard_bytes[record["index"]]
+                yield record
                 if budget is not None and written >= budget:
-                    break  # finish cuts the shard that crossed it; later ones are not needed
+                    return  # finish cuts the shard that crossed it; later ones are not needed
         except BrokenProcessPool as exc:
             raise EnvironmentUnavailable(
-                "a tokenizing worker process died (killed, or out of memory); nothing was written: "
-                "run the same command again") from exc
+                "a tokenizing worker process died (killed, or out of memory): run the same command again") from exc
         finally:
             for future in pending:
                 future.cancel()

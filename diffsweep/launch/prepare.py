@@ -80,6 +80,7 @@ class PrepareTask:
     out: str
     shards: tuple[int, ...]
     replace: bool  # the launch was asked to replace an existing dataset (--force)
+    workers: int = 1  # processes writing its shards: the CPUs a Slurm task is given (locally 1 per task)
 
     def __call__(self) -> str:
         # Cancelling sends SIGTERM, which submitit's job wrapper ignores: stop here (a shard being
@@ -89,8 +90,10 @@ class PrepareTask:
         staging = folder / STAGING
         if not (staging / PLAN_FILE).is_file():
             return "the dataset was already finished"
-        print(f"writing shards {_span(list(self.shards))} (those not written yet)", flush=True)
-        records = write_shards(staging, self.shards)
+        processes = min(self.workers, len(self.shards))
+        print(f"writing shards {_span(list(self.shards))} (those not written yet) in {processes} "
+              f"process{'es' if processes > 1 else ''}", flush=True)
+        records = write_shards(staging, self.shards, workers=self.workers)
         tokens = sum(sum(r["tokens"].values()) for r in records)
         print(f"shards {_span(list(self.shards))} written: {tokens:,} tokens", flush=True)
         meta = finalize(folder, Path(self.out), self.replace)
@@ -263,8 +266,10 @@ def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], pr
     scheduler = get_scheduler(profile.executor)
     resources = cpu_resources(profile)
     code_dir = str(snapshot_code(folder))
+    # Locally there is one task per core already; a Slurm task uses the CPUs it asked for.
+    workers = resources.cpus_per_task if scheduler.reserves_resources else 1
     calls: list[Callable[[], Any]] = [PrepareTask(str(folder), str(out), tuple(record["tasks"][t]["shards"]),
-                                                  bool(record["replace"])) for t in todo]
+                                                  bool(record["replace"]), workers) for t in todo]
     attempts = scheduler.submit_tasks(TaskArray(calls=calls, resources=resources, profile=profile,
                                                 folder=folder / "jobs", job_name=f"prepare-{out.name}",
                                                 code_dir=code_dir))

@@ -45,7 +45,8 @@ class Resources:
         hours, minutes = divmod(self.time_min, 60)
         if self.mem_gb == 0:  # the local executor: a process on this machine, no limits asked for
             return "local process"
-        where = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else "CPU"
+        cpus = f"{self.cpus_per_task} CPUs" if self.cpus_per_task > 1 else "CPU"
+        where = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else cpus
         nodes = f" on {self.nodes} nodes" if self.nodes > 1 else ""
         return f"{where}{nodes}, {hours}:{minutes:02d} h, {self.mem_gb} GB"
 
