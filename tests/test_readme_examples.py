@@ -87,6 +87,23 @@ CHECKS: dict[str, tuple] = {
                                               "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
     "diffsweep data cancel data/web": ("cheap", ["data", "cancel", "data/web", HELP],
                                        "needs a launched prepare (tests/launch/test_prepare_launch.py runs it)"),
+    ("diffsweep data prepare fineweb-edu/sample/100BT --out data/pretrain-cl100k --tokenizer cl100k_base "
+     "--val-split document --max-tokens 11000000000"):
+        ("cheap", ["data", "prepare", "fineweb-edu/sample/100BT", "--out", "data/pretrain-cl100k", "--tokenizer",
+                   "cl100k_base", "--val-split", "document", "--max-tokens", "11000000000", HELP],
+         ("fineweb-edu/ is a downloaded corpus (the network, hundreds of GB); tests/data/test_shards.py prepares "
+          "Parquet and JSONL with workers, --max-tokens and --val-split document")),
+    ("diffsweep data prepare fineweb-edu/sample/100BT --out data/pretrain-cl100k --tokenizer cl100k_base "
+     "--val-split document --max-tokens 11000000000 --launch --profile my-cluster"):
+        ("cheap", ["data", "prepare", "fineweb-edu/sample/100BT", "--out", "data/pretrain-cl100k", "--launch",
+                   "--profile", "my-cluster", HELP],
+         ("my-cluster is the user's profile; tests/launch/test_prepare_launch.py launches a prepare locally and on "
+          "the localhost Slurm cluster")),
+    "diffsweep data status data/pretrain-cl100k": ("cheap", ["data", "status", "data/pretrain-cl100k", HELP],
+                                                   "needs a launched prepare (tests/launch/test_prepare_launch.py)"),
+    "diffsweep data verify data/pretrain-cl100k": ("cheap", ["data", "verify", "data/pretrain-cl100k", HELP],
+                                                   "needs the prepared corpus; tests/data/test_verify.py verifies "
+                                                   "datasets, sound and damaged"),
     "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
                                       "it needs the fetched demo sources (the network)"),
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
