@@ -102,8 +102,8 @@ CHECKS: dict[str, tuple] = {
     "diffsweep data status data/pretrain-cl100k": ("cheap", ["data", "status", "data/pretrain-cl100k", HELP],
                                                    "needs a launched prepare (tests/launch/test_prepare_launch.py)"),
     "diffsweep data verify data/pretrain-cl100k": ("cheap", ["data", "verify", "data/pretrain-cl100k", HELP],
-                                                   "needs the prepared corpus; tests/data/test_verify.py verifies "
-                                                   "datasets, sound and damaged"),
+                                                   ("needs the prepared corpus; tests/data/test_verify.py verifies "
+                                                    "datasets, sound and damaged")),
     "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
                                       "it needs the fetched demo sources (the network)"),
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
