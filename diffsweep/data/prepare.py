@@ -317,11 +317,12 @@ def _tokenizer(staging: Path, plan: dict[str, Any]) -> Tokenizer:
 def _write_listed(staged: Staged, documents: Sequence[Document], progress: Progress | None) -> None:
     """The one shard of documents given as a list, in this process, a progress step per document
     (the progress wrapper drives the iteration, so a Ctrl-C it raises stops the writing)."""
+    budget = read_plan(staged.path)["max_tokens"]  # applied here: finish cannot read a list again
     if progress is None:
-        write_shard(staged.path, 0, documents=documents)
+        write_shard(staged.path, 0, documents=documents, budget=budget)
         return
     steps = iter(progress((len(d.text) for d in documents), sum(len(d.text) for d in documents)))
-    write_shard(staged.path, 0, documents=_stepped(documents, steps))
+    write_shard(staged.path, 0, documents=_stepped(documents, steps), budget=budget)
 
 
 def _stepped(documents: Iterable[Document], steps: Iterator[int]) -> Iterator[Document]:

@@ -120,6 +120,17 @@ def test_max_tokens_cuts_the_same_stream_for_any_number_of_workers(formats, tmp_
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+def test_max_tokens_cuts_a_list_of_documents(tmp_path):
+    """Documents given as a list (the demo corpus) are cut as they are written, as a corpus is."""
+    from diffsweep.data.prepare import Document
+
+    docs = [Document(f"topic-{i}", text, Path(pydoc_data.topics.__file__)) for i, text in enumerate(TEXTS[:30])]
+    meta = prepare(docs, tmp_path / "ds", TokenizerKind.BYTES, max_tokens=40_000)
+    assert sum(meta.tokens.values()) == 40_000 and 0 < meta.num_documents < 30
+    data = stream(tmp_path / "ds")
+    assert len(data["train"]) + len(data["val"]) == 40_000
+
+
 def test_document_val_split_holds_whole_documents_out(tmp_path):
     """--val-split document: each document in exactly one split, chosen by its name only, so adding
     a file moves no document; another identity than the tail split."""
