@@ -117,11 +117,14 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
         return report
     report.workdir = str(work)
     if suite is None:  # e.g. local: jobs run on this machine, as this process does
-        add(Check("jobs", True, f"executor {profile.executor} runs jobs on this machine: no cluster to check"))
+        from diffsweep.launch.scheduler import get_scheduler
+
+        where = get_scheduler(profile.executor).runs_jobs
+        add(Check("jobs", True, f"executor {profile.executor} runs jobs {where}: doctor has no checks of its jobs"))
         add(check_store_here())
     else:
         suite(profile, work, add, preempt=preempt, timeout_s=timeout_s)
-    if report.ok:
+    if report.ok or not any(work.iterdir()):  # kept when a job's logs may say why it failed
         shutil.rmtree(work, ignore_errors=True)
         with contextlib.suppress(OSError):
             work.parent.rmdir()  # .doctor, unless another doctor run is using it
@@ -326,6 +329,8 @@ def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) 
         except Exception as exc:  # noqa: BLE001 (sbatch refused: limits, account, memory)
             from diffsweep.launch.slurm_scheduler import _first_line
 
+            for job, _ in jobs.values():  # the 1-task job, if only the 2-task one was refused
+                subprocess.run(["scancel", job.job_id], capture_output=True, timeout=60)
             return [Check(f"{tasks}-task job", False, f"sbatch refused it: {_first_line(exc)}",
                           f"fix profile {profile.name}'s slurm: settings (account, qos, partition limits) so sbatch "
                           "accepts its jobs")]
