@@ -34,8 +34,7 @@ def tiny_dataset(root: Path) -> Path:
     source = root / "topics.txt"
     topics = sorted(pydoc_data.topics.topics.items())
     source.write_text("\n".join(text for _, text in topics))
-    prepare([Document(name, text, source) for name, text in topics], root / "data", TokenizerKind.BYTES,
-            max_tokens=400_000)
+    prepare([Document(name, text, source) for name, text in topics], root / "data", TokenizerKind.BYTES)
     return root / "data"
 
 
@@ -69,7 +68,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
         config = tiny_config(dataset)
     except Exception as exc:  # noqa: BLE001 (reported as the check's failure)
         return Check(NAME, False, f"could not set up the tiny run ({type(exc).__name__}: {exc})"[:400],
-                     "fix the checks above (the MLflow store, the run directory) first")
+                     "fix the checks above (the MLflow store, the run directory); else report this as a bug")
     run_dir = root / "run"
     gpus = min(1, profile.gpus_per_node)
     executor = doctor_executor(profile, root / "jobs", doctor_resources(profile, 1, gpus), "diffsweep-doctor-preempt")
