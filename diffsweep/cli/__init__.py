@@ -13,6 +13,7 @@ from diffsweep.cli import bench as bench_cli
 from diffsweep.cli import compare as compare_cli
 from diffsweep.cli import config as config_cli
 from diffsweep.cli import data as data_cli
+from diffsweep.cli import doctor as doctor_cli
 from diffsweep.cli import eval as eval_cli
 from diffsweep.cli import fit as fit_cli
 from diffsweep.cli import model as model_cli
@@ -36,6 +37,7 @@ app.command("ui")(ui_cli.ui)
 app.command("fit")(fit_cli.fit)
 app.command("compare")(compare_cli.compare)
 app.command("eval")(eval_cli.eval_)
+app.command("doctor")(doctor_cli.doctor)
 for _name in ("plan", "launch", "status", "cancel", "logs", "reconcile"):
     app.command(_name)(getattr(sweep_cli, _name))
 
