@@ -37,23 +37,28 @@ def doctor(tmp_path, store, *args: str, env: dict | None = None) -> subprocess.C
 
 
 @pytest.mark.slurm
-def test_every_check_passes_on_the_localhost_cluster(tmp_path, store):
+@pytest.mark.slow
+def test_every_check_passes_on_the_localhost_cluster_preemption_included(tmp_path, store):
+    """Every check, --preempt's included (one run of doctor: about 2.5 minutes, mostly the preempted
+    training job being requeued and resumed)."""
     slurm_answers()
     (tmp_path / "cpu.yaml").write_text(CPU_PROFILE)
-    r = doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"))
+    r = doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"), "--preempt")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "diffsweep doctor: profile cpu (executor slurm)"
-    assert [line.split(":")[0] for line in lines[1:-1]] == [f"✓ {name}" for name in JOB_CHECKS]
-    assert lines[-1] == f"all {len(JOB_CHECKS)} checks passed"
+    assert [line.split(":")[0] for line in lines[1:-1]] == [f"✓ {name}" for name in [*JOB_CHECKS, "preemption"]]
+    assert lines[-1] == f"all {len(JOB_CHECKS) + 1} checks passed"
     assert "gloo across 2 tasks" in r.stdout and "reads back here from sqlite:///" in r.stdout
+    (line,) = [ln for ln in lines if ln.startswith("✓ preemption")]
+    assert "requeued by Slurm, resumed and finished MLflow run" in line and "steps 1..300 once each" in line
     assert not (tmp_path / "runs" / ".doctor").exists()  # removed when all pass
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])
-    (deleted,) = client.search_runs([client.get_experiment_by_name("diffsweep-doctor").experiment_id],
-                                    run_view_type=2)  # DELETED_ONLY: read back, then deleted
-    assert deleted.data.metrics["doctor/probe"] >= 0
+    deleted = client.search_runs([client.get_experiment_by_name("diffsweep-doctor").experiment_id],
+                                 run_view_type=2)  # DELETED_ONLY: read back, then deleted
+    assert any("doctor/probe" in run.data.metrics for run in deleted)
 
 
 @pytest.mark.slurm
@@ -89,17 +94,6 @@ def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_pat
                "--timeout", "1")  # fixed on the command line; no time for the jobs
     report = json.loads(r.stdout)
     assert {c["name"]: c["ok"] for c in report["checks"]}["partition"] is True
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_preempt_requeues_and_resumes_the_same_run(tmp_path, store):
-    slurm_answers()
-    (tmp_path / "cpu.yaml").write_text(CPU_PROFILE)
-    r = doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"), "--preempt")
-    assert r.returncode == 0, r.stdout + r.stderr
-    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("✓ preemption")]
-    assert "requeued by Slurm, resumed and finished MLflow run" in line and "steps 1..300 once each" in line
 
 
 def test_without_slurm_the_first_check_fails_with_the_fix(tmp_path, store):
