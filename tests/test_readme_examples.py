@@ -104,6 +104,13 @@ CHECKS: dict[str, tuple] = {
     "diffsweep data verify data/pretrain-cl100k": ("cheap", ["data", "verify", "data/pretrain-cl100k", HELP],
                                                    ("needs the prepared corpus; tests/data/test_verify.py verifies "
                                                     "datasets, sound and damaged")),
+    "diffsweep doctor --profile my-cluster": ("cheap", ["doctor", "--profile", "my-cluster", HELP],
+                                              ("my-cluster is the user's cluster; tests/launch/test_doctor.py runs "
+                                               "doctor on the localhost Slurm cluster")),
+    "diffsweep doctor --profile my-cluster --preempt": ("cheap", ["doctor", "--profile", "my-cluster", "--preempt",
+                                                                  HELP],
+                                                        ("my-cluster is the user's cluster; tests/launch/test_doctor.py "
+                                                         "runs doctor --preempt on the localhost Slurm cluster")),
     "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
                                       "it needs the fetched demo sources (the network)"),
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
