@@ -16,7 +16,9 @@ of its values: each value of one arm against the nearest of the other's.
 A flagged difference names the setting that would match it (for parameters: the FFN size the
 ``param_parity`` derive rule computes). FLOPs per token that differ only by the attention-score
 FLOPs of the kinds' own math (DIFF V1 runs two maps against a 2d-wide V) are noted, not flagged:
-no setting matches them, and they are what the comparison measures.
+no setting matches them, and they are what the comparison measures. Without that breakdown
+(``ArmRecord.score_flops_per_token`` None, e.g. in ``fit``'s table) FLOPs are shown, not flagged:
+the parameters flag a mismatch in the rest.
 
 Pure: ``audit_runs`` takes a sweep's runs, ``audit_records`` any ``ArmRecord``s (``diffsweep fit``
 builds them from its table). Nothing here imports torch.
@@ -254,8 +256,9 @@ def _compare(name: str, base: list[ArmRecord], cand: list[ArmRecord], threshold:
     note = None
     if name == "flops_per_token" and rel:
         scores = {r.score_flops_per_token for r in base + cand}
-        if None in scores:
-            note = "the total, attention scores included (no breakdown known)"
+        if None in scores:  # the kinds' score FLOPs differ by design: only parameters can flag it
+            flagged = False
+            note = "in total, attention scores included; without a breakdown not flagged (parameters are)"
         else:
             rest = _nearest([r.values[name] - (r.score_flops_per_token or 0) for r in cand],
                             [r.values[name] - (r.score_flops_per_token or 0) for r in base])

@@ -124,9 +124,11 @@ def test_records_without_a_config_or_a_breakdown():
     audit = audit_records([rec("transformer", 0, 100, 600), rec("diff_v1", 0, 100, 640, "cosine")])
     (pair,) = audit.pairs
     f = fields(pair)
-    assert "lr" not in f and f["flops_per_token"].flagged and "no breakdown" in f["flops_per_token"].note
+    assert "lr" not in f and not f["flops_per_token"].flagged and "without a breakdown" in f["flops_per_token"].note
     assert f["schedule"].flagged and f["schedule"].suggestion == "train.schedule=linear"
-    assert f["flops_per_token"].suggestion is None  # no config: no FFN size to offer
+    audit = audit_records([rec("transformer", 0, 100, 600), rec("diff_v1", 0, 110, 640)])
+    f = fields(audit.pairs[0])
+    assert f["params"].flagged and f["params"].suggestion is None  # no config: no FFN size to offer
 
 
 # -- through the CLI --------------------------------------------------------------------------------
