@@ -268,7 +268,7 @@ def _compare(name: str, base: list[ArmRecord], cand: list[ArmRecord], threshold:
             else:
                 note = f"without attention scores {100 * rest:+.2f}%"
     suggestion = _parity_suggestion(cand) if flagged else None
-    if flagged and suggestion is None:
+    if flagged and suggestion is None and all(r.config is not None for r in cand):
         note = (note + "; " if note else "") + "no FFN size matches it: the arms differ in other settings"
     return Difference(name, b, c, rel, flagged, suggestion=suggestion, note=note)
 

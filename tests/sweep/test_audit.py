@@ -116,7 +116,7 @@ def test_shipped_parity_sweeps_pass_clean(name):
 
 
 def test_records_without_a_config_or_a_breakdown():
-    """What ``fit`` audits from its table: unknown fields are skipped, FLOPs compared in total."""
+    """What ``fit`` audits from its table: unknown fields are skipped, FLOPs in total shown, not flagged."""
     def rec(kind, seed, params, flops, schedule="linear"):
         return ArmRecord(name=f"{kind}-{seed}", kind=kind, group="1.4B",
                          values={"params": params, "flops_per_token": flops, "seeds": seed, "schedule": schedule,
