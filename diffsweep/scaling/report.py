@@ -355,8 +355,8 @@ def audit_markdown(r: dict[str, Any]) -> list[str]:
     if audit is None:
         return [*lines, "Not audited: the points have no size labels (a `size` column), so there are no arms to pair."]
     head, *rest = audit["lines"]
-    lines += [head[0].upper() + head[1:] + ".", ""]
-    return lines + [f"- {line.strip()}" for line in rest]
+    lines += [head[0].upper() + head[1:] + "."]
+    return lines + ([""] if rest else []) + [f"- {line.strip()}" for line in rest]
 
 
 def models_markdown(r: dict[str, Any]) -> list[str]:

@@ -137,6 +137,8 @@ class Audit:
     def lines(self) -> list[str]:
         """The audit as text lines: a head line, then one line per flagged difference (with its
         setting), then the pairs that match (with their notes)."""
+        if not self.pairs:
+            return [f"arm audit: nothing to compare (no size has the {self.baseline}'s runs and another kind's)"]
         flagged = self.flagged
         head = (f"arm audit (vs {self.baseline}, threshold {100 * self.threshold:g}% in params/FLOPs, any difference "
                 f"in tokens, batch, lr schedule, seeds): {len(self.pairs)} pair(s), "
