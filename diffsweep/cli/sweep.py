@@ -278,9 +278,8 @@ def launch(
 def _warn_audit(audit) -> None:
     """The arm audit's differences, as warnings (a launch's matched pairs are shown by ``plan``)."""
     if audit.flagged:
-        for line in audit.lines():
-            if not line.startswith(("  ok ", "  ... ", "  not compared")):
-                typer.echo(f"warning: {line.strip()}", err=True)
+        for line in audit.lines(matched=False):
+            typer.echo(f"warning: {line.strip()}", err=True)
 
 
 def _render_selection(report: LaunchReport) -> None:

@@ -134,9 +134,10 @@ class Audit:
     def flagged(self) -> list[tuple[Pair, Difference]]:
         return [(p, d) for p in self.pairs for d in p.flagged]
 
-    def lines(self) -> list[str]:
-        """The audit as text lines: a head line, then one line per flagged difference (with its
-        setting), then the pairs that match (with their notes)."""
+    def lines(self, matched: bool = True) -> list[str]:
+        """The audit as text lines: a head line, then one line per pair with differences (with the
+        settings that match them), then (``matched``) the pairs that match, with their notes, and
+        the groups not compared."""
         if not self.pairs:
             return [f"arm audit: nothing to compare (no size has the {self.baseline}'s runs and another kind's)"]
         flagged = self.flagged
@@ -150,13 +151,15 @@ class Audit:
                 notes = list(dict.fromkeys(d.note for d in p.flagged if d.note))
                 out.append(f"  MISMATCH {p.group} {p.candidate}: " + "; ".join(d.describe() for d in p.flagged)
                            + "".join(f" -> set {f}" for f in fixes) + "".join(f" ({n})" for n in notes))
-        matched = [p for p in self.pairs if not p.flagged]
-        for p in matched[:OK_LINES]:
+        if not matched:
+            return out
+        matched_pairs = [p for p in self.pairs if not p.flagged]
+        for p in matched_pairs[:OK_LINES]:
             shown = [d for d in p.differences if d.field in ("params", "flops_per_token")]
             out.append(f"  ok {p.group} {p.candidate}: "
                        + "; ".join(d.describe() + (f" ({d.note})" if d.note else "") for d in shown))
-        if len(matched) > OK_LINES:
-            out.append(f"  ... {len(matched) - OK_LINES} more matched pairs")
+        if len(matched_pairs) > OK_LINES:
+            out.append(f"  ... {len(matched_pairs) - OK_LINES} more matched pairs")
         out += [f"  not compared: {u}" for u in self.unpaired[:OK_LINES]]
         if len(self.unpaired) > OK_LINES:
             out.append(f"  ... {len(self.unpaired) - OK_LINES} more groups not compared")
