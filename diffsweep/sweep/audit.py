@@ -150,7 +150,7 @@ class Audit:
                 fixes = list(dict.fromkeys(d.suggestion for d in p.flagged if d.suggestion))
                 notes = list(dict.fromkeys(d.note for d in p.flagged if d.note))
                 out.append(f"  MISMATCH {p.group} {p.candidate}: " + "; ".join(d.describe() for d in p.flagged)
-                           + "".join(f" -> set {f}" for f in fixes) + "".join(f" ({n})" for n in notes))
+                           + (f" -> set {', '.join(fixes)}" if fixes else "") + "".join(f" ({n})" for n in notes))
         if not matched:
             return out
         matched_pairs = [p for p in self.pairs if not p.flagged]
@@ -323,7 +323,7 @@ def _exact_suggestion(name: str, base: list[Any], cand: list[ArmRecord]) -> str:
         if configs and all(c.train.max_tokens is None for c in configs) and len(base) == 1:
             batch = {c.train.batch_tokens for c in configs}
             if len(batch) == 1 and base[0] % (b := batch.pop()) == 0:
-                return f"train.max_steps={base[0] // b} (the baseline's {_show(base)} tokens)"
+                return f"train.max_steps={base[0] // b}"  # the baseline's tokens at the candidate's batch
     return f"{key}={values}" if len(base) == 1 else f"{key} to the baseline's values [{values}]"
 
 
