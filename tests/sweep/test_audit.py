@@ -137,7 +137,7 @@ def test_records_without_a_config_or_a_breakdown():
 
 MISMATCHED = """\
 name: mism
-set: {model.size: tiny-xs, data.path: nodata, train.max_steps: 4}
+set: {model.size: tiny-xs, data.path: nodata, train.max_steps: 40}
 grid:
   model.attention.kind: [transformer, diff_v2]
 """
