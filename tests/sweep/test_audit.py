@@ -61,7 +61,7 @@ def test_diff_v2_without_param_parity_is_flagged_with_the_ffn_size_the_rule_deri
     (pair,) = audit.pairs
     params = fields(pair)["params"]
     assert params.flagged and 0.06 < params.relative < 0.09  # the 2h query heads and λ projection
-    parity = expand(load_sweep(sweep(tmp_path, text + "derive: {model.ffn_hidden: {rule: param_parity}}\n",
+    parity = expand(load_sweep(sweep(tmp_path, textwrap.dedent(text) + "derive: {model.ffn_hidden: {rule: param_parity}}\n",
                                      "p.yaml"))).runs[1].config.model.ffn_hidden
     assert params.suggestion.startswith(f"model.ffn_hidden={parity} ")
     assert "param_parity" in params.suggestion
