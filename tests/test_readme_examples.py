@@ -136,6 +136,12 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["config", "show", "sweeps/runs/tiny-diff_v2.yaml", "--set", "train.parallel=fsdp"],
          "8 GPUs; my-run.yaml is the user's own config: a shipped one takes the same --set"),
     "diffsweep plan sweeps/table6-ablation.yaml": ("run", ["plan", "sweeps/table6-ablation.yaml"]),
+    "diffsweep plan sweeps/diff-versions.yaml": ("run", ["plan", "sweeps/diff-versions.yaml"]),
+    "diffsweep plan sweeps/demo-ladder.yaml --json": ("run", ["plan", "sweeps/demo-ladder.yaml", "--json"]),
+    "diffsweep launch sweeps/diff-versions.yaml --profile my-cluster --strict":
+        ("cheap", ["launch", "sweeps/diff-versions.yaml", "--strict", HELP],
+         ("my-cluster is the user's profile; tests/sweep/test_audit.py runs launch --strict for real (a mismatched "
+          "sweep refused, a matched one let through)")),
     "diffsweep plan sweeps/fig3a-size-scan.yaml --json": ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--json"]),
     "diffsweep plan sweeps/fig3a-size-scan.yaml --profile h100-example":
         ("run", ["plan", "sweeps/fig3a-size-scan.yaml", "--profile", "h100-example"]),

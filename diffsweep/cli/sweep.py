@@ -44,9 +44,13 @@ SetupOpt = Annotated[list[str] | None, typer.Option("--setup", help="A shell lin
 SweepSetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a run config value in every run: "
                                                        "--set model.size=tiny-m (repeatable; not a key the sweep's "
                                                        "grid, zip, runs, seeds or derive set).", show_default=False)]
+AuditOpt = Annotated[float, typer.Option("--audit-threshold", min=0.0, max=0.99, help="Arm audit: the relative "
+                                         "difference in parameters or FLOPs/token between a kind's runs and the "
+                                         "baseline's of the same size that is flagged (tokens, batch, lr schedule "
+                                         "and seeds: any difference).")]
 # The library's fields at fault, as the flags that set them (the store's experiment: the sweep's, as before).
 FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "--budget", "attempt": "--attempt",
-         "experiment": "--experiment"}
+         "experiment": "--experiment", "strict": "--strict", "audit_threshold": "--audit-threshold"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 WAIT_EVERY_S = 30.0  # launch --wait, printing plain lines: how often it repeats the summary without a change
 
@@ -194,25 +198,32 @@ def plan(
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
     sets: SweepSetOpt = None,
+    audit_threshold: AuditOpt = 0.01,
 ) -> None:
     """Show a sweep's runs, cost and states; submits nothing.
 
     Each run: key, name, size, params, tokens, FLOPs, GPU-hours, resources (as submitted, once
     launched), job and state (new, pending, running, done, failed, cancelled, changed, unknown),
     plus the sweep's total GPU-hours, and the launched runs the sweep no longer makes (orphaned).
+    Then the arm audit: each kind's runs against the baseline's of the same size (parameters,
+    FLOPs/token, tokens, batch, lr schedule, seeds), with the setting that matches a difference.
     """
-    from diffsweep.launch.api import plan_sweep
+    from diffsweep.launch.api import audit_plan, plan_sweep
 
     p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
     _warn(p)
+    audit = audit_plan(p, audit_threshold)
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor,
                         "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
-                        "orphaned": [_orphan_row(o) for o in p.orphans], "runs": [_row(r, False) for r in p.runs]})
+                        "audit": audit.to_dict(), "orphaned": [_orphan_row(o) for o in p.orphans],
+                        "runs": [_row(r, False) for r in p.runs]})
     else:
         if p.spec.overrides:
             typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
         _render(p, all_, status=False)
+        for line in audit.lines():
+            typer.echo(line)
     if budget is not None and p.gpu_hours > budget:
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
 
@@ -236,11 +247,15 @@ def launch(
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
     sets: SweepSetOpt = None,
+    audit_threshold: AuditOpt = 0.01,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse to launch (exit 2, nothing submitted) when the "
+                                         "arm audit finds a difference (see `diffsweep plan`).")] = False,
 ) -> None:
     """Submit the runs that need it (Slurm arrays or local) and return.
 
     New, changed, failed (within the retry budget) and cancelled runs are submitted; finished runs
-    are skipped and running ones left alone, so launching again is always safe.
+    are skipped and running ones left alone, so launching again is always safe. The arm audit's
+    differences are printed as warnings first (``--strict``: refused).
     """
     import os
 
@@ -250,13 +265,21 @@ def launch(
     target = _target(sweep, profile, executor, only, out, slurm, setup, sets)
     report = launch_sweep(target, dry_run=dry_run, max_parallel=max_parallel, budget=budget, retries=retries,
                           warn=_stderr, echo=typer.echo, on_reconciled=_echo_reconciled, on_planned=_warn,
-                          on_selected=_render_selection)
+                          on_selected=_render_selection, on_audit=_warn_audit, audit_threshold=audit_threshold,
+                          strict=strict)
     if not dry_run and report.selection.submit:
         again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
         typer.echo(f"launched {len(report.submitted)} runs on {report.where}; follow with: diffsweep status "
                    f"{sweep}{again}")
     if wait:
         _wait(target, sweep)
+
+
+def _warn_audit(audit) -> None:
+    """The arm audit's differences, as warnings (a launch's matched pairs are shown by ``plan``)."""
+    if audit.flagged:
+        for line in audit.lines(matched=False):
+            typer.echo(f"warning: {line.strip()}", err=True)
 
 
 def _render_selection(report: LaunchReport) -> None:

@@ -26,6 +26,7 @@ from diffsweep.launch.state import scheduler_states
 from diffsweep.launch.submit import Selection, check_launch, launch_lock, select
 from diffsweep.launch.submit import launch as submit
 from diffsweep.sweep import SweepSpec
+from diffsweep.sweep.audit import DEFAULT_THRESHOLD, Audit, audit_runs
 
 WATCH_POLL_S = 2.0  # watch_sweep: how often it looks at the sweep
 
@@ -86,6 +87,7 @@ class LaunchReport:
     dry_run: bool
     where: str  # the scheduler as messages name it ("Slurm", "the local queue")
     submitted: list[tuple[PlanRow, Attempt]] = field(default_factory=list)
+    audit: Audit | None = None  # the matched-arm audit of the planned runs
 
     @property
     def gpu_hours(self) -> float:
@@ -131,6 +133,24 @@ def check_eval(plan: SweepPlan) -> None:
                     from None
 
 
+def audit_plan(plan: SweepPlan, threshold: float = DEFAULT_THRESHOLD) -> Audit:
+    """The matched-arm audit (``diffsweep.sweep.audit``) of the plan's runs: each kind's runs
+    against the baseline's of the same size and other axes."""
+    return audit_runs([r.run for r in plan.runs], threshold)
+
+
+def refuse_mismatched(audit: Audit) -> None:
+    """``--strict``: a ``ConfigError`` (key ``strict``) when the audit flagged a difference."""
+    flagged = audit.flagged
+    if not flagged:
+        return
+    pair, first = flagged[0]
+    pairs = len({id(p) for p, _ in flagged})
+    fix = f" (set {first.suggestion})" if first.suggestion else ""
+    raise ConfigError("strict", f"the arm audit found differences in {pairs} pair(s) of arms, e.g. {pair.group} "
+                      f"{pair.candidate}: {first.describe()}{fix}; nothing submitted (see `diffsweep plan`)")
+
+
 def reconcile_sweep(target: SweepTarget, warn: Callable[[str], None] = print) -> list[Reconciled]:
     """Mark the runs whose job ended without reporting as FAILED/KILLED in MLflow (the reason: the
     scheduler's state for the job) and record MLflow run ids in the ledger; a sweep never
@@ -161,7 +181,9 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
                  warn: Callable[[str], None] = print, echo: Callable[[str], None] = print,
                  on_reconciled: Callable[[list[Reconciled]], None] | None = None,
                  on_planned: Callable[[SweepPlan], None] | None = None,
-                 on_selected: Callable[[LaunchReport], None] | None = None) -> LaunchReport:
+                 on_selected: Callable[[LaunchReport], None] | None = None,
+                 on_audit: Callable[[Audit], None] | None = None, audit_threshold: float = DEFAULT_THRESHOLD,
+                 strict: bool = False) -> LaunchReport:
     """Submit the runs that need it: new, changed, failed (within ``retries``, default the sweep's
     ``launch.max_retries``) and cancelled ones; finished runs are skipped and running ones left
     alone, so launching again is always safe. Refuses a launch over ``budget`` GPU-hours.
@@ -171,7 +193,9 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
     step's result before the next step can fail: ``on_reconciled`` the runs reconciled,
     ``on_planned`` the plan (its ``warnings``), ``on_selected`` the report once the runs are
     selected and checked, before anything is submitted; ``echo`` the scheduler's lines while it
-    submits."""
+    submits. The matched-arm audit of the planned runs (``audit_threshold``) goes to ``on_audit``
+    before the runs are selected; with ``strict`` a flagged difference refuses the launch
+    (``ConfigError``, nothing submitted)."""
     with launch_lock(target.output_dir()):
         reconciled = [] if dry_run else reconcile_sweep(target, warn)  # died unreported: failed, retryable
         if on_reconciled is not None and not dry_run:
@@ -179,10 +203,15 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
         plan = plan_sweep(target)
         if on_planned is not None:
             on_planned(plan)
+        audit = audit_plan(plan, audit_threshold)
+        if on_audit is not None:
+            on_audit(audit)
+        if strict:
+            refuse_mismatched(audit)
         selection = select(plan, plan.spec.launch.max_retries if retries is None else retries)
         check_launch(plan, selection, budget)
         report = LaunchReport(plan=plan, selection=selection, reconciled=reconciled, dry_run=dry_run,
-                              where=get_scheduler(plan.profile.executor).label)
+                              where=get_scheduler(plan.profile.executor).label, audit=audit)
         if on_selected is not None:
             on_selected(report)
         if dry_run or not selection.submit:

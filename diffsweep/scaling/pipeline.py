@@ -105,6 +105,10 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
     result["warnings"] = notes + result["warnings"]
     used = fit.points
     assert used is not None
+    result["audit"] = arm_audit(used, request.baseline)
+    if result["audit"] and result["audit"]["flagged"]:
+        result["warnings"].append(f"arm audit: {result['audit']['flagged']} difference(s) between the arms compared "
+                                  "(same size, other kind) beyond matching; see the report's Arm audit")
     folder = out or Path("fits") / f"{source.label}-{result['axis'].replace(',', '')}"
     if folder.exists() and not folder.is_dir():
         raise ConfigError("out", f"{folder} exists and is not a directory")
@@ -127,6 +131,31 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
     outcome.files = {"report": folder / "report.md", "plots": folder / "plots", "points": folder / "points.csv",
                      "json": folder / "fit.json"}
     return outcome
+
+
+def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
+    """The matched-arm audit (``diffsweep.sweep.audit``) of the runs the fit used, from what the
+    table knows of each (its last used point): parameters, non-embedding parameters, FLOPs per
+    token (in total: the table has no breakdown), tokens, lr schedule and warmup, seeds. Arms are
+    grouped by size label; None when no point has one (a CSV without a size column)."""
+    from diffsweep.sweep.audit import ArmRecord, audit_records
+
+    rows = used[used["used"].astype(bool)]
+    if rows.empty or (rows["size"].astype(str) == "").all():
+        return None
+    ident = [k or i or n for k, i, n in zip(rows["run_key"], rows["run_id"], rows["run_name"], strict=True)]
+    last = rows.assign(_run=ident).sort_values("tokens", kind="stable").groupby("_run", sort=False).tail(1)
+    records = []
+    for r in last.itertuples():
+        tokens = float(r.tokens)
+        values = {"params": int(r.num_params), "non_embedding_params": int(r.num_non_embedding_params),
+                  "flops_per_token": float(r.flops) / tokens if pd.notna(r.flops) and tokens else None,
+                  "tokens": tokens, "schedule": r.schedule or None,
+                  "warmup_steps": int(r.warmup_steps) if pd.notna(r.warmup_steps) else None, "seeds": int(r.seed)}
+        records.append(ArmRecord(name=str(r.run_name), kind=str(r.arch), group=str(r.size) or "(no size)",
+                                 values=values))
+    audit = audit_records(records, baseline=baseline)
+    return audit.to_dict() | {"lines": audit.lines()}
 
 
 def _write(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source) -> None:

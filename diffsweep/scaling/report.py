@@ -337,11 +337,26 @@ def markdown(r: dict[str, Any], source: str) -> str:
                          f"{100 * p['relative_error']:+.2f}% |")
     if r.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
+    lines += audit_markdown(r)
     lines += ["", "## Plots", "", "![loss vs size](plots/loss.png)", "", "![residuals](plots/residuals.png)", ""]
     if r["ratios"]:
         lines += ["![ratio vs size](plots/ratio.png)", ""]
     lines += models_markdown(r)
     return "\n".join(lines)
+
+
+def audit_markdown(r: dict[str, Any]) -> list[str]:
+    """The matched-arm audit of the runs used (``diffsweep.sweep.audit``): each candidate's runs
+    against the baseline's of the same size."""
+    if "audit" not in r:  # a result from before the audit
+        return []
+    lines = ["", "## Arm audit", ""]
+    audit = r["audit"]
+    if audit is None:
+        return [*lines, "Not audited: the points have no size labels (a `size` column), so there are no arms to pair."]
+    head, *rest = audit["lines"]
+    lines += [head[0].upper() + head[1:] + "."]
+    return lines + ([""] if rest else []) + [f"- {line.strip()}" for line in rest]
 
 
 def models_markdown(r: dict[str, Any]) -> list[str]:
