@@ -314,8 +314,7 @@ _PRIVATE_HOSTS = ("192.168.*", "10.*", *(f"172.{i}.*" for i in range(16, 32)), "
 def allowed_hosts(name: str) -> list[str]:
     """The Host headers a tracking server named ``name`` accepts: ``name`` and this machine's
     host names (short and qualified) on any port, and MLflow's defaults."""
-    names = [n for n in dict.fromkeys((name, socket.gethostname(), socket.getfqdn())) if n]
-    local = [*names, *_LOCAL_HOSTS]
+    local = [n for n in dict.fromkeys((name, socket.gethostname(), socket.getfqdn(), *_LOCAL_HOSTS)) if n]
     return [*local, *(f"{n.replace('[', '[[]', 1)}:*" for n in local), *_PRIVATE_HOSTS]
 
 
