@@ -384,7 +384,7 @@ def _loopback(name: str) -> bool:
         infos = socket.getaddrinfo(name.strip("[]"), None)
     except OSError:
         return False
-    return any(ipaddress.ip_address(info[4][0].split("%", 1)[0]).is_loopback for info in infos)
+    return any(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]).is_loopback for info in infos)
 
 
 def _check_api(url: str) -> None:
