@@ -1,4 +1,5 @@
-"""The MLflow UI on the project's store, run as a child ``mlflow server`` (``diffsweep ui``).
+"""The MLflow UI on the project's store, run as a child ``mlflow server`` (``diffsweep ui``), and
+the tracking server a cluster's jobs log to (``diffsweep server``, ``run_server``).
 
 - Store: the one training logs to (``tracking_uri()``: ``MLFLOW_TRACKING_URI``, else ``mlflow.db`` in
   the working directory). A missing SQLite file is an error rather than a new empty database; an
@@ -13,6 +14,12 @@
 - Links: each experiment's runs page in MLflow's "Model training" view (``MODEL_TRAINING``); the
   UI of MLflow 3 opens its GenAI view otherwise, and offers no server setting for either that or
   the "MLflow Assistant" panel it opens on a browser's first visit to a localhost UI.
+
+- ``diffsweep server``: the same child server for a cluster, on a store of the user's choice (default
+  SQLite in ``$XDG_DATA_HOME/diffsweep``, on the login node's disk: SQLite on a network file system
+  is unsafe for many writers), bound to the host name, artifacts uploaded through it
+  (``--serve-artifacts``), accepting that name in the Host header (MLflow 3 refuses names it does not
+  know with HTTP 403; ``/health`` is exempt, so the REST API is checked through the name too).
 
 Imports neither torch nor mlflow: the server is a separate process and experiments are looked up
 over its REST API.
@@ -33,6 +40,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +111,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def port_error(host: str, port: int) -> UiError:
-    return UiError(f"port {port} on {host} is already in use (another MLflow UI?); pick a free one with --port",
+    return UiError(f"port {port} on {host} is already in use (another MLflow server?); pick a free one with --port",
                    code=2)
 
 
@@ -169,10 +177,8 @@ class UiServer:
         return f"http://{url_host(self.host)}:{self.port}"
 
     def command(self) -> list[str]:
-        store, db = self.store_uri, sqlite_path(self.store_uri)
-        if db is not None:  # absolute: the server runs in the database's directory
-            store = f"sqlite:///{db}" + (f"?{query}" if (query := store.partition("?")[2]) else "")
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+        db = sqlite_path(self.store_uri)
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", absolute_store(self.store_uri),
                "--host", self.host, "--port", str(self.port), "--workers", "1"]
         if db is not None:  # uploads through the UI's server land beside the store, like direct logging's
             cmd += ["--artifacts-destination", str(db.parent / "mlruns")]
@@ -183,11 +189,9 @@ class UiServer:
         with the end of its output."""
         if port_in_use(self.host, self.port):
             raise port_error(self.host, self.port)
-        env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"}
-        env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         db = sqlite_path(self.store_uri)
         self.proc = subprocess.Popen(
-            self.command(), env=env, cwd=db.parent if db is not None else None, stdin=subprocess.DEVNULL,
+            self.command(), env=self.environment(), cwd=db.parent if db is not None else None, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True,  # Ctrl-C reaches only us; we stop the whole group
         )
@@ -197,6 +201,12 @@ class UiServer:
         except BaseException:
             self.stop()
             raise
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, with job execution (a second worker pool) and telemetry off."""
+        env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"}
+        env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        return env
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -268,6 +278,145 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+@dataclass
+class TrackingServer(UiServer):
+    """``diffsweep server``: one ``mlflow server`` that a cluster's jobs log to over HTTP (the UI
+    too), its artifacts uploaded through it to ``artifacts``; ``name`` is the host name in its URL."""
+
+    artifacts: str = ""
+    workers: int = 1
+    name: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.name or url_host(self.host)}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", absolute_store(self.store_uri),
+                "--serve-artifacts", "--artifacts-destination", self.artifacts, "--host", self.host,
+                "--port", str(self.port), "--workers", str(self.workers)]
+
+    def environment(self) -> dict[str, str]:
+        """Also the Host headers the server accepts (unless MLFLOW_SERVER_ALLOWED_HOSTS says): MLflow
+        refuses every other one with HTTP 403, and jobs name this machine by its host name."""
+        env = super().environment()
+        env.setdefault("MLFLOW_SERVER_ALLOWED_HOSTS", ",".join(allowed_hosts(self.name or self.host)))
+        return env
+
+
+# MLflow 3.17's default Host headers (mlflow.server.security_utils.get_default_allowed_hosts): local
+# and private addresses on any port. Setting MLFLOW_SERVER_ALLOWED_HOSTS replaces them, so they are
+# repeated with this machine's names added.
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
+_PRIVATE_HOSTS = ("192.168.*", "10.*", *(f"172.{i}.*" for i in range(16, 32)), "fc00:*", "fd00:*")
+
+
+def allowed_hosts(name: str) -> list[str]:
+    """The Host headers a tracking server named ``name`` accepts: ``name`` and this machine's
+    host names (short and qualified) on any port, and MLflow's defaults."""
+    local = [n for n in dict.fromkeys((name, socket.gethostname(), socket.getfqdn(), *_LOCAL_HOSTS)) if n]
+    return [*local, *(f"{n.replace('[', '[[]', 1)}:*" for n in local), *_PRIVATE_HOSTS]
+
+
+def absolute_store(uri: str) -> str:
+    """``uri`` with an SQLite database's path made absolute (the server runs in its directory)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return uri
+    return f"sqlite:///{db}" + (f"?{query}" if (query := uri.partition("?")[2]) else "")
+
+
+def data_dir() -> Path:
+    """Where ``diffsweep server`` keeps its store by default: ``$XDG_DATA_HOME/diffsweep``, else
+    ``~/.local/share/diffsweep`` (the login node's own disk, unless home is a network mount)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "diffsweep"
+
+
+def run_server(store_uri: str | None = None, *, artifacts: str | None = None, host: str | None = None,
+               port: int = 5000, workers: int = 1, echo=print, warn=print, timeout: float = READY_TIMEOUT) -> None:
+    """Serve the tracking store ``store_uri`` (default: SQLite in ``data_dir()``) to a cluster's jobs
+    until Ctrl-C, SIGTERM or SIGHUP: an ``mlflow server`` bound to ``host`` (default: this
+    machine's host name), artifacts uploaded through it to ``artifacts`` (default: ``mlartifacts``
+    beside an SQLite store, else in ``data_dir()``). Once it answers through the URL jobs will use,
+    prints the ``export MLFLOW_TRACKING_URI=...`` line.
+
+    ``warn`` gets a note when the store is on a network file system or the host name is a loopback
+    address. Raises ``UiError`` (port in use, server failed) and ``ConfigError`` on
+    ``MLFLOW_TRACKING_URI`` (the store given is not usable: the CLI names its flag)."""
+    from diffsweep.config import ConfigError
+    from diffsweep.store import KEY, check_tracking, network_filesystem_here
+
+    if store_uri is None:
+        data_dir().mkdir(parents=True, exist_ok=True)
+        store_uri = f"sqlite:///{data_dir() / 'mlflow.db'}"
+    if is_remote(store_uri):
+        raise ConfigError(KEY, f"{store_uri} is a tracking server already; give the database it should serve")
+    check_tracking(store_uri)
+    db = sqlite_path(store_uri)
+    if artifacts is None:
+        artifacts = str((db.parent if db is not None else data_dir()) / "mlartifacts")
+    if db is not None and (kind := network_filesystem_here(db)) is not None:
+        warn(f"note: {db} is on a network file system ({kind}); this server is its only writer, which SQLite "
+             "handles, but a local disk is faster (--backend-store-uri sqlite:////LOCAL/DISK/mlflow.db)")
+    host = host or socket.gethostname()
+    name = socket.gethostname() if host in ("0.0.0.0", "", "::") else url_host(host)
+    if _loopback(name):
+        warn(f"note: {name} is a loopback address here, so only jobs on this machine reach the server; "
+             "for other nodes give --host an address of this machine they reach (or 0.0.0.0: every interface)")
+    server = TrackingServer(absolute_store(store_uri), host, port, artifacts=artifacts, workers=workers, name=name)
+
+    def ready() -> None:
+        _check_api(server.url)
+        echo(f"MLflow tracking server: {server.url}  (store: {server.store_uri}; artifacts: {artifacts}; "
+             f"Ctrl-C stops it)\nexport MLFLOW_TRACKING_URI={server.url}")
+
+    _serve_until_stopped(server, timeout, ready)
+    echo("MLflow tracking server stopped")
+
+
+def _loopback(name: str) -> bool:
+    """Whether the host ``name`` resolves to a loopback address here (127.0.1.1 is Debian's
+    /etc/hosts entry for the machine's own name)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(name.strip("[]"), None)
+    except OSError:
+        return False
+    return any(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]).is_loopback for info in infos)
+
+
+def _check_api(url: str) -> None:
+    """The server answers its REST API through ``url`` (``/health`` skips the Host check)."""
+    try:
+        get_json(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+    except urllib.error.HTTPError as exc:
+        why = " (it refuses that Host header: see MLFLOW_SERVER_ALLOWED_HOSTS)" if exc.code == 403 else ""
+        raise UiError(f"the MLflow server answers {url} with HTTP {exc.code}{why}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise UiError(f"the MLflow server does not answer {url}: {exc}") from None
+
+
+def _serve_until_stopped(server: UiServer, timeout: float, ready: Callable[[], None]) -> None:
+    """Start ``server``, call ``ready()``, and serve until Ctrl-C, SIGTERM or SIGHUP; then (or on
+    any error) stop it cleanly. The server exiting by itself is a ``UiError``."""
+    restore = _stop_on_signals()
+    try:
+        server.start(timeout)
+        ready()
+        rc = server.wait()
+        raise UiError(server._failure(f"the MLflow server exited unexpectedly with status {rc}"))
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        _ignore_signals()  # a second Ctrl-C while stopping must not leave the server running
+        try:
+            server.stop()
+        finally:
+            restore()
+
+
 def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment: str | None = None,
           echo=print, timeout: float = READY_TIMEOUT) -> None:
     """Serve the MLflow UI on ``store_uri`` until Ctrl-C, SIGTERM or SIGHUP, then stop it cleanly.
@@ -287,21 +436,11 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
     check_store(store_uri)
     check_tracking(store_uri)
     server = UiServer(store_uri, host, port)
-    restore = _stop_on_signals()
-    try:
-        server.start(timeout)
-        links = _links(server.url, experiment)
-        echo(_banner(f"MLflow UI: {server.url}  (store: {store_uri}; Ctrl-C to stop)", links))
-        rc = server.wait()
-        raise UiError(server._failure(f"the MLflow server exited unexpectedly with status {rc}"))
-    except (KeyboardInterrupt, _Stop):
-        pass
-    finally:
-        _ignore_signals()  # a second Ctrl-C while stopping must not leave the server running
-        try:
-            server.stop()
-        finally:
-            restore()
+
+    def ready() -> None:
+        echo(_banner(f"MLflow UI: {server.url}  (store: {store_uri}; Ctrl-C to stop)", _links(server.url, experiment)))
+
+    _serve_until_stopped(server, timeout, ready)
     echo("MLflow UI stopped")
 
 

@@ -17,6 +17,7 @@ from diffsweep.cli import doctor as doctor_cli
 from diffsweep.cli import eval as eval_cli
 from diffsweep.cli import fit as fit_cli
 from diffsweep.cli import model as model_cli
+from diffsweep.cli import server as server_cli
 from diffsweep.cli import sweep as sweep_cli
 from diffsweep.cli import train as train_cli
 from diffsweep.cli import ui as ui_cli
@@ -34,6 +35,7 @@ app.add_typer(data_cli.app, name="data")
 app.add_typer(bench_cli.app, name="bench")
 app.command("train")(train_cli.train)
 app.command("ui")(ui_cli.ui)
+app.command("server")(server_cli.server)
 app.command("fit")(fit_cli.fit)
 app.command("compare")(compare_cli.compare)
 app.command("eval")(eval_cli.eval_)

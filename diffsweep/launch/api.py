@@ -195,7 +195,9 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
     selected and checked, before anything is submitted; ``echo`` the scheduler's lines while it
     submits. The matched-arm audit of the planned runs (``audit_threshold``) goes to ``on_audit``
     before the runs are selected; with ``strict`` a flagged difference refuses the launch
-    (``ConfigError``, nothing submitted)."""
+    (``ConfigError``, nothing submitted). ``warn`` gets a warning when jobs on other machines would
+    write an SQLite store on a network file system (``diffsweep.store.shared_store_warning``), in a
+    dry run too."""
     with launch_lock(target.output_dir()):
         reconciled = [] if dry_run else reconcile_sweep(target, warn)  # died unreported: failed, retryable
         if on_reconciled is not None and not dry_run:
@@ -210,16 +212,22 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
             refuse_mismatched(audit)
         selection = select(plan, plan.spec.launch.max_retries if retries is None else retries)
         check_launch(plan, selection, budget)
-        report = LaunchReport(plan=plan, selection=selection, reconciled=reconciled, dry_run=dry_run,
-                              where=get_scheduler(plan.profile.executor).label, audit=audit)
-        if on_selected is not None:
-            on_selected(report)
-        if dry_run or not selection.submit:
-            return report
+        scheduler = get_scheduler(plan.profile.executor)
         if tracking_uri is None:
             from diffsweep.store import tracking_uri as default_uri
 
             tracking_uri = default_uri()
+        if selection.submit and scheduler.jobs_on_other_hosts:
+            from diffsweep.store import shared_store_warning
+
+            if (note := shared_store_warning(tracking_uri)) is not None:
+                warn(note)
+        report = LaunchReport(plan=plan, selection=selection, reconciled=reconciled, dry_run=dry_run,
+                              where=scheduler.label, audit=audit)
+        if on_selected is not None:
+            on_selected(report)
+        if dry_run or not selection.submit:
+            return report
         report.submitted = submit(plan, selection, max_parallel=max_parallel or plan.spec.launch.max_parallel,
                                   tracking_uri=tracking_uri, echo=echo)
     return report

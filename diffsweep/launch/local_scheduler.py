@@ -42,6 +42,7 @@ class LocalScheduler(Scheduler):
     reserves_resources = False  # a process takes the machine's CPUs as it finds them
     time_limit_signal = False  # no time limit, so no USR2 before one
     replaces_declared_profile = True
+    jobs_on_other_hosts = False  # one machine: its SQLite store is written from one host
     auto_rank = 1000  # the fallback: always available
 
     def available(self) -> bool:

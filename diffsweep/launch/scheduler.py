@@ -88,6 +88,10 @@ class Scheduler(ABC):
     # ``--executor NAME`` may replace a sweep's declared profile of another scheduler by this
     # one's default profile (local: a sweep written for a cluster can be tried on this machine).
     replaces_declared_profile: ClassVar[bool] = False
+    # Jobs run on other machines than the one launching, many at once: a tracking store they all
+    # write must be safe from many nodes (``launch`` warns about an SQLite file on a network file
+    # system). False: jobs run on this machine.
+    jobs_on_other_hosts: ClassVar[bool] = True
     # The automatic choice (no --profile, no --executor, no launch.profile) takes the available
     # scheduler of lowest rank.
     auto_rank: ClassVar[int] = 100
