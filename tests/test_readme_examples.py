@@ -111,6 +111,8 @@ CHECKS: dict[str, tuple] = {
                                                                   HELP],
                                                         ("my-cluster is the user's cluster; tests/launch/test_doctor.py "
                                                          "runs doctor --preempt on the localhost Slurm cluster")),
+    "diffsweep server": ("cheap", ["server", HELP], ("it serves until Ctrl-C; tests/launch/test_server.py starts "
+                                                     "it, logs 16 processes through it and a Slurm sweep")),
     "diffsweep data prepare --demo": ("cheap", ["data", "prepare", "--demo", HELP],
                                       "it needs the fetched demo sources (the network)"),
     "diffsweep data prepare my_texts/ --out data/mine --tokenizer cl100k_base":
