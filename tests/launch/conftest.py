@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
@@ -63,3 +66,22 @@ def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:
     from mlflow.tracking import MlflowClient
 
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def require_slurm() -> None:
+    """Skip (with the reason) when no Slurm controller answers; under DIFFSWEEP_REQUIRE_SLURM=1 (CI,
+    which starts the localhost cluster) fail instead."""
+    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
+                                                             timeout=30).returncode == 0
+    if not ok:
+        reason = ("no reachable Slurm controller (start one: bash slurm/start-cluster.sh && "
+                  "source /tmp/diffsweep-slurm/env.sh)")
+        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def slurm_cluster() -> None:
+    """A test that needs the localhost Slurm cluster (see ``require_slurm``)."""
+    require_slurm()

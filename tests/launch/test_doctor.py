@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
 from diffsweep.launch.doctor import _constraint_features, _gpu_types
-from tests.launch.conftest import cli
+from tests.launch.conftest import cli, require_slurm
 
 # The localhost cluster as a CPU-only profile: every check can pass there (its fake GPUs are not
 # CUDA devices, see test_fake_gpus_are_assigned_but_not_cuda_devices).
@@ -19,17 +18,6 @@ CPU_PROFILE = ("executor: slurm\ngpus_per_node: 0\ncpus_per_gpu: 1\nmem_per_gpu_
                "signal_delay_s: 30\nslurm: {partition: debug}\ncpu_jobs: {cpus: 1, mem_gb: 1}\n")
 JOB_CHECKS = ["slurm", "accounting", "partition", "gpus", "mlflow", "1-task job", "2-task job",
               "shared file system", "gpus in jobs", "all-reduce", "mlflow from a node"]
-
-
-def slurm_answers() -> None:
-    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
-                                                              timeout=30).returncode == 0
-    if not ok:
-        reason = ("no reachable Slurm controller (start one: bash slurm/start-cluster.sh && "
-                  "source /tmp/diffsweep-slurm/env.sh)")
-        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 def doctor(tmp_path, store, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -41,7 +29,7 @@ def doctor(tmp_path, store, *args: str, env: dict | None = None) -> subprocess.C
 def test_every_check_passes_on_the_localhost_cluster_preemption_included(tmp_path, store):
     """Every check, --preempt's included (one run of doctor: about 2.5 minutes, mostly the preempted
     training job being requeued and resumed)."""
-    slurm_answers()
+    require_slurm()
     (tmp_path / "cpu.yaml").write_text(CPU_PROFILE)
     r = doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"), "--preempt")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -64,7 +52,7 @@ def test_every_check_passes_on_the_localhost_cluster_preemption_included(tmp_pat
 @pytest.mark.slurm
 def test_fake_gpus_are_assigned_but_not_cuda_devices(tmp_path, store):
     """localhost.yaml's GPUs are /dev/null: Slurm hands them out, torch sees none; doctor says so."""
-    slurm_answers()
+    require_slurm()
     r = doctor(tmp_path, store, "--profile", "localhost", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     report = json.loads(r.stdout)
@@ -78,7 +66,7 @@ def test_fake_gpus_are_assigned_but_not_cuda_devices(tmp_path, store):
 
 @pytest.mark.slurm
 def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_path, store):
-    slurm_answers()
+    require_slurm()
     (tmp_path / "p.yaml").write_text(CPU_PROFILE.replace("partition: debug", "partition: no-such"))
     r = doctor(tmp_path, store, "--profile", str(tmp_path / "p.yaml"))
     assert r.returncode == 1, r.stdout + r.stderr

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pydoc_data.topics
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.data.test_prepare_cli import one_line_error
 from tests.launch.conftest import cli
 
 TOPICS = sorted(pydoc_data.topics.topics.items())
@@ -38,15 +37,6 @@ def status(out: str, cwd: Path) -> dict:
     r = cli("data", "status", out, "--json", cwd=cwd)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
-
-
-def one_line_error(r, *needles: str) -> str:
-    assert r.returncode == 2, r.stdout + r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
 
 
 def test_local_launch_writes_the_dataset_a_local_prepare_writes(tmp_path):
@@ -148,16 +138,6 @@ def test_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path):
         one_line_error(cli("data", command, "new/ds", cwd=tmp_path), "new/ds", "no launched prepare")
 
 
-@pytest.fixture
-def slurm_cluster():
-    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
-                                                             timeout=30).returncode == 0
-    if not ok:
-        reason = ("no reachable Slurm controller (start one: bash slurm/start-cluster.sh && "
-                  "source /tmp/diffsweep-slurm/env.sh)")
-        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 @pytest.mark.slurm
