@@ -188,7 +188,7 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
         "shards": [[s.recipe() for s in group] for group in shards],
         "shard_bytes": shard_bytes,
     }
-    _write_json(staging / PLAN_FILE, plan)
+    write_json(staging / PLAN_FILE, plan)
     return Staged(staging, len(shards), shard_bytes)
 
 
@@ -276,7 +276,7 @@ def write_shard(staging: Path, index: int, *, budget: int | None = None, documen
     record = {"index": index, "tokens": counts, "documents": num_documents, "itemsize": dtype.itemsize,
               "sha256": {split: digests[split].hexdigest() for split in SPLITS}, "budget": budget,
               "sources": [s.describe() for s in sources], "identity": [s.identity() for s in sources]}
-    _write_json(staging / _record_name(index), record)
+    write_json(staging / _record_name(index), record)
     return record
 
 
@@ -405,7 +405,7 @@ def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
     meta = _meta(plan, records, staging)
     if not meta.num_documents:
         raise ConfigError("sample", f"kept none of the documents (fraction {plan['sample']}, seed {plan['seed']})")
-    _write_json(staging / META_FILE, meta.to_json())
+    write_json(staging / META_FILE, meta.to_json())
     for i in range(len(plan["shards"])):
         (staging / _record_name(i)).unlink(missing_ok=True)
     (staging / PLAN_FILE).unlink()
@@ -501,7 +501,7 @@ def _record_name(index: int) -> str:
     return f"shard-{index:05d}.json"
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON atomically (a reader sees the old file or the whole new one)."""
     temp = path.with_name(f".{path.name}.{os.getpid()}")
     temp.write_text(json.dumps(data, indent=2) + "\n")

@@ -39,7 +39,7 @@ from typing import Any
 from diffsweep import lockfile
 from diffsweep.config import ConfigError, ConfigWarning, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
-from diffsweep.data.prepare import PLAN_FILE, finish, read_plan, shard_record, stage, write_shards
+from diffsweep.data.prepare import PLAN_FILE, finish, read_plan, shard_record, stage, write_json, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
 from diffsweep.launch.plan import cpu_count
@@ -124,7 +124,7 @@ def finalize(folder: Path, out: Path, replace: bool) -> DatasetMeta | None:
                 if partial.name.startswith(".") and partial.is_file():
                     partial.unlink()
             meta = finish(staging, out, force=replace)
-            _write_json(folder / FINISHED_FILE, {"fingerprint": meta.fingerprint, "finished": now()})
+            write_json(folder / FINISHED_FILE, {"fingerprint": meta.fingerprint, "finished": now()})
             return meta
     except lockfile.LockBusy:
         return None
@@ -221,7 +221,7 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
             record = {"format": FORMAT, "out": str(out), "request": request, "replace": force,
                       "profile": profile, "executor": executor, "created": now(),
                       "tasks": [{"shards": g, "attempts": []} for g in task_groups(staged.num_shards, size)]}
-            _write_json(folder / LAUNCH_FILE, record)
+            write_json(folder / LAUNCH_FILE, record)
             submitted = _submit(record, folder, out, list(range(len(record["tasks"]))), chosen, echo)
         except BaseException:
             _discard(folder)  # nothing was launched: leave nothing behind
@@ -276,7 +276,7 @@ def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], pr
     for t, a in zip(todo, attempts):
         a.profile, a.resources = profile.name, asdict(resources)
         record["tasks"][t]["attempts"].append(asdict(a))
-    _write_json(folder / LAUNCH_FILE, record)
+    write_json(folder / LAUNCH_FILE, record)
     ids = [a.job_id for a in attempts]
     echo(f"launched {len(todo)} of {len(record['tasks'])} tasks {scheduler.runs_jobs} ({resources.describe()}): "
          f"jobs {ids[0]}" + (f" .. {ids[-1]}" if len(ids) > 1 else ""))
@@ -488,7 +488,7 @@ def cancel_prepare(out: Path) -> list[int]:
                     cancelled.append(t)
             if why:
                 errors.append(why)
-        _write_json(folder / LAUNCH_FILE, record)
+        write_json(folder / LAUNCH_FILE, record)
     if errors:
         raise EnvironmentUnavailable(f"{'; '.join(errors)}; run `diffsweep data cancel {out}` again")
     return cancelled
@@ -499,8 +499,7 @@ def cancel_prepare(out: Path) -> list[int]:
 
 @contextmanager
 def _locked(folder: Path, out: Path, what: str) -> Iterator[None]:
-    """One launch or cancel of a prepare at a time (``diffsweep.lockfile``: works on NFS); a launch
-    folder this makes is removed again if nothing was launched into it."""
+    """One launch or cancel of a prepare at a time (``diffsweep.lockfile``: works on NFS)."""
     with lockfile.hold(folder / LOCK_FILE, what, "out", f"another launch or cancel of {out} is in progress"):
         yield
 
@@ -522,10 +521,3 @@ def _span(indices: list[int]) -> str:
     if indices == list(range(indices[0], indices[-1] + 1)) and len(indices) > 1:
         return f"{indices[0]}-{indices[-1]}"
     return ", ".join(str(i) for i in indices)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON atomically (a reader sees the old file or the whole new one)."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
-    temp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temp, path)
