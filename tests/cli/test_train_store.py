@@ -94,7 +94,9 @@ def test_unusable_tracking_stores_are_one_line_exit_2_and_create_nothing(text_da
             started = time.monotonic()
             result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI=uri)
             assert_one_line_error(result, "MLFLOW_TRACKING_URI", needle)
-            assert time.monotonic() - started < 30, name  # the silent server: a 5 s connect timeout
+            # The silent server is given up on after 5 s (the line says so); MLflow's own default would retry
+            # for minutes. The bound is loose because starting the CLI (torch, mlflow) takes 25 s on a loaded CI box.
+            assert time.monotonic() - started < 90, name
             assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists(), name
     finally:
         listener.close()

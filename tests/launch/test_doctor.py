@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -59,7 +60,8 @@ def test_fake_gpus_are_assigned_but_not_cuda_devices(tmp_path, store):
     checks = {c["name"]: c for c in report["checks"]}
     assert [n for n, c in checks.items() if not c["ok"]] == ["gpus in jobs"]
     gpus = checks["gpus in jobs"]
-    assert "Slurm gave the 1-task job GPUs 0 on" in gpus["line"] and "sees 0 CUDA devices" in gpus["line"]
+    # which of the two fake GPUs Slurm hands out depends on what else the cluster runs at that moment
+    assert re.search(r"Slurm gave the 1-task job GPUs [01] on .*sees 0 CUDA devices", gpus["line"]), gpus["line"]
     assert gpus["fix"].startswith("install a CUDA build of torch")
     assert report["workdir"] and os.path.isdir(report["workdir"])  # kept for a look at the logs
 
