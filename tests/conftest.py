@@ -71,11 +71,20 @@ def store(tmp_path) -> dict:
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config, items) -> None:
+@pytest.hookimpl(wrapper=True)  # marks them before any plain hook, pytest-xdist's included
+def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n N --dist loadgroup`` the tests marked ``slurm`` run one after another in
     one worker: the localhost cluster has 2 CPUs and 2 fake GPUs, and tests that wait for their own
-    jobs must not queue behind another test's."""
+    jobs must not queue behind another test's. pytest-xdist groups by a node-id suffix it adds in
+    its own hook; pytest 9.2 made that a no-op (the tests then ran at once and timed out in CI), so
+    pyproject.toml keeps pytest below 9.2 and this checks that the suffix is there."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    result = yield
+    if getattr(config.option, "loadgroup", False):
+        lost = [item.nodeid for item in items if item.get_closest_marker("slurm") and not item.nodeid.endswith("@slurm")]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not put {lost[0]} (and {len(lost) - 1} more) in the 'slurm' "
+                                    f"group (pytest {pytest.__version__}): they would run at once on one cluster")
+    return result
