@@ -136,7 +136,8 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
 def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
     """The matched-arm audit (``diffsweep.sweep.audit``) of the runs the fit used, from what the
     table knows of each (its last used point): parameters, non-embedding parameters, FLOPs per
-    token (in total: the table has no breakdown), tokens, lr schedule and warmup, seeds. Arms are
+    token (in total: the table has no breakdown), tokens, batch tokens, lr, min lr, lr schedule and
+    warmup, seeds (a value the table lacks, e.g. a CSV without the column, is not compared). Arms are
     grouped by size label; None when no point has one (a CSV without a size column)."""
     from diffsweep.sweep.audit import ArmRecord, audit_records
 
@@ -151,7 +152,9 @@ def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
         values = {"params": int(r.num_params), "non_embedding_params": int(r.num_non_embedding_params),
                   "flops_per_token": float(r.flops) / tokens if pd.notna(r.flops) and tokens else None,
                   "tokens": tokens, "schedule": r.schedule or None,
-                  "warmup_steps": int(r.warmup_steps) if pd.notna(r.warmup_steps) else None, "seeds": int(r.seed)}
+                  "warmup_steps": int(r.warmup_steps) if pd.notna(r.warmup_steps) else None, "seeds": int(r.seed),
+                  "batch_tokens": int(r.batch_tokens) if pd.notna(r.batch_tokens) else None,
+                  "lr": float(r.lr) if pd.notna(r.lr) else None, "min_lr": float(r.min_lr) if pd.notna(r.min_lr) else None}
         records.append(ArmRecord(name=str(r.run_name), kind=str(r.arch), group=str(r.size) or "(no size)",
                                  values=values))
     audit = audit_records(records, baseline=baseline)

@@ -3,7 +3,7 @@
 Columns (the frozen ``points.csv`` has exactly these, plus ``used`` and ``reason``):
 run_id, run_name, run_key, sweep, arch, size, seed, lambda_init, head_norm, v2_pairing,
 v2_lambda, num_params, num_non_embedding_params, tokens, flops, loss, step, point
-(final | checkpoint), schedule, warmup_steps.
+(final | checkpoint), schedule, warmup_steps, lr, min_lr, batch_tokens.
 
 A CSV needs only arch, loss, num_params and tokens; see ``CSV_SCHEMA`` for the optional columns
 and what a missing one means (``diffsweep fit --help`` shows it).
@@ -24,7 +24,7 @@ from diffsweep.store import COMPARISON_KIND, EVAL_KIND, all_runs
 
 COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
-           "schedule", "warmup_steps")
+           "schedule", "warmup_steps", "lr", "min_lr", "batch_tokens")
 REQUIRED_CSV = ("arch", "loss", "num_params", "tokens")
 POINTS = ("final", "checkpoint")  # a run's final evaluation, or an intermediate one
 COUNT_COLUMNS = ("num_params", "num_non_embedding_params", "tokens")
@@ -34,7 +34,8 @@ MAX_COUNT = 1e18
 _PARAM_COLUMNS = {"seed": "train.seed", "lambda_init": "model.attention.lambda_init",
                   "head_norm": "model.attention.head_norm", "v2_pairing": "model.attention.v2_pairing",
                   "v2_lambda": "model.attention.v2_lambda", "schedule": "train.schedule",
-                  "warmup_steps": "train.warmup_steps"}
+                  "warmup_steps": "train.warmup_steps", "lr": "train.lr", "min_lr": "train.min_lr",
+                  "batch_tokens": "train.batch_tokens"}
 FIT_KIND = "fit"  # tag diffsweep.kind of a fit run (never an input to another fit)
 
 
@@ -83,7 +84,8 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
     defaults = {"run_id": "", "run_key": "", "sweep": "", "size": "", "seed": 0, "lambda_init": "", "head_norm": "",
                 "v2_pairing": "", "v2_lambda": "", "flops": np.nan, "step": np.nan, "point": "final", "schedule": "",
-                "warmup_steps": np.nan}  # step / warmup unknown: no evaluation is taken for one in warmup
+                "warmup_steps": np.nan,  # step / warmup unknown: no evaluation is taken for one in warmup
+                "lr": np.nan, "min_lr": np.nan, "batch_tokens": np.nan}  # unknown: not compared by the arm audit
     for col, value in defaults.items():
         if col not in table.columns:
             table[col] = value
@@ -190,6 +192,13 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
     return _complete(pd.DataFrame(rows).sort_values(order, kind="stable"))
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return np.nan
+
+
 def _rows(client, run, checkpoints: bool) -> list[dict]:
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     missing = [t for t in ("diffsweep.arch", "diffsweep.params", "diffsweep.non_embedding_params",
@@ -205,6 +214,8 @@ def _rows(client, run, checkpoints: bool) -> list[dict]:
     base |= {col: params.get(key, "") for col, key in _PARAM_COLUMNS.items()}
     base["seed"] = int(base["seed"] or 0)
     base["warmup_steps"] = int(base["warmup_steps"] or 0)
+    for col in ("lr", "min_lr", "batch_tokens"):  # for the arm audit; an older run without them: unknown
+        base[col] = _number(base[col])
     per_token = int(tags["diffsweep.flops_per_token"])
     if not checkpoints:
         tokens = float(metrics.get("train/tokens", np.nan))

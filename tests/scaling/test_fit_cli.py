@@ -131,6 +131,16 @@ def test_fit_of_a_launched_sweep_logs_a_fit_run_linked_to_its_sources(mini_ladde
     assert "fit/transformer/alpha" in fit_run.data.metrics
     frozen = (d / "fits" / "mini-ladder-N" / "points.csv").read_text()
     assert all(run_id in frozen for run_id in trained)
+    # what the arm audit compares comes from each run's params
+    import pandas as pd
+
+    from tests.launch.conftest import TINY_SET
+
+    table = pd.read_csv(d / "fits" / "mini-ladder-N" / "points.csv")
+    lrs = {float(r.data.params["train.lr"]) for r in runs if r.info.run_id in trained}
+    assert set(table["lr"]) == lrs and len(lrs) == 1, table["lr"]
+    assert set(table["batch_tokens"]) == {int(TINY_SET["train.batch_tokens"])}, table["batch_tokens"]
+    assert table["min_lr"].notna().all() and len(result["audit"]["pairs"]) == 4
     # a second fit does not take the first fit run as an input; --where filters on config keys
     r = cli("fit", "--experiment", "mini-ladder", "--where", "model.size!=tiny-xs", "--noise-sd", "0.01", "--json",
             "--boot", "100", "--no-log", "--out", "subset", cwd=d, env=env)
