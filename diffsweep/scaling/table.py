@@ -28,6 +28,7 @@ COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "la
 REQUIRED_CSV = ("arch", "loss", "num_params", "tokens")
 POINTS = ("final", "checkpoint")  # a run's final evaluation, or an intermediate one
 COUNT_COLUMNS = ("num_params", "num_non_embedding_params", "tokens")
+AUDITED_NUMBERS = ("lr", "min_lr", "batch_tokens")  # compared by the arm audit when known
 # A parameter or token count above 1e18 (a million times the largest models and datasets trained
 # so far, ~1e12 parameters and ~1e14 tokens) is a typo; near 1e300 the plots and FLOPs overflow.
 MAX_COUNT = 1e18
@@ -62,6 +63,9 @@ def from_csv(path: Path) -> pd.DataFrame:
     for col in ("loss", *COUNT_COLUMNS):
         if col in table.columns and not pd.api.types.is_numeric_dtype(table[col]):
             raise ConfigError(f"{path}: {col}", "expected numbers in every row")
+    for col in AUDITED_NUMBERS:  # optional: blank where unknown
+        if col in table.columns and not pd.api.types.is_numeric_dtype(table[col]):
+            raise ConfigError(f"{path}: {col}", "expected a number (or nothing) in every row")
     _check_counts(table, path)
     return _complete(table)
 
@@ -214,7 +218,7 @@ def _rows(client, run, checkpoints: bool) -> list[dict]:
     base |= {col: params.get(key, "") for col, key in _PARAM_COLUMNS.items()}
     base["seed"] = int(base["seed"] or 0)
     base["warmup_steps"] = int(base["warmup_steps"] or 0)
-    for col in ("lr", "min_lr", "batch_tokens"):  # for the arm audit; an older run without them: unknown
+    for col in AUDITED_NUMBERS:  # for the arm audit; an older run without them: unknown
         base[col] = _number(base[col])
     per_token = int(tags["diffsweep.flops_per_token"])
     if not checkpoints:

@@ -50,6 +50,18 @@ def no_nan(text: str) -> dict:
     return json.loads(text, parse_constant=refuse)
 
 
+def test_a_csv_whose_lr_is_not_a_number_is_refused_naming_the_column(tmp_path, store, points):
+    points["lr"] = "3e-4"
+    points.loc[3, "lr"] = "fast"
+    points.to_csv(tmp_path / "p.csv", index=False)
+    refused(tmp_path, "--csv", "p.csv", env=store, needles=("p.csv: lr", "expected a number (or nothing)"))
+    points["lr"] = np.nan  # blank: unknown, not compared
+    points.loc[3, "lr"] = 3e-4
+    points.to_csv(tmp_path / "p.csv", index=False)
+    r = cli("fit", "--csv", "p.csv", "--no-log", "--boot", "50", "--out", "ok", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_csv_that_is_a_directory_is_refused(tmp_path, store):
     (tmp_path / "points.csv").mkdir()
     refused(tmp_path, "--csv", "points.csv", env=store, needles=("points.csv", "is a directory"))
