@@ -44,11 +44,9 @@ from diffsweep.launch import cluster, doctor_probe
 from diffsweep.launch.doctor_probe import METRIC
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, slurm_parameters
+from diffsweep.launch.state import ACTIVE
 
 JOB_TIME_MIN = 15  # doctor's jobs' time limit (they take seconds)
-# Slurm states of a job that has ended (anything else is still to come).
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                   "BOOT_FAIL", "DEADLINE"})
 
 
 @dataclass(frozen=True)
@@ -362,7 +360,7 @@ def _wait(job: Any, tasks: int, started: float, timeout_s: float, work: Path) ->
             state = slurm_states([job.job_id]).get(job.job_id, state)
         except EnvironmentUnavailable:
             pass
-        if state.split(" ")[0] in ENDED:
+        if state and state.split(" ")[0] not in ACTIVE:  # ended (launch.state's words for the others)
             break
         time.sleep(0.5)
     else:
