@@ -45,6 +45,9 @@ def suggest(
     experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment of a sweep's runs "
                                                    "(default: the sweep's).", show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the ranked table shown (--json: all).")] = 15,
+    launch: Annotated[bool, typer.Option("--launch", help="Submit the planned runs chosen within --budget through "
+                                         "the normal launcher (a sweep only; extra sizes and seeds are not in the "
+                                         "sweep and are listed, not launched).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Rank candidate runs by how much they are expected to narrow the CI of the efficiency ratio
@@ -60,6 +63,10 @@ def suggest(
         raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
     if budget is not None and not budget > 0:
         raise ConfigError("--budget", f"expected a positive number of GPU-hours, got {budget}")
+    if launch and budget is None:
+        raise ConfigError("--launch", "submits the runs chosen within a budget; give --budget GPU-hours")
+    if launch and source.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError("--launch", "submits a sweep's planned runs; give the sweep YAML, not a fit folder or CSV")
     ref = parse_amount(at, "--at") if at is not None else None
     extra_sizes = [parse_amount(s, "--sizes") for part in sizes or () for s in part.split(",") if s.strip()]
     points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
@@ -90,10 +97,30 @@ def suggest(
     }
     if choice is not None:
         out["budget"] = choice.to_dict()
+    if launch:
+        assert choice is not None
+        out["launched"] = _launch(source, profile, [s.candidate.name for s in choice.steps
+                                                     if s.candidate.origin == "planned"], budget, json_out)
     if json_out:
         print_json(out)
         return
     _render(out, top)
+
+
+def _launch(sweep: Path, profile: str | None, names: list[str], budget: float | None, quiet: bool) -> list[str]:
+    """Submit the planned runs ``names`` with ``launch_sweep`` (``--only`` their exact names)."""
+    import re
+
+    from diffsweep.launch.api import SweepTarget, launch_sweep
+    from diffsweep.sweep import load_sweep
+
+    if not names:
+        return []
+    only = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    say = (lambda _m: None) if quiet else typer.echo
+    report = launch_sweep(SweepTarget(load_sweep(sweep, ()), profile=profile, only=only), budget=budget,
+                          warn=lambda m: typer.echo(f"warning: {m}", err=True), echo=say)
+    return [row.run.name for row, _ in report.submitted]
 
 
 def _render(out: dict, top: int) -> None:
@@ -122,6 +149,10 @@ def _render(out: dict, top: int) -> None:
             typer.echo(f"  {i}. {r['candidate']}  {r['gpu_hours']:,.1f} GPU-h -> width {_pct(r['expected_width_after'])}")
         typer.echo(f"  spent {b['spent_gpu_hours']:,.1f} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
                    f"{_pct(b['expected_width_after'])}" if b["runs"] else "  no affordable run narrows the CI")
+    if "launched" in out:
+        extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
+        typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"
+                   + (f"; not in the sweep, so not launched: {', '.join(extras)}" if extras else ""))
 
 
 def _pct(v: float | None) -> str:

@@ -114,7 +114,7 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
         raise ConfigError("candidates", f"'{cand}' is not among the fitted candidates ({', '.join(result.candidates)})")
     if result.noise.get("run_sd") or result.resampling.get("unit") == "run":
         raise ConfigError("points", "runs that give several points (a token scan of checkpoints) share a per-run "
-                          "offset that suggest does not simulate yet; use the final points (--token-points final)")
+                          "offset that suggest does not simulate yet")
     assert result.points is not None
     axis = Axis.N if result.axis in ("N", "N,D") else Axis.D
     archs = architectures(result.points, axis, request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -151,3 +152,30 @@ def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
 ])
 def test_bad_input_is_one_line_and_exit_2(fit_folder, args, needle):
     one_line_error(cli("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
+
+
+@pytest.mark.slow
+def test_suggest_on_a_sweep_ranks_its_unfinished_runs_and_launches_the_chosen(mini_ladder, tmp_path):
+    import shutil
+
+    root = tmp_path / "copy"  # a copy: the launched runs must not change the session's ladder
+    shutil.copytree(mini_ladder["dir"], root)
+    sweep = root / "mini-ladder.yaml"
+    sweep.write_text(sweep.read_text().replace("model.size: [", "model.size: [tiny-2xs, "))
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    args = ("suggest", str(sweep), "--json", "--boot", "100", "--draws", "8")
+    r = cli(*args, cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    planned = [c for c in out["candidates"] if c["origin"] == "planned"]
+    assert len(planned) == 2 and all("tiny-2xs" in c["name"] and c["gpu_hours"] > 0 for c in planned)
+    r = cli(*args, "--no-seeds", "--budget", "1e9", "--launch", cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    chosen = {c["name"] for c in out["budget"]["runs"]}
+    assert set(out["launched"]) == chosen and chosen <= {c["name"] for c in planned}
+    if chosen:  # the launched runs finish (launching again is idempotent; --wait waits for them)
+        only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
+        w = cli("launch", str(sweep), "--only", only, "--wait", cwd=root, env=env, timeout=600)
+        assert w.returncode == 0, w.stdout + w.stderr
+    one_line_error(cli("suggest", str(root / "fits"), "--launch", "--budget", "1", cwd=root, env=env), "--launch")
