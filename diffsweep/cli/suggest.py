@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -70,10 +71,12 @@ def suggest(
     ref = parse_amount(at, "--at") if at is not None else None
     extra_sizes = [parse_amount(s, "--sizes") for part in sizes or () for s in part.split(",") if s.strip()]
     points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
+    if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
+        request = replace(request, at=(ref,))
     with flag_keys(FLAGS):
         design, result = sg.design_from_points(points, request, candidate, ref, draws)
         assert result.points is not None
-        pool = [c for c in planned_runs(design, rate)]
+        pool = list(planned_runs(design, rate))
         pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds)
         if not pool:
             raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
@@ -130,7 +133,7 @@ def _render(out: dict, top: int) -> None:
     cur = out["current"]
     ref = human(out["reference"]) + (" tokens" if out["axis"] == "D" else "")
     typer.echo(f"{arch_name(out['candidate'])} vs {arch_name(out['baseline'])}, ratio at {ref}: "
-               + (f"{cur['ratio']:.1%} (CI {cur['lo']:.1%}-{_pct(cur['hi'])}, width {_pct(cur['bootstrap_width'])}); "
+               + (f"{cur['ratio']:.1%} (CI {_pct(cur['lo'])}-{_pct(cur['hi'])}, width {_pct(cur['bootstrap_width'])}); "
                   if cur["ratio"] is not None else "")
                + f"linearised width now {_pct(cur['linearised_width'])}")
     typer.echo(f"method: {out['method']}\n")
@@ -188,7 +191,8 @@ def _inputs(source: Path, boot: int, seed: int, experiment: str | None, profile:
     raise ConfigError("SWEEP_OR_FIT", f"{source}: expected a fit folder, a CSV or a sweep YAML")
 
 
-def _no_planned(design, rate):  # noqa: ANN001, ANN202 — a fit folder or CSV plans no runs
+def _no_planned(design: Any, rate: float) -> list:
+    """A fit folder or a CSV plans no runs."""
     return []
 
 
@@ -221,11 +225,11 @@ def _request(saved: dict, boot: int, seed: int):
 
 
 def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, profile: str | None):
-    """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its
-    unfinished planned runs as candidates, priced by the planner."""
+    """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its planned
+    runs that launch would submit (new, changed, failed, cancelled) as candidates, priced by the planner."""
     from diffsweep.cli.fit import _source
     from diffsweep.launch.api import SweepTarget, plan_sweep
-    from diffsweep.launch.state import DONE
+    from diffsweep.launch.plan import SUBMITTABLE
     from diffsweep.scaling.analysis import FitRequest
     from diffsweep.scaling.pipeline import load_points
     from diffsweep.scaling.suggest import FLOPS_PER_TOKEN_PER_PARAM, Candidate
@@ -238,10 +242,10 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     gpu = plan.profile.gpu
     rate = gpu.peak_tflops * 1e12 * gpu.mfu * 3600 if plan.profile.gpus_per_node > 0 else _rate(None)
 
-    def planned(design, rate_: float) -> list:  # noqa: ANN001
-        out = []
+    def planned(design: Any, rate_: float) -> list[Candidate]:
+        out: list[Candidate] = []
         for r in plan.runs:
-            if r.state.state == DONE or r.run.kind not in (design.baseline, design.candidate):
+            if r.state.state not in SUBMITTABLE or r.run.kind not in (design.baseline, design.candidate):
                 continue
             x = float(r.run.num_params) if design.axis == "N" else float(r.run.tokens)
             cost = r.estimate.gpu_hours or FLOPS_PER_TOKEN_PER_PARAM * r.run.num_params * r.run.tokens / rate_

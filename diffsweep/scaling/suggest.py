@@ -118,7 +118,9 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
     assert result.points is not None
     axis = Axis.N if result.axis in ("N", "N,D") else Axis.D
     archs = architectures(result.points, axis, request)
-    fits, draws, measured = {}, {}, {}
+    fits: dict[str, LawFit] = {}
+    draws: dict[str, np.ndarray] = {}
+    measured: dict[str, np.ndarray] = {}
     m = min(num_draws, result.n_boot)
     for name in (request.baseline, cand):
         arch = archs[name]
@@ -201,7 +203,8 @@ def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0)
     numbers: candidates compared at one step see the same noise)."""
     m = len(design.draws[design.baseline])
     z = np.random.default_rng(seed).standard_normal((m, len(added)))
-    data, theta = {}, {}
+    data: dict[str, Data] = {}
+    theta: dict[str, np.ndarray] = {}
     for name, fit in design.fits.items():
         cols = [i for i, c in enumerate(added) if c.arch == name]
         d = fit.data
@@ -242,7 +245,7 @@ class Scored:
 
 def _score(design: Design, chosen: Sequence[Candidate], candidates: Sequence[Candidate], width_now: float,
            seed: int) -> list[Scored]:
-    out = []
+    out: list[Scored] = []
     for c in candidates:
         after = expected_ci_width(design, [*chosen, c], seed)
         gain = width_now - after
@@ -285,7 +288,9 @@ def choose_within(design: Design, candidates: Sequence[Candidate], budget: float
     narrows the CI (or none is affordable). Each step's reduction is against the width after the
     previous step."""
     now = expected_ci_width(design, [], seed)
-    width, chosen, steps = now, [], []
+    width = now
+    chosen: list[Candidate] = []
+    steps: list[Scored] = []
     pool = list(candidates)
     while len(steps) < max_runs:
         spent = sum(c.gpu_hours for c in chosen)
@@ -315,7 +320,7 @@ def extra_candidates(points: pd.DataFrame, design: Design, x_column: str, flops_
     them together, else the tokens of the nearest measured size. Cost: 6·N·D FLOPs at
     ``flops_per_gpu_hour``."""
     used = points[points["used"]]
-    out = []
+    out: list[Candidate] = []
     for name in (design.baseline, design.candidate):
         rows = used[used["arch"] == name]
         cells = rows.drop_duplicates(subset=[x_column, "tokens"] if design.axis == "N" else ["tokens"])
