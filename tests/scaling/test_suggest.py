@@ -177,6 +177,8 @@ def test_suggest_on_a_sweep_ranks_its_unfinished_runs_and_launches_the_chosen(mi
     out = json.loads(r.stdout)
     chosen = {c["name"] for c in out["budget"]["runs"]}
     assert set(out["launched"]) == chosen and chosen <= {c["name"] for c in planned}
+    # On this tiny ladder the ratio's CI is open-ended, so no run is expected to narrow it and the
+    # chosen set has been empty (measured): the submission itself is then not exercised here.
     if chosen:  # the launched runs finish (launching again is idempotent; --wait waits for them)
         only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
         w = cli("launch", str(sweep), "--only", only, "--wait", cwd=root, env=env, timeout=600)
