@@ -22,23 +22,26 @@ infinite, so medians are reported) and whether it covers the true 62%. Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest, FitWarning, analyse
+from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.table import _complete
 
 SIZES = np.array([0.83, 1.4, 2.8, 6.8, 13.1]) * 1e9
 TRUE_RATIO, NOISE_SD, REF, TOKENS_PER_PARAM = 0.62, 0.005, 13.1e9, 20.0
 ARCHS = {"transformer": 1.0, "diff_v1": TRUE_RATIO}
 RATE = 989e12 * 0.40 * 3600  # FLOPs per GPU-hour (slurm/profiles/h100-example.yaml)
+KNOWN: dict[str, float | None] = {"noise_sd": None}  # --known-noise: every fit is told the true noise sd
 
 
 def true_loss(arch: str, n: float) -> float:
@@ -58,21 +61,68 @@ def start(rng: np.random.Generator, seeds: int = 2) -> list[dict]:
     return [run_row(a, n, rng, k) for k in range(seeds) for a in ARCHS for n in SIZES]
 
 
+class Outcomes:
+    """Common random numbers: the j-th new run of a cell (architecture, size) in study ``rep`` has
+    the same loss whichever arm buys it, so the arms differ by what they buy, not by luck."""
+
+    def __init__(self, rep: int) -> None:
+        self.rep = rep
+
+    def rows(self, rows: list[dict], picked: list[tuple[str, float]]) -> list[dict]:
+        out = list(rows)
+        for a, n in picked:
+            j = sum(1 for r in out if r["arch"] == a and np.isclose(r["num_params"], n))
+            cell = [list(ARCHS).index(a), int(round(n / 1e6))]
+            out.append(run_row(a, n, np.random.default_rng([self.rep, *cell, j]), len(out)))
+        return out
+
+
 def measure(rows: list[dict], boot: int, seed: int) -> tuple[float, bool]:
     """The full-bootstrap CI width of ρ at REF (inf when open-ended) and whether it covers the truth."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = analyse(_complete(pd.DataFrame(rows)), FitRequest(n_boot=boot, seed=seed, at=(REF,)))
+        result = analyse(_complete(pd.DataFrame(rows)), FitRequest(n_boot=boot, seed=seed, at=(REF,),
+                                                                   noise_sd=KNOWN["noise_sd"]))
     row = next(r for r in result.ratios if r["at"] == REF)
     lo, hi = row["lo"] or 0.0, row["hi"] if row["hi"] is not None else np.inf
     return hi - lo, bool(lo <= TRUE_RATIO <= hi)
+
+
+def spread(rows: list[dict], rep: int, replicates: int = 200) -> float:
+    """How precise the design of ``rows`` (which runs, not their losses) is, by Monte Carlo from the
+    truth: ``replicates`` datasets with the true losses plus noise, each architecture's law refitted
+    (LawFit.refit, as a bootstrap draw), log ρ at REF read; the robust sd (IQR / 1.349) of it, +inf
+    when over a quarter of them have no ρ. The j-th run of a cell gets the same noise in any design
+    (common random numbers), so two designs differ by their runs, not their luck."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        design, _ = sg.design_from_points(_complete(pd.DataFrame(rows)), FitRequest(n_boot=50, seed=rep),
+                                          ref=REF, num_draws=8)
+        theta = {}
+        for name, fit in design.fits.items():
+            d = fit.data
+            n = np.exp(d.u)
+            truth = np.log([true_loss(name, x) for x in n])
+            seen: dict[int, int] = {}
+            noise = []
+            for x in n:
+                cell = int(round(x / 1e6))
+                j = seen[cell] = seen.get(cell, -1) + 1
+                noise.append(np.random.default_rng([rep, 7, list(ARCHS).index(name), cell, j])
+                             .standard_normal(replicates))
+            targets = truth[None, :] + NOISE_SD * np.array(noise).T
+            theta[name] = LawFit(fit.law, replace(d, y=truth), fit.objective, fit.solution).refit(targets)
+        log_rho = design.log_ratio(theta[design.baseline], theta[design.candidate])
+    q25, q75 = np.nanpercentile(np.where(np.isfinite(log_rho), log_rho, np.nan), [25, 75])
+    return float((q75 - q25) / 1.349) if np.mean(~np.isfinite(log_rho)) < 0.25 else np.inf
 
 
 def suggest_round(rows: list[dict], budget: float, boot: int, draws: int, seed: int,
                   sizes: tuple[float, ...]) -> list[tuple[str, float]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        design, result = sg.design_from_points(_complete(pd.DataFrame(rows)), FitRequest(n_boot=boot, seed=seed),
+        design, result = sg.design_from_points(_complete(pd.DataFrame(rows)),
+                                               FitRequest(n_boot=boot, seed=seed, noise_sd=KNOWN["noise_sd"]),
                                                ref=REF, num_draws=draws)
         assert result.points is not None
         pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes)
@@ -80,14 +130,22 @@ def suggest_round(rows: list[dict], budget: float, boot: int, draws: int, seed: 
     return [(s.candidate.arch, s.candidate.num_params) for s in choice.steps]
 
 
-def uniform_round(cursor: int, budget: float) -> tuple[list[tuple[str, float]], int]:
-    order = [(a, n) for n in SIZES for a in ARCHS]
-    picked, spent = [], 0.0
-    while spent + cost(order[cursor % len(order)][1]) <= budget:
+def uniform_round(cursor: int, budget: float, sizes: tuple[float, ...]) -> tuple[list[tuple[str, float]], int]:
+    """Round-robin over every (size, architecture) suggest may pick, smallest first, continuing where
+    the previous round stopped; a run that does not fit what is left of the round's budget is passed
+    over, and the round ends after a whole cycle that bought nothing."""
+    order = [(a, n) for n in sorted({*SIZES, *sizes}) for a in ARCHS]
+    picked: list[tuple[str, float]] = []
+    spent, idle = 0.0, 0
+    while idle < len(order):
         a, n = order[cursor % len(order)]
-        picked.append((a, n))
-        spent += cost(n)
         cursor += 1
+        if spent + cost(n) <= budget:
+            picked.append((a, n))
+            spent += cost(n)
+            idle = 0
+        else:
+            idle += 1
     return picked, cursor
 
 
@@ -96,36 +154,53 @@ class Arm:
     spent: list[float]
     width: list[float]
     covered: list[bool]
+    spread: list[float]
 
 
 def simulate(rep: int, rounds: int = 3, budget: float = 15000.0, boot: int = 400, draws: int = 32,
-             sizes: tuple[float, ...] = ()) -> dict[str, Arm]:
-    """One synthetic study: both arms from the same starting ladder; per round GPU-h spent so far,
-    the CI width and coverage."""
+             sizes: tuple[float, ...] = (), seeds: int = 2, bootstrap: bool = True) -> dict[str, Arm]:
+    """One synthetic study: both arms from the same starting ladder; per round the GPU-h spent so
+    far, the design's precision and (``bootstrap``) the fit's CI width and coverage."""
     rng = np.random.default_rng(10_000 + rep)
-    first = start(rng)
-    w0, c0 = measure(first, boot, rep)
-    arms = {"suggest": Arm([0.0], [w0], [c0]), "uniform": Arm([0.0], [w0], [c0])}
+    first = start(rng, seeds)
+    w0, c0 = measure(first, boot, rep) if bootstrap else (np.nan, False)
+    s0 = spread(first, rep)
+    arms = {"suggest": Arm([0.0], [w0], [c0], [s0]), "uniform": Arm([0.0], [w0], [c0], [s0])}
     rows = {"suggest": list(first), "uniform": list(first)}
-    outcome_rng = {k: np.random.default_rng([rep, i]) for i, k in enumerate(arms)}
+    outcomes = Outcomes(rep)
     cursor = 0
     for r in range(rounds):
         for name, arm in arms.items():
             if name == "suggest":
                 picked = suggest_round(rows[name], budget, boot, draws, rep * 100 + r, sizes)
             else:
-                picked, cursor = uniform_round(cursor, budget)
-            k = len(rows[name])
-            rows[name] += [run_row(a, n, outcome_rng[name], k + i) for i, (a, n) in enumerate(picked)]
-            width, covered = measure(rows[name], boot, rep)
+                picked, cursor = uniform_round(cursor, budget, sizes)
+            rows[name] = outcomes.rows(rows[name], picked)
+            width, covered = measure(rows[name], boot, rep) if bootstrap else (np.nan, False)
             arm.spent.append(arm.spent[-1] + sum(cost(n) for _, n in picked))
             arm.width.append(width)
             arm.covered.append(covered)
+            arm.spread.append(spread(rows[name], rep))
     return arms
 
 
 def _one(args: tuple) -> dict[str, Arm]:
-    return simulate(*args)
+    KNOWN["noise_sd"] = args[-1]
+    return simulate(*args[:-1])
+
+
+def paired(start_: np.ndarray, a: np.ndarray, b: np.ndarray, spent_a: np.ndarray, spent_b: np.ndarray) -> dict:
+    """Per study, how much each arm narrowed log(width) per 1,000 GPU-h, and the paired difference
+    (studies where all three are finite and positive)."""
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(start_) & np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0) & (spent_a > 0) & (spent_b > 0)
+        ga = 1000 * (np.log(start_) - np.log(a))[ok] / spent_a[ok]
+        gb = 1000 * (np.log(start_) - np.log(b))[ok] / spent_b[ok]
+    diff = ga - gb
+    return {"studies": int(ok.sum()), "suggest": float(ga.mean()), "uniform": float(gb.mean()),
+            "ratio": float(ga.mean() / gb.mean()), "difference": float(diff.mean()),
+            "se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan"),
+            "positive": float(np.mean(diff > 0))}
 
 
 def main() -> None:
@@ -136,40 +211,55 @@ def main() -> None:
     parser.add_argument("--boot", type=int, default=400)
     parser.add_argument("--draws", type=int, default=32)
     parser.add_argument("--sizes", type=float, nargs="*", default=[], help="extra sizes suggest may add (e.g. 20e9)")
+    parser.add_argument("--start-seeds", type=int, default=2, help="seeds per (size, architecture) to start from")
+    parser.add_argument("--known-noise", action="store_true", help="fit with the true noise sd (--noise-sd)")
+    parser.add_argument("--precision-only", action="store_true",
+                        help="measure the designs' precision only, not the fit's bootstrap CI (faster)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     warnings.simplefilter("ignore", FitWarning)
     t0 = time.perf_counter()
-    jobs = [(i, args.rounds, args.budget, args.boot, args.draws, tuple(args.sizes)) for i in range(args.reps)]
+    jobs = [(i, args.rounds, args.budget, args.boot, args.draws, tuple(args.sizes), args.start_seeds,
+             not args.precision_only, NOISE_SD if args.known_noise else None) for i in range(args.reps)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_one, jobs))
+    last = args.rounds
+
+    def column(arm: str, field: str, r: int = last) -> np.ndarray:
+        return np.array([getattr(res[arm], field)[r] for res in results], dtype=float)
+
+    spent_a, spent_b = column("suggest", "spent"), column("uniform", "spent")
+    summary = {
+        "studies": args.reps, "rounds": args.rounds, "budget_gpu_hours": args.budget,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "spent_gpu_hours": {"suggest": float(spent_a.mean()), "uniform": float(spent_b.mean())},
+        "precision": paired(column("suggest", "spread", 0), column("suggest", "spread"), column("uniform", "spread"),
+                            spent_a, spent_b),
+    }
+    if not args.precision_only:
+        summary["bootstrap_width"] = paired(column("suggest", "width", 0), column("suggest", "width"),
+                                            column("uniform", "width"), spent_a, spent_b)
+    if args.json:
+        print(json.dumps(summary))
+        return
     print(f"{args.reps} synthetic studies x {args.rounds} rounds of {args.budget:,.0f} GPU-h, {args.boot} bootstrap "
-          f"draws, {args.draws} simulated outcomes per candidate ({time.perf_counter() - t0:.0f} s, "
-          f"{args.workers} workers)")
-    print(f"{'round':>5} {'arm':>8} {'GPU-h spent':>12} {'median width':>13} {'mean log width':>15} "
-          f"{'open CIs':>9} {'coverage':>9}")
+          f"draws, {args.draws} simulated outcomes per candidate ({summary['seconds']:.0f} s, {args.workers} workers)")
+    print(f"{'round':>5} {'arm':>8} {'GPU-h spent':>12} {'precision (sd)':>15} {'median width':>13} {'open CIs':>9} "
+          f"{'coverage':>9}")
     for r in range(args.rounds + 1):
         for name in ("suggest", "uniform"):
-            spent = np.mean([res[name].spent[r] for res in results])
-            w = np.array([res[name].width[r] for res in results])
-            cov = np.mean([res[name].covered[r] for res in results])
-            finite = w[np.isfinite(w)]
-            print(f"{r:>5} {name:>8} {spent:>12,.0f} {np.median(w):>13.3f} {np.mean(np.log(finite)):>15.3f} "
-                  f"{np.mean(~np.isfinite(w)):>9.0%} {cov:>9.1%}")
-    last = args.rounds
-    a = np.array([res["suggest"].width[last] for res in results])
-    b = np.array([res["uniform"].width[last] for res in results])
-    w0 = np.array([res["suggest"].width[0] for res in results])
-    sa = np.mean([res["suggest"].spent[last] for res in results])
-    sb = np.mean([res["uniform"].spent[last] for res in results])
-    print(f"after {last} rounds: median width suggest {np.median(a):.3f} ({sa:,.0f} GPU-h) vs uniform "
-          f"{np.median(b):.3f} ({sb:,.0f} GPU-h); suggest narrower in {np.mean(a < b):.0%} of studies")
-    ra, rb = (np.median(w0) - np.median(a)) / sa, (np.median(w0) - np.median(b)) / sb
-    ratio = f"{ra / rb:.2f}" if rb > 0 else "n/a (uniform did not narrow it)"
-    print(f"narrowing per 1,000 GPU-h (median widths): suggest {1000 * ra:.4f}, uniform {1000 * rb:.4f}, ratio {ratio}")
-    log_a, log_b = np.log(a[np.isfinite(a)]), np.log(b[np.isfinite(b)])
-    print(f"mean log width after {last} rounds: suggest {log_a.mean():.3f}, uniform {log_b.mean():.3f} (paired studies; "
-          f"open CIs left out: {np.mean(~np.isfinite(a)):.0%} / {np.mean(~np.isfinite(b)):.0%})")
+            w = column(name, "width", r)
+            print(f"{r:>5} {name:>8} {column(name, 'spent', r).mean():>12,.0f} "
+                  f"{np.median(column(name, 'spread', r)):>15.4f} {np.median(w):>13.3f} "
+                  f"{np.mean(np.isinf(w)):>9.0%} {np.mean(column(name, 'covered', r)):>9.1%}")
+    for key, what in (("precision", "the design's precision (sd of log ratio over 200 datasets from the truth)"),
+                      ("bootstrap_width", "the fit's 95% bootstrap CI width")):
+        if key in summary:
+            p = summary[key]
+            print(f"{what}: narrowing of its log per 1,000 GPU-h over {p['studies']} studies: suggest "
+                  f"{p['suggest']:.4f}, uniform {p['uniform']:.4f} (ratio {p['ratio']:.2f}); paired difference "
+                  f"{p['difference']:.4f} ± {p['se']:.4f} (se), suggest ahead in {p['positive']:.0%}")
 
 
 if __name__ == "__main__":
