@@ -38,10 +38,11 @@ from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.table import _complete
 
 SIZES = np.array([0.83, 1.4, 2.8, 6.8, 13.1]) * 1e9
-TRUE_RATIO, NOISE_SD, REF, TOKENS_PER_PARAM = 0.62, 0.005, 13.1e9, 20.0
+TRUE_RATIO, NOISE_SD, TOKENS_PER_PARAM = 0.62, 0.005, 20.0
 ARCHS = {"transformer": 1.0, "diff_v1": TRUE_RATIO}
 RATE = 989e12 * 0.40 * 3600  # FLOPs per GPU-hour (slurm/profiles/h100-example.yaml)
-KNOWN: dict[str, float | None] = {"noise_sd": None}  # --known-noise: every fit is told the true noise sd
+# --known-noise: every fit is told the true noise sd; --ref: where the ratio is read (default the top size)
+KNOWN: dict[str, float | None] = {"noise_sd": None, "ref": 13.1e9}
 
 
 def true_loss(arch: str, n: float) -> float:
@@ -57,8 +58,10 @@ def cost(n: float) -> float:
     return 6.0 * n * TOKENS_PER_PARAM * n / RATE
 
 
-def start(rng: np.random.Generator, seeds: int = 2) -> list[dict]:
-    return [run_row(a, n, rng, k) for k in range(seeds) for a in ARCHS for n in SIZES]
+def start(rng: np.random.Generator, seeds: int = 2, baseline_seeds: int | None = None) -> list[dict]:
+    """The starting ladder: ``seeds`` per (size, architecture), the Transformer's ``baseline_seeds``."""
+    per_arch = {"transformer": seeds if baseline_seeds is None else baseline_seeds, "diff_v1": seeds}
+    return [run_row(a, n, rng, k) for a in ARCHS for k in range(per_arch[a]) for n in SIZES]
 
 
 class Outcomes:
@@ -81,9 +84,9 @@ def measure(rows: list[dict], boot: int, seed: int) -> tuple[float, bool]:
     """The full-bootstrap CI width of ρ at REF (inf when open-ended) and whether it covers the truth."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = analyse(_complete(pd.DataFrame(rows)), FitRequest(n_boot=boot, seed=seed, at=(REF,),
+        result = analyse(_complete(pd.DataFrame(rows)), FitRequest(n_boot=boot, seed=seed, at=(KNOWN["ref"],),
                                                                    noise_sd=KNOWN["noise_sd"]))
-    row = next(r for r in result.ratios if r["at"] == REF)
+    row = next(r for r in result.ratios if np.isclose(r["at"], KNOWN["ref"]))
     lo, hi = row["lo"] or 0.0, row["hi"] if row["hi"] is not None else np.inf
     return hi - lo, bool(lo <= TRUE_RATIO <= hi)
 
@@ -97,7 +100,7 @@ def spread(rows: list[dict], rep: int, replicates: int = 200) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         design, _ = sg.design_from_points(_complete(pd.DataFrame(rows)), FitRequest(n_boot=50, seed=rep),
-                                          ref=REF, num_draws=8)
+                                          ref=KNOWN["ref"], num_draws=8)
         theta = {}
         for name, fit in design.fits.items():
             d = fit.data
@@ -123,18 +126,19 @@ def suggest_round(rows: list[dict], budget: float, boot: int, draws: int, seed: 
         warnings.simplefilter("ignore")
         design, result = sg.design_from_points(_complete(pd.DataFrame(rows)),
                                                FitRequest(n_boot=boot, seed=seed, noise_sd=KNOWN["noise_sd"]),
-                                               ref=REF, num_draws=draws)
+                                               ref=KNOWN["ref"], num_draws=draws)
         assert result.points is not None
         pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes)
         choice = sg.choose_within(design, pool, budget, seed)
     return [(s.candidate.arch, s.candidate.num_params) for s in choice.steps]
 
 
-def uniform_round(cursor: int, budget: float, sizes: tuple[float, ...]) -> tuple[list[tuple[str, float]], int]:
+def uniform_round(cursor: int, budget: float, sizes: tuple[float, ...],
+                  archs: tuple[str, ...] = tuple(ARCHS)) -> tuple[list[tuple[str, float]], int]:
     """Round-robin over every (size, architecture) suggest may pick, smallest first, continuing where
     the previous round stopped; a run that does not fit what is left of the round's budget is passed
     over, and the round ends after a whole cycle that bought nothing."""
-    order = [(a, n) for n in sorted({*SIZES, *sizes}) for a in ARCHS]
+    order = [(a, n) for n in sorted({*SIZES, *sizes}) for a in archs]
     picked: list[tuple[str, float]] = []
     spent, idle = 0.0, 0
     while idle < len(order):
@@ -158,11 +162,13 @@ class Arm:
 
 
 def simulate(rep: int, rounds: int = 3, budget: float = 15000.0, boot: int = 400, draws: int = 32,
-             sizes: tuple[float, ...] = (), seeds: int = 2, bootstrap: bool = True) -> dict[str, Arm]:
+             sizes: tuple[float, ...] = (), seeds: int = 2, bootstrap: bool = True,
+             baseline_seeds: int | None = None, match_spend: bool = False,
+             uniform_archs: tuple[str, ...] = tuple(ARCHS)) -> dict[str, Arm]:
     """One synthetic study: both arms from the same starting ladder; per round the GPU-h spent so
     far, the design's precision and (``bootstrap``) the fit's CI width and coverage."""
     rng = np.random.default_rng(10_000 + rep)
-    first = start(rng, seeds)
+    first = start(rng, seeds, baseline_seeds)
     w0, c0 = measure(first, boot, rep) if bootstrap else (np.nan, False)
     s0 = spread(first, rep)
     arms = {"suggest": Arm([0.0], [w0], [c0], [s0]), "uniform": Arm([0.0], [w0], [c0], [s0])}
@@ -173,8 +179,9 @@ def simulate(rep: int, rounds: int = 3, budget: float = 15000.0, boot: int = 400
         for name, arm in arms.items():
             if name == "suggest":
                 picked = suggest_round(rows[name], budget, boot, draws, rep * 100 + r, sizes)
-            else:
-                picked, cursor = uniform_round(cursor, budget, sizes)
+            else:  # suggest went first: with match_spend, uniform gets what suggest spent this round
+                round_budget = arms["suggest"].spent[-1] - arms["suggest"].spent[-2] if match_spend else budget
+                picked, cursor = uniform_round(cursor, round_budget, sizes, uniform_archs)
             rows[name] = outcomes.rows(rows[name], picked)
             width, covered = measure(rows[name], boot, rep) if bootstrap else (np.nan, False)
             arm.spent.append(arm.spent[-1] + sum(cost(n) for _, n in picked))
@@ -185,8 +192,8 @@ def simulate(rep: int, rounds: int = 3, budget: float = 15000.0, boot: int = 400
 
 
 def _one(args: tuple) -> dict[str, Arm]:
-    KNOWN["noise_sd"] = args[-1]
-    return simulate(*args[:-1])
+    KNOWN["noise_sd"], KNOWN["ref"] = args[-2], args[-1]
+    return simulate(*args[:-2])
 
 
 def paired(start_: np.ndarray, a: np.ndarray, b: np.ndarray, spent_a: np.ndarray, spent_b: np.ndarray) -> dict:
@@ -203,6 +210,21 @@ def paired(start_: np.ndarray, a: np.ndarray, b: np.ndarray, spent_a: np.ndarray
             "positive": float(np.mean(diff > 0))}
 
 
+def dominance(a: np.ndarray, b: np.ndarray, spent_a: np.ndarray, spent_b: np.ndarray) -> dict:
+    """Per study, suggest's final sd or width ``a`` against uniform's ``b``: how often suggest is at least
+    as narrow for at most 2% more GPU-h, and the mean gap log(b / a) (> 0: suggest narrower) with its
+    se over the studies where both are finite. With --match-spend the spends are equal, so the gap
+    compares the designs at equal cost, free of diminishing returns."""
+    with np.errstate(all="ignore"):
+        gap = np.log(b) - np.log(a)
+    ok = np.isfinite(gap)
+    return {"studies": int(ok.sum()),
+            "suggest_as_narrow_for_at_most_2pct_more_gpu_hours": float(np.mean((a <= b) & (spent_a <= spent_b * 1.02))),
+            "log_gap": float(gap[ok].mean()),
+            "log_gap_se": float(gap[ok].std(ddof=1) / np.sqrt(ok.sum())) if ok.sum() > 1 else float("nan"),
+            "spent_ratio": float(spent_a.sum() / spent_b.sum())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=40)
@@ -212,6 +234,13 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=32)
     parser.add_argument("--sizes", type=float, nargs="*", default=[], help="extra sizes suggest may add (e.g. 20e9)")
     parser.add_argument("--start-seeds", type=int, default=2, help="seeds per (size, architecture) to start from")
+    parser.add_argument("--baseline-seeds", type=int, default=None,
+                        help="seeds per size of the Transformer to start from (default --start-seeds)")
+    parser.add_argument("--ref", type=float, default=13.1e9, help="where the ratio is read (default 13.1e9)")
+    parser.add_argument("--match-spend", action="store_true",
+                        help="uniform spends each round what suggest spent (compare precision at equal GPU-h)")
+    parser.add_argument("--uniform-diff-only", action="store_true",
+                        help="uniform adds DIFF runs only (a stronger rival when the Transformer is already dense)")
     parser.add_argument("--known-noise", action="store_true", help="fit with the true noise sd (--noise-sd)")
     parser.add_argument("--precision-only", action="store_true",
                         help="measure the designs' precision only, not the fit's bootstrap CI (faster)")
@@ -221,7 +250,9 @@ def main() -> None:
     warnings.simplefilter("ignore", FitWarning)
     t0 = time.perf_counter()
     jobs = [(i, args.rounds, args.budget, args.boot, args.draws, tuple(args.sizes), args.start_seeds,
-             not args.precision_only, NOISE_SD if args.known_noise else None) for i in range(args.reps)]
+             not args.precision_only, args.baseline_seeds, args.match_spend,
+             ("diff_v1",) if args.uniform_diff_only else tuple(ARCHS), NOISE_SD if args.known_noise else None, args.ref)
+            for i in range(args.reps)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_one, jobs))
     last = args.rounds
@@ -237,9 +268,12 @@ def main() -> None:
         "precision": paired(column("suggest", "spread", 0), column("suggest", "spread"), column("uniform", "spread"),
                             spent_a, spent_b),
     }
+    summary["dominance"] = dominance(column("suggest", "spread"), column("uniform", "spread"), spent_a, spent_b)
     if not args.precision_only:
         summary["bootstrap_width"] = paired(column("suggest", "width", 0), column("suggest", "width"),
                                             column("uniform", "width"), spent_a, spent_b)
+        summary["bootstrap_dominance"] = dominance(column("suggest", "width"), column("uniform", "width"),
+                                                   spent_a, spent_b)
     if args.json:
         print(json.dumps(summary))
         return
@@ -253,6 +287,13 @@ def main() -> None:
             print(f"{r:>5} {name:>8} {column(name, 'spent', r).mean():>12,.0f} "
                   f"{np.median(column(name, 'spread', r)):>15.4f} {np.median(w):>13.3f} "
                   f"{np.mean(np.isinf(w)):>9.0%} {np.mean(column(name, 'covered', r)):>9.1%}")
+    for key, what in (("dominance", "precision (sd)"), ("bootstrap_dominance", "bootstrap CI width")):
+        if key in summary:
+            d = summary[key]
+            print(f"{what}: suggest as narrow for at most 2% more GPU-h in "
+                  f"{d['suggest_as_narrow_for_at_most_2pct_more_gpu_hours']:.0%} of studies; log(uniform / suggest) "
+                  f"{d['log_gap']:.4f} ± {d['log_gap_se']:.4f} (se) over {d['studies']}; suggest spent "
+                  f"{d['spent_ratio']:.2f}x uniform's GPU-h")
     for key, what in (("precision", "the design's precision (sd of log ratio over 200 datasets from the truth)"),
                       ("bootstrap_width", "the fit's 95% bootstrap CI width")):
         if key in summary:
