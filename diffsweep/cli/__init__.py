@@ -18,6 +18,7 @@ from diffsweep.cli import eval as eval_cli
 from diffsweep.cli import fit as fit_cli
 from diffsweep.cli import model as model_cli
 from diffsweep.cli import server as server_cli
+from diffsweep.cli import suggest as suggest_cli
 from diffsweep.cli import sweep as sweep_cli
 from diffsweep.cli import train as train_cli
 from diffsweep.cli import ui as ui_cli
@@ -40,6 +41,7 @@ app.command("fit")(fit_cli.fit)
 app.command("compare")(compare_cli.compare)
 app.command("eval")(eval_cli.eval_)
 app.command("doctor")(doctor_cli.doctor)
+app.command("suggest")(suggest_cli.suggest)
 for _name in ("plan", "launch", "status", "cancel", "logs", "reconcile"):
     app.command(_name)(getattr(sweep_cli, _name))
 

@@ -1,0 +1,257 @@
+"""``diffsweep suggest``: which runs would narrow the efficiency ratio's CI the most per GPU-hour."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from diffsweep.cli.common import JsonOpt, flag_keys, handle_errors, print_json
+from diffsweep.config import ConfigError
+
+# What a GPU-hour buys for runs the sweep does not plan (extra sizes, more seeds) when no --profile
+# says otherwise: slurm/profiles/h100-example.yaml (989 dense bf16 TFLOP/s at an assumed 40% MFU).
+DEFAULT_PEAK_TFLOPS, DEFAULT_MFU = 989.0, 0.40
+
+FLAGS = {"candidates": "--candidate", "at": "--at", "sizes": "--sizes", "budget": "--budget",
+         "points": "SWEEP_OR_FIT", "shared_e": "SWEEP_OR_FIT", "noise_sd": "SWEEP_OR_FIT", "baseline": "SWEEP_OR_FIT",
+         "experiment": "--experiment", "only": "--launch", "profile": "--profile"}
+
+
+@handle_errors
+def suggest(
+    source: Annotated[Path, typer.Argument(help="A fit folder (fits/<name>/, from diffsweep fit), a points CSV, or "
+                                           "a sweep YAML (its finished runs in MLflow; its unfinished runs are "
+                                           "candidates).", show_default=False, metavar="SWEEP_OR_FIT")],
+    candidate: Annotated[str | None, typer.Option("--candidate", help="Whose ratio to narrow (default: the first "
+                                                  "candidate architecture).", show_default=False)] = None,
+    at: Annotated[str | None, typer.Option("--at", help="The reference size (or token count) of the ratio, e.g. "
+                                           "11B (default: the largest measured).", show_default=False)] = None,
+    sizes: Annotated[list[str] | None, typer.Option("--sizes", help="Extra sizes (tokens on a token axis) to "
+                                                    "consider for both architectures, e.g. 20B (repeatable, or "
+                                                    "comma-separated).", show_default=False)] = None,
+    no_seeds: Annotated[bool, typer.Option("--no-seeds", help="Do not consider another seed of a measured "
+                                           "point.")] = False,
+    budget: Annotated[float | None, typer.Option("--budget", help="GPU-hours: pick the best set of runs within it "
+                                                 "(greedy).", show_default=False)] = None,
+    draws: Annotated[int, typer.Option("--draws", help="Simulated outcomes per candidate.")] = 64,
+    boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws of the current fit.")] = 400,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap and the simulations.")] = 0,
+    profile: Annotated[str | None, typer.Option("--profile", help="Cluster profile whose GPU prices runs the "
+                                                "sweep does not plan (default: the sweep's if it has GPUs, else "
+                                                "an H100 at 40% MFU).", show_default=False)] = None,
+    experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment of a sweep's runs "
+                                                   "(default: the sweep's).", show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows of the ranked table shown (--json: all).")] = 15,
+    launch: Annotated[bool, typer.Option("--launch", help="Submit the planned runs chosen within --budget through "
+                                         "the normal launcher (a sweep only; extra sizes and seeds are not in the "
+                                         "sweep and are listed, not launched).")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Rank candidate runs by how much they are expected to narrow the CI of the efficiency ratio
+    at the reference, per GPU-hour (a preposterior analysis of the current fit); with --budget,
+    pick a set greedily."""
+    from diffsweep.cli.fit import parse_amount
+    from diffsweep.scaling import suggest as sg
+    from diffsweep.scaling.points import x_column
+
+    if draws < 8:
+        raise ConfigError("--draws", f"expected at least 8 simulated outcomes, got {draws}")
+    if boot < 50:
+        raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
+    if budget is not None and not budget > 0:
+        raise ConfigError("--budget", f"expected a positive number of GPU-hours, got {budget}")
+    if launch and budget is None:
+        raise ConfigError("--launch", "submits the runs chosen within a budget; give --budget GPU-hours")
+    if launch and source.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError("--launch", "submits a sweep's planned runs; give the sweep YAML, not a fit folder or CSV")
+    ref = parse_amount(at, "--at") if at is not None else None
+    extra_sizes = [parse_amount(s, "--sizes") for part in sizes or () for s in part.split(",") if s.strip()]
+    points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
+    if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
+        request = replace(request, at=(ref,))
+    with flag_keys(FLAGS):
+        design, result = sg.design_from_points(points, request, candidate, ref, draws)
+        assert result.points is not None
+        pool = list(planned_runs(design, rate))
+        pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds)
+        if not pool:
+            raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
+                              "--no-seeds")
+        width_now, ranked = sg.rank(design, pool, seed)
+        choice = sg.choose_within(design, pool, budget, seed) if budget is not None else None
+    row = next((r for r in result.ratios if abs(r["at"] - design.ref) <= 1e-9 * design.ref), None)
+    out: dict[str, Any] = {
+        "source": label, "baseline": design.baseline, "candidate": design.candidate, "axis": design.axis,
+        "reference": design.ref, "level": design.level,
+        "current": {"ratio": row["ratio"] if row else None, "lo": row["lo"] if row else None,
+                    "hi": row["hi"] if row else None,
+                    "bootstrap_width": (row["hi"] - row["lo"]) if row and row["hi"] is not None
+                    and row["lo"] is not None else None,
+                    "linearised_width": sg._finite(width_now)},
+        "method": (f"preposterior: each candidate's outcome simulated from {len(design.draws[design.baseline])} "
+                   "bootstrap draws of the fit plus its noise, laws refitted, CI width by the delta method on "
+                   "log ratio (t quantile), median over the draws"),
+        "noise_sd": design.sd,
+        "candidates": [s.to_dict() for s in ranked],
+    }
+    if choice is not None:
+        out["budget"] = choice.to_dict()
+    if launch:
+        assert choice is not None
+        out["launched"] = _launch(source, profile, [s.candidate.name for s in choice.steps
+                                                     if s.candidate.origin == "planned"], budget, json_out)
+    if json_out:
+        print_json(out)
+        return
+    _render(out, top)
+
+
+def _launch(sweep: Path, profile: str | None, names: list[str], budget: float | None, quiet: bool) -> list[str]:
+    """Submit the planned runs ``names`` with ``launch_sweep`` (``--only`` their exact names)."""
+    import re
+
+    from diffsweep.launch.api import SweepTarget, launch_sweep
+    from diffsweep.sweep import load_sweep
+
+    if not names:
+        return []
+    only = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    say = (lambda _m: None) if quiet else typer.echo
+    report = launch_sweep(SweepTarget(load_sweep(sweep, ()), profile=profile, only=only), budget=budget,
+                          warn=lambda m: typer.echo(f"warning: {m}", err=True), echo=say)
+    return [row.run.name for row, _ in report.submitted]
+
+
+def _render(out: dict, top: int) -> None:
+    from diffsweep.config.units import human
+    from diffsweep.scaling.report import arch_name
+
+    cur = out["current"]
+    ref = human(out["reference"]) + (" tokens" if out["axis"] == "D" else "")
+    typer.echo(f"{arch_name(out['candidate'])} vs {arch_name(out['baseline'])}, ratio at {ref}: "
+               + (f"{cur['ratio']:.1%} (CI {_pct(cur['lo'])}-{_pct(cur['hi'])}, width {_pct(cur['bootstrap_width'])}); "
+                  if cur["ratio"] is not None else "")
+               + f"linearised width now {_pct(cur['linearised_width'])}")
+    typer.echo(f"method: {out['method']}\n")
+    header = f"{'candidate':<44} {'GPU-h':>10} {'width after':>12} {'reduction/GPU-h':>16}"
+    typer.echo(header)
+    for r in out["candidates"][:top]:
+        typer.echo(f"{r['candidate'][:44]:<44} {r['gpu_hours']:>10,.1f} {_pct(r['expected_width_after']):>12} "
+                   f"{_per(r['reduction_per_gpu_hour']):>16}")
+    if len(out["candidates"]) > top:
+        typer.echo(f"... {len(out['candidates']) - top} more (--top, --json)")
+    b = out.get("budget")
+    if b is not None:
+        typer.echo(f"\nwithin {b['budget_gpu_hours']:,.1f} GPU-hours (greedy: best reduction per GPU-hour given the "
+                   "runs already picked, not an optimal set):")
+        for i, r in enumerate(b["runs"], 1):
+            typer.echo(f"  {i}. {r['candidate']}  {r['gpu_hours']:,.1f} GPU-h -> width {_pct(r['expected_width_after'])}")
+        typer.echo(f"  spent {b['spent_gpu_hours']:,.1f} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
+                   f"{_pct(b['expected_width_after'])}" if b["runs"] else "  no affordable run narrows the CI")
+    if "launched" in out:
+        extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
+        typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"
+                   + (f"; not in the sweep, so not launched: {', '.join(extras)}" if extras else ""))
+
+
+def _pct(v: float | None) -> str:
+    return "∞" if v is None else f"{v:.1%}"
+
+
+def _per(v: float | None) -> str:
+    return "∞" if v is None else f"{v * 100:.3g} pp"
+
+
+def _inputs(source: Path, boot: int, seed: int, experiment: str | None, profile: str | None):
+    """The points, the fit request, a label, the planned-run candidates (a function of the design
+    and the GPU rate) and the FLOPs one GPU-hour buys."""
+    from diffsweep.scaling.analysis import FitRequest
+    from diffsweep.scaling.table import from_csv
+
+    rate = _rate(profile)
+    if source.is_dir():
+        fit_json, points_csv = source / "fit.json", source / "points.csv"
+        if not fit_json.is_file() or not points_csv.is_file():
+            raise ConfigError("SWEEP_OR_FIT", f"{source} is not a fit folder (expected fit.json and points.csv in it)")
+        try:
+            saved = json.loads(fit_json.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError("SWEEP_OR_FIT", f"cannot read {fit_json} ({exc})") from None
+        return from_csv(points_csv), _request(saved, boot, seed), str(source), _no_planned, rate
+    if not source.exists():
+        raise ConfigError("SWEEP_OR_FIT", f"{source}: no such file or folder")
+    if source.suffix.lower() == ".csv":
+        return from_csv(source), FitRequest(n_boot=boot, seed=seed), str(source), _no_planned, rate
+    if source.suffix.lower() in (".yaml", ".yml"):
+        return _sweep_inputs(source, boot, seed, experiment, profile)
+    raise ConfigError("SWEEP_OR_FIT", f"{source}: expected a fit folder, a CSV or a sweep YAML")
+
+
+def _no_planned(design: Any, rate: float) -> list:
+    """A fit folder or a CSV plans no runs."""
+    return []
+
+
+def _rate(profile: str | None) -> float:
+    """FLOPs per GPU-hour: the profile's GPU at its assumed MFU, else the default H100."""
+    if profile is None:
+        return DEFAULT_PEAK_TFLOPS * 1e12 * DEFAULT_MFU * 3600
+    from diffsweep.launch.profiles import load_profile
+
+    gpu = load_profile(profile).gpu
+    return gpu.peak_tflops * 1e12 * gpu.mfu * 3600
+
+
+def _request(saved: dict, boot: int, seed: int):
+    """The fit request a fit.json was made with (its law, counting, baseline, noise, level)."""
+    from diffsweep.scaling.analysis import FitRequest
+    from diffsweep.scaling.choices import Axis, Count, Objective
+
+    try:
+        noise = saved["noise"]
+        return FitRequest(
+            baseline=saved["baseline"], candidates=tuple(saved["candidates"]),
+            axis={"N": Axis.N, "D": Axis.D}.get(saved["axis"], Axis.AUTO), form=saved["form"],
+            objective=Objective(saved["objective"]), count=Count(saved["count"]), shared_e=bool(saved["shared_e"]),
+            n_boot=boot, level=float(saved["level"]), seed=seed,
+            noise_sd=float(noise["sd"]) if noise["source"] == "given" else None)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("SWEEP_OR_FIT", f"fit.json lacks what suggest needs ({exc!r}); refit with diffsweep fit") \
+            from None
+
+
+def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, profile: str | None):
+    """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its planned
+    runs that launch would submit (new, changed, failed, cancelled) as candidates, priced by the planner."""
+    from diffsweep.cli.fit import _source
+    from diffsweep.launch.api import SweepTarget, plan_sweep
+    from diffsweep.launch.plan import SUBMITTABLE
+    from diffsweep.scaling.analysis import FitRequest
+    from diffsweep.scaling.pipeline import load_points
+    from diffsweep.scaling.suggest import FLOPS_PER_TOKEN_PER_PARAM, Candidate
+    from diffsweep.sweep import load_sweep
+
+    request = FitRequest(n_boot=boot, seed=seed)
+    src = _source(sweep, experiment, None, None, None, log=False)
+    points = load_points(src, request)
+    plan = plan_sweep(SweepTarget(load_sweep(sweep, ()), profile=profile))
+    gpu = plan.profile.gpu
+    rate = gpu.peak_tflops * 1e12 * gpu.mfu * 3600 if plan.profile.gpus_per_node > 0 else _rate(None)
+
+    def planned(design: Any, rate_: float) -> list[Candidate]:
+        out: list[Candidate] = []
+        for r in plan.runs:
+            if r.state.state not in SUBMITTABLE or r.run.kind not in (design.baseline, design.candidate):
+                continue
+            x = float(r.run.num_params) if design.axis == "N" else float(r.run.tokens)
+            cost = r.estimate.gpu_hours or FLOPS_PER_TOKEN_PER_PARAM * r.run.num_params * r.run.tokens / rate_
+            out.append(Candidate(r.run.kind, x, float(cost), float(r.run.num_params), float(r.run.tokens),
+                                 other=float(r.run.tokens) if design.other_ref is not None else 0.0,
+                                 name=r.run.name, origin="planned"))
+        return out
+
+    return points, request, str(sweep), planned, rate

@@ -1,0 +1,368 @@
+"""Which run to add next: a preposterior analysis of the efficiency ratio's CI (``diffsweep suggest``).
+
+For a candidate run (an architecture at a size, or a token count), the question is how much
+narrower the CI of ρ at the chosen reference would be once that run has finished, per GPU-hour.
+For each of M paired bootstrap draws of the current fit (the fitted curve of that draw, per
+architecture), the candidate's outcome is simulated as the draw's curve at the candidate plus
+noise with the fit's noise sd; the law is refitted to the data plus that outcome (as
+``LawFit.refit`` refits a bootstrap draw: warm start plus the form's extra starts), and the CI
+width that the analyst would then read is computed. The expected width after the run is the
+median over the M simulated outcomes (robust to the few draws whose candidate never reaches the
+baseline's loss, or whose refit is near-singular, where the linearised width explodes).
+
+The CI inside the loop is linearised, not bootstrapped: a full bootstrap per simulated outcome per
+candidate would be M × B refits. It is the delta method on log ρ, with the Gauss-Newton
+covariance σ²(JᵀJ)⁻¹ of each architecture's fit and the Student t quantile for the noise's
+degrees of freedom (the bootstrap's ν/χ²_ν noise mixture gives exactly t_ν for a quantity
+linear in the noise; bootstrap.py):
+
+    width = ρ̂ (exp(t·se) − exp(−t·se)),  se² = Σ_arch g_archᵀ Cov_arch g_arch,  g = ∂ log ρ / ∂θ,
+
+with ρ̂ the current estimate (so the median over draws of the width is that of t·se, transformed).
+
+It is checked against the full bootstrap width on the synthetic ladder
+(tests/scaling/test_suggest.py); the current width is computed the same way, so the reduction
+compares like with like. ``choose_within`` picks runs within a GPU-hour budget greedily: the best
+reduction per GPU-hour, then the next given the ones already chosen (their simulated outcomes
+included), until nothing affordable narrows the CI. Greedy is not the optimal set.
+
+Scope: one law per architecture (not ``--shared-e``), one point per run (size ladders, final
+points of token runs, Chinchilla grids); token scans read from one run's checkpoints share the
+run's offset, which this noise model does not simulate, and are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+from scipy.stats import t as t_dist
+
+from diffsweep.config import ConfigError
+from diffsweep.scaling.analysis import FitRequest, analyse
+from diffsweep.scaling.choices import Axis
+from diffsweep.scaling.fit import LawFit, fit_law
+from diffsweep.scaling.optimize import Data
+from diffsweep.scaling.points import architectures
+from diffsweep.scaling.result import FitResult
+
+FD_STEP = 1e-5  # central-difference step on the (log-space) parameters for ∂ log ρ / ∂θ
+DEFAULT_DRAWS = 64  # simulated outcomes per candidate (common random numbers across candidates)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One run that could be added: its architecture, where it sits on the fitted axis (``x``, and
+    ``other``: D of a joint L(N, D) law), its size and tokens (for display) and its cost."""
+
+    arch: str
+    x: float
+    gpu_hours: float
+    num_params: float
+    tokens: float
+    other: float = 0.0
+    name: str = ""  # a planned run's name; "" for an extra
+    origin: str = "extra"  # planned | seed (another seed of a measured point) | extra (a new size or token count)
+    repeatable: bool = False  # an extra can be chosen more than once (more seeds); a planned run once
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.arch} @ {_human(self.x)}" + (" (another seed)" if self.origin == "seed" else "")
+
+
+@dataclass(frozen=True)
+class Design:
+    """The current fit as ``suggest`` needs it: per architecture the fitted law (with its data) and
+    paired bootstrap draws, the noise, the ratio being narrowed and at which reference."""
+
+    fits: dict[str, LawFit]
+    draws: dict[str, np.ndarray]  # (M, p) per architecture, the same row = the same draw
+    baseline: str
+    candidate: str
+    ref: float
+    axis: str  # N | D (the ratio's axis)
+    other_ref: float | None  # a joint law's fixed D for ρ_N
+    sd: float  # per-run noise sd of log loss (evaluation and size-level components combined)
+    dof: float  # the noise estimate's degrees of freedom (inf: given)
+    noise_source: str  # given | seeds | residuals
+    level: float
+    measured: dict[str, np.ndarray] = field(default_factory=dict)  # distinct x per architecture
+
+    def log_ratio(self, theta_base: np.ndarray, theta_cand: np.ndarray) -> np.ndarray:
+        """log ρ at the reference for each row of the two (B, p) parameter arrays: (B,)."""
+        law_b, law_c = self.fits[self.baseline].law, self.fits[self.candidate].law
+        target = law_b.loss_at(theta_base, self.ref, 0, self.other_ref, self.axis)
+        x = law_c.invert(theta_cand, target, 0, self.other_ref, self.axis)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.log(x[:, 0] / self.ref)
+
+
+def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str | None = None,
+                       ref: float | None = None, num_draws: int = DEFAULT_DRAWS) -> tuple[Design, FitResult]:
+    """Fit ``points`` as ``diffsweep fit`` would (``request``), and the design ``suggest`` works on:
+    the ratio of ``candidate`` (default: the first) at ``ref`` (default: the largest measured x)."""
+    if request.shared_e:
+        raise ConfigError("shared_e", "suggest fits one law per architecture; a shared E is not supported yet")
+    result = analyse(points, request)
+    if not result.candidates:
+        raise ConfigError("candidates", "one architecture only: there is no ratio whose CI a run could narrow")
+    cand = candidate or result.candidates[0]
+    if cand not in result.candidates:
+        raise ConfigError("candidates", f"'{cand}' is not among the fitted candidates ({', '.join(result.candidates)})")
+    if result.noise.get("run_sd") or result.resampling.get("unit") == "run":
+        raise ConfigError("points", "runs that give several points (a token scan of checkpoints) share a per-run "
+                          "offset that suggest does not simulate yet")
+    assert result.points is not None
+    axis = Axis.N if result.axis in ("N", "N,D") else Axis.D
+    archs = architectures(result.points, axis, request)
+    fits: dict[str, LawFit] = {}
+    draws: dict[str, np.ndarray] = {}
+    measured: dict[str, np.ndarray] = {}
+    m = min(num_draws, result.n_boot)
+    for name in (request.baseline, cand):
+        arch = archs[name]
+        data = Data(u=np.log(arch.x), y=np.log(arch.loss), v=np.log(np.maximum(arch.other, 1e-300)))
+        fits[name] = fit_law(result.curves[name].law, data, request.resolved_objective)
+        draws[name] = result.curves[name].draws[:m]
+        measured[name] = np.unique(arch.x)
+    noise = result.noise
+    sd = float(np.hypot(noise["sd"], noise.get("between_sd") or 0.0))
+    dof = float(noise["dof"]) if noise.get("dof") is not None else np.inf
+    at = float(ref) if ref is not None else float(measured[request.baseline].max())
+    design = Design(fits=fits, draws=draws, baseline=request.baseline, candidate=cand, ref=at,
+                    axis="D" if result.axis == "D" else "N", other_ref=result.other_ref, sd=sd, dof=dof,
+                    noise_source=noise["source"], level=request.level, measured=measured)
+    return design, result
+
+
+def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarray], dof: float) -> np.ndarray:
+    """The linearised (delta-method) CI half-width of log ρ, t·se, for each row of ``theta`` (B, p
+    per architecture) fitted to ``data``: (B,), +inf where ρ is undefined."""
+    base, cand = design.baseline, design.candidate
+    tb, tc = theta[base], theta[cand]
+    log_rho = design.log_ratio(tb, tc)
+    var = np.zeros(len(tb))
+    for name, t in ((base, tb), (cand, tc)):
+        grad = np.empty_like(t)
+        for j in range(t.shape[1]):
+            step = np.zeros(t.shape[1])
+            step[j] = FD_STEP
+            if name == base:
+                up, down = design.log_ratio(t + step, tc), design.log_ratio(t - step, tc)
+            else:
+                up, down = design.log_ratio(tb, t + step), design.log_ratio(tb, t - step)
+            grad[:, j] = (up - down) / (2 * FD_STEP)
+        fit = design.fits[name]
+        _, jac = data[name].predict(fit.law, t)  # (B, n, p)
+        info = np.einsum("bni,bnj->bij", jac, jac)
+        cov = design.sd ** 2 * np.linalg.pinv(info)
+        var += np.einsum("bi,bij,bj->b", grad, cov, grad)
+    q = (1 + design.level) / 2
+    quantile = float(t_dist.ppf(q, dof)) if np.isfinite(dof) else float(norm.ppf(q))
+    se = np.sqrt(np.maximum(var, 0.0))
+    se = np.where(np.isfinite(log_rho) & np.isfinite(se), se, np.inf)
+    return quantile * se
+
+
+def _width(design: Design, half_log: float) -> float:
+    """A CI of log ρ of half-width ``half_log`` as a width in ratio units, at the current estimate
+    (fixed, so the median over draws of this monotone transform is the transform of the median)."""
+    rho = float(np.exp(design.log_ratio(design.fits[design.baseline].theta[None, :],
+                                        design.fits[design.candidate].theta[None, :])[0]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        width = rho * 2.0 * np.sinh(half_log)
+    return float(width) if np.isfinite(width) else np.inf
+
+
+def current_width(design: Design) -> float:
+    """The linearised CI width of ρ now, at the estimate."""
+    data = {a: f.data for a, f in design.fits.items()}
+    theta = {a: f.theta[None, :] for a, f in design.fits.items()}
+    return _width(design, float(half_width(design, data, theta, design.dof)[0]))
+
+
+def _dof_after(design: Design, added: Sequence[Candidate]) -> float:
+    """Degrees of freedom of the noise estimate once ``added`` are in: a residual estimate gains one
+    per run, a seed estimate one per repeat of a measured point, a given sd stays known."""
+    if not np.isfinite(design.dof):
+        return design.dof
+    if design.noise_source == "residuals":
+        return design.dof + len(added)
+    repeats = sum(1 for c in added if np.isclose(design.measured[c.arch], c.x, rtol=1e-9).any())
+    return design.dof + repeats
+
+
+def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0) -> float:
+    """The median linearised CI width of ρ after the runs ``added`` finish, over the design's M draws:
+    each draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes, the laws
+    are refitted to the data plus them, and the width is read at the refitted laws. The noise of
+    the i-th added run is the i-th column of one seeded (M, k) normal matrix (common random
+    numbers: candidates compared at one step see the same noise)."""
+    m = len(design.draws[design.baseline])
+    z = np.random.default_rng(seed).standard_normal((m, len(added)))
+    data: dict[str, Data] = {}
+    theta: dict[str, np.ndarray] = {}
+    for name, fit in design.fits.items():
+        cols = [i for i, c in enumerate(added) if c.arch == name]
+        d = fit.data
+        if not cols:
+            data[name], theta[name] = d, np.repeat(fit.theta[None, :], m, axis=0)
+            continue
+        u_new = np.log([added[i].x for i in cols])
+        v_new = np.log(np.maximum([added[i].other for i in cols], 1e-300))
+        mean, _ = fit.law.predict(design.draws[name], u_new, v_new)  # (M, k) the draw's curve there
+        outcome = mean + design.sd * z[:, cols]
+        aug = Data(u=np.concatenate([d.u, u_new]), y=np.concatenate([d.y, outcome[0]]),  # y: one draw's; refit uses targets
+                   v=None if d.v is None else np.concatenate([d.v, v_new]))
+        targets = np.concatenate([np.repeat(d.y[None, :], m, axis=0), outcome], axis=1)
+        with np.errstate(all="ignore"):
+            theta[name] = LawFit(fit.law, aug, fit.objective, fit.solution).refit(targets)
+        data[name] = aug
+    with np.errstate(all="ignore"):
+        half = half_width(design, data, theta, _dof_after(design, added))
+    return _width(design, float(np.median(half)))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A candidate with its expected width after it finishes and the narrowing per GPU-hour."""
+
+    candidate: Candidate
+    width_after: float
+    reduction: float  # current width − width after
+    per_gpu_hour: float
+
+    def to_dict(self) -> dict:
+        c = self.candidate
+        return {"candidate": c.label, "name": c.name or None, "arch": c.arch, "origin": c.origin,
+                "num_params": c.num_params, "tokens": c.tokens, "gpu_hours": c.gpu_hours,
+                "expected_width_after": _finite(self.width_after), "reduction": _finite(self.reduction),
+                "reduction_per_gpu_hour": _finite(self.per_gpu_hour)}
+
+
+def _score(design: Design, chosen: Sequence[Candidate], candidates: Sequence[Candidate], width_now: float,
+           seed: int) -> list[Scored]:
+    out: list[Scored] = []
+    for c in candidates:
+        after = expected_ci_width(design, [*chosen, c], seed)
+        gain = width_now - after
+        out.append(Scored(c, after, gain, gain / c.gpu_hours if c.gpu_hours > 0 else np.inf * np.sign(gain)))
+    return out
+
+
+def rank(design: Design, candidates: Sequence[Candidate], seed: int = 0) -> tuple[float, list[Scored]]:
+    """The width now (linearised) and every candidate scored alone, best reduction per GPU-hour first."""
+    now = expected_ci_width(design, [], seed)
+    scored = _score(design, [], candidates, now, seed)
+    return now, sorted(scored, key=lambda s: (-_key(s.per_gpu_hour), s.candidate.gpu_hours))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The runs picked within a budget, in the order picked, and the expected width after each."""
+
+    budget: float
+    steps: list[Scored]
+    width_now: float
+
+    @property
+    def spent(self) -> float:
+        return float(sum(s.candidate.gpu_hours for s in self.steps))
+
+    @property
+    def width_after(self) -> float:
+        return self.steps[-1].width_after if self.steps else self.width_now
+
+    def to_dict(self) -> dict:
+        return {"method": "greedy", "budget_gpu_hours": self.budget, "spent_gpu_hours": self.spent,
+                "expected_width_after": _finite(self.width_after), "runs": [s.to_dict() for s in self.steps]}
+
+
+def choose_within(design: Design, candidates: Sequence[Candidate], budget: float, seed: int = 0,
+                  max_runs: int = 64) -> Choice:
+    """Greedy selection within ``budget`` GPU-hours: repeatedly the affordable candidate with the
+    largest expected narrowing per GPU-hour given the runs already chosen; stops when none
+    narrows the CI (or none is affordable). Each step's reduction is against the width after the
+    previous step."""
+    now = expected_ci_width(design, [], seed)
+    width = now
+    chosen: list[Candidate] = []
+    steps: list[Scored] = []
+    pool = list(candidates)
+    while len(steps) < max_runs:
+        spent = sum(c.gpu_hours for c in chosen)
+        affordable = [c for c in pool if spent + c.gpu_hours <= budget * (1 + 1e-9)]
+        if not affordable:
+            break
+        scored = _score(design, chosen, affordable, width, seed)
+        best = max(scored, key=lambda s: (_key(s.per_gpu_hour), -s.candidate.gpu_hours))
+        if not best.reduction > 0:
+            break
+        chosen.append(best.candidate)
+        steps.append(best)
+        width = best.width_after
+        if not best.candidate.repeatable:
+            pool.remove(best.candidate)
+    return Choice(budget=budget, steps=steps, width_now=now)
+
+
+FLOPS_PER_TOKEN_PER_PARAM = 6.0  # training FLOPs ≈ 6·N·D (Kaplan et al. 2020, §2.1)
+
+
+def extra_candidates(points: pd.DataFrame, design: Design, x_column: str, flops_per_gpu_hour: float,
+                     sizes: Sequence[float] = (), seeds: bool = True) -> list[Candidate]:
+    """Candidates besides planned runs, for both architectures of the ratio: another seed of every
+    measured point (``seeds``), and a run at each of ``sizes`` (N on a size ladder, tokens on a token
+    axis). Tokens of a new size follow the ladder: the same tokens per parameter if the runs scale
+    them together, else the tokens of the nearest measured size. Cost: 6·N·D FLOPs at
+    ``flops_per_gpu_hour``."""
+    used = points[points["used"]]
+    out: list[Candidate] = []
+    for name in (design.baseline, design.candidate):
+        rows = used[used["arch"] == name]
+        cells = rows.drop_duplicates(subset=[x_column, "tokens"] if design.axis == "N" else ["tokens"])
+        def cost(n: float, d: float) -> float:
+            return FLOPS_PER_TOKEN_PER_PARAM * n * d / flops_per_gpu_hour
+
+        if seeds:
+            for _, r in cells.iterrows():
+                n, d = float(r["num_params"]), float(r["tokens"])
+                x = float(r[x_column]) if design.axis == "N" else d
+                other = d if design.other_ref is not None else 0.0
+                out.append(Candidate(name, x, cost(n, d), n, d, other=other, origin="seed", repeatable=True))
+        for size in sizes:
+            if np.isclose(design.measured[name], size, rtol=1e-6).any():
+                continue  # measured already: its seed candidate covers it
+            if design.axis == "D":
+                n, d = float(rows["num_params"].median()), float(size)
+            else:
+                if x_column != "num_params":
+                    raise ConfigError("sizes", "new sizes need total parameter counts; refit with --count total")
+                n = float(size)
+                per_param = rows["tokens"] / rows["num_params"]
+                if rows["tokens"].nunique() > 1 and per_param.max() / per_param.min() < 1.05:
+                    d = float(per_param.median() * n)
+                else:
+                    nearest = (np.log(rows["num_params"].to_numpy(float)) - np.log(n)) ** 2
+                    d = float(rows["tokens"].to_numpy(float)[np.argmin(nearest)])
+            other = d if design.other_ref is not None else 0.0
+            x = n if design.axis == "N" else d
+            out.append(Candidate(name, x, cost(n, d), n, d, other=other, origin="extra", repeatable=True))
+    return out
+
+
+def _key(v: float) -> float:
+    return v if np.isfinite(v) else (np.inf if v > 0 else -np.inf) if not np.isnan(v) else -np.inf
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def _human(x: float) -> str:
+    from diffsweep.config.units import human
+
+    return human(x)

@@ -1,0 +1,170 @@
+"""``diffsweep suggest``: the preposterior ranking of candidate runs, its budget choice, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diffsweep.scaling import suggest as sg
+from diffsweep.scaling.analysis import FitRequest
+from tests.launch.conftest import cli
+from tests.scaling.conftest import one_line_error
+from tests.scaling.synthetic import ladder
+
+REF = 13.1e9
+RATE = 989e12 * 0.40 * 3600  # FLOPs per GPU-hour, as the CLI's default
+
+
+def _ladder(seed: int, noise_sd: float = 0.003, seeds: int = 2) -> pd.DataFrame:
+    points = ladder(noise_sd=noise_sd, seeds=seeds, rng=np.random.default_rng(seed))
+    points["tokens"] = 20.0 * points["num_params"]
+    return points
+
+
+@pytest.fixture(scope="module")
+def design():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sg.design_from_points(_ladder(1), FitRequest(n_boot=400), ref=REF, num_draws=24)
+
+
+def test_linearised_width_agrees_with_the_full_bootstrap(design):
+    d, result = design
+    row = next(r for r in result.ratios if r["at"] == REF)
+    boot_width = row["hi"] - row["lo"]
+    lin = sg.current_width(d)
+    assert 0.7 < lin / boot_width < 1.4, (lin, boot_width)
+    # nothing added: the simulated refits are the current fit
+    assert sg.expected_ci_width(d, []) == pytest.approx(lin, rel=1e-6)
+
+
+def test_another_run_narrows_the_expected_ci_and_candidates_are_ranked_per_gpu_hour(design):
+    d, result = design
+    pool = sg.extra_candidates(result.points, d, "num_params", RATE, sizes=[20e9])
+    assert {c.origin for c in pool} == {"seed", "extra"} and len(pool) == 2 * (5 + 1)
+    big = next(c for c in pool if c.arch == "diff_v1" and c.origin == "seed" and c.x == REF)
+    assert big.gpu_hours == pytest.approx(6 * REF * 20 * REF / RATE)
+    now, ranked = sg.rank(d, pool)
+    assert now == pytest.approx(sg.current_width(d))
+    after = next(s for s in ranked if s.candidate is big).width_after
+    assert after < now
+    per = [s.per_gpu_hour for s in ranked]
+    assert per == sorted(per, reverse=True)
+
+
+def test_budget_choice_is_greedy_and_within_budget(design):
+    d, result = design
+    pool = sg.extra_candidates(result.points, d, "num_params", RATE)
+    choice = sg.choose_within(d, pool, budget=5000.0)
+    assert choice.steps and choice.spent <= 5000.0
+    widths = [choice.width_now] + [s.width_after for s in choice.steps]
+    assert widths == sorted(widths, reverse=True)  # every pick narrowed it further
+    assert choice.to_dict()["method"] == "greedy"
+
+
+# -- following the suggestions against adding runs uniformly (a fast analysis/benchmarks/bench_suggest.py) --
+
+BENCH = Path(__file__).resolve().parents[2] / "analysis/benchmarks/bench_suggest.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rival", ["uniform over both architectures", "uniform over DIFF only"])
+def test_following_suggest_narrows_the_ci_more_per_gpu_hour_than_uniform_runs(rival):
+    """Issue #20's acceptance test, through the benchmark as a user runs it: 12 synthetic studies with a
+    known truth (ρ = 62%), a Transformer ladder already dense (4 seeds per size) and DIFF with one
+    seed per size; 2 rounds in which suggest --budget picks runs, and the rival adds runs
+    round-robin for the same GPU-hours. Whose design measures ρ at 13.1B more precisely (the sd of
+    log ρ̂ over 200 datasets from the truth, the CI width a calibrated CI has)? Suggest must be
+    ahead on average by more than two standard errors, in most studies, for no more GPU-hours. On a
+    balanced ladder read at its top size the advantage is within noise (RESULTS.md): not tested."""
+    args = ["--reps", "12", "--rounds", "2", "--boot", "200", "--draws", "16", "--workers", "2", "--precision-only",
+            "--match-spend", "--start-seeds", "1", "--baseline-seeds", "4", "--json"]
+    if rival == "uniform over DIFF only":
+        args.append("--uniform-diff-only")
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    d = summary["dominance"]
+    assert d["studies"] == 12, d
+    assert 0.98 < d["spent_ratio"] < 1.02, d  # the same GPU-hours
+    assert d["log_gap"] > 2 * d["log_gap_se"] > 0, d  # log(uniform sd / suggest sd)
+    assert d["suggest_as_narrow_for_at_most_2pct_more_gpu_hours"] > 0.5, d
+    p = summary["precision"]  # narrowing per 1,000 GPU-h from the common start
+    assert p["suggest"] > p["uniform"] > 0, p
+
+
+# -- the command line --
+
+@pytest.fixture(scope="module")
+def fit_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suggest")
+    _ladder(2).to_csv(root / "ladder.csv", index=False)
+    r = cli("fit", "--csv", "ladder.csv", "--out", "fit", "--no-log", "--boot", "100", cwd=root)
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
+    r = cli("suggest", "fit", "--json", "--boot", "100", "--draws", "12", "--budget", "3000", "--sizes", "20B",
+            cwd=fit_folder)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["baseline"] == "transformer" and out["candidate"] == "diff_v1" and out["reference"] == REF
+    assert out["current"]["linearised_width"] > 0 and out["current"]["lo"] < out["current"]["ratio"]
+    row = out["candidates"][0]
+    assert set(row) >= {"candidate", "gpu_hours", "expected_width_after", "reduction_per_gpu_hour", "origin"}
+    assert any(c["num_params"] == 20e9 for c in out["candidates"])
+    assert out["budget"]["method"] == "greedy" and out["budget"]["spent_gpu_hours"] <= 3000
+    text = cli("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--top", "3", cwd=fit_folder)
+    assert text.returncode == 0, text.stderr
+    assert "reduction/GPU-h" in text.stdout and "greedy" in text.stdout and "more (--top" in text.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["nowhere"], "no such file"),
+    (["."], "not a fit folder"),
+    (["fit", "--budget", "-1"], "--budget"),
+    (["fit", "--at", "eleven"], "--at"),
+    (["fit", "--candidate", "diff_v9"], "--candidate"),
+])
+def test_bad_input_is_one_line_and_exit_2(fit_folder, args, needle):
+    one_line_error(cli("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
+
+
+@pytest.mark.slow
+def test_suggest_on_a_sweep_ranks_its_unfinished_runs_and_launches_the_chosen(mini_ladder, tmp_path):
+    import shutil
+
+    root = tmp_path / "copy"  # a copy: the launched runs must not change the session's ladder
+    shutil.copytree(mini_ladder["dir"], root)
+    sweep = root / "mini-ladder.yaml"
+    sweep.write_text(sweep.read_text().replace("model.size: [", "model.size: [tiny-2xs, "))
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    args = ("suggest", str(sweep), "--json", "--boot", "100", "--draws", "8")
+    r = cli(*args, cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    planned = [c for c in out["candidates"] if c["origin"] == "planned"]
+    assert len(planned) == 2 and all("tiny-2xs" in c["name"] and c["gpu_hours"] > 0 for c in planned)
+    r = cli(*args, "--no-seeds", "--budget", "1e9", "--launch", cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    chosen = {c["name"] for c in out["budget"]["runs"]}
+    assert set(out["launched"]) == chosen and chosen <= {c["name"] for c in planned}
+    # On this tiny ladder the ratio's CI is open-ended, so no run is expected to narrow it and the
+    # chosen set has been empty (measured): the submission itself is then not exercised here.
+    if chosen:  # the launched runs finish (launching again is idempotent; --wait waits for them)
+        only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
+        w = cli("launch", str(sweep), "--only", only, "--wait", cwd=root, env=env, timeout=600)
+        assert w.returncode == 0, w.stdout + w.stderr
+    one_line_error(cli("suggest", str(root / "fits"), "--launch", "--budget", "1", cwd=root, env=env), "--launch")
