@@ -182,6 +182,12 @@ CHECKS: dict[str, tuple] = {
     "diffsweep fit ... --form chinchilla | --form pure | --shared-e | --count non_embedding | --json":
         ("fit-options", "a list of options, each run on the fig3a runs (chinchilla on an N x D grid)"),
     "diffsweep fit sweeps/demo-ladder.yaml --holdout largest": ("fit", ["sweeps/demo-ladder.yaml", "--holdout", "largest"]),
+    "diffsweep suggest fits/fig3a-size-scan-N": ("suggest", ["fits/fig3a-size-scan-N"]),
+    "diffsweep suggest sweeps/fig3a-size-scan.yaml": ("suggest", ["sweeps/fig3a-size-scan.yaml"]),
+    "diffsweep suggest fits/fig3a-size-scan-N --at 11B --sizes 20B,30B --budget 5000 --json":
+        ("suggest", ["fits/fig3a-size-scan-N", "--at", "11B", "--sizes", "20B,30B", "--budget", "5000", "--json"]),
+    "diffsweep suggest sweeps/fig3a-size-scan.yaml --budget 30000":
+        ("suggest", ["sweeps/fig3a-size-scan.yaml", "--budget", "30000"]),
     "diffsweep compare sweeps/table6-ablation.yaml --baseline diff_v1-1.4B-hd_128":
         ("compare", "runs for real against a store of the sweep's 21 runs with Table 6's losses plus seed noise"),
     "python -m diffsweep_kernels.compile_report --dtype bf16 --qk-dim 128 --v-dim 256":
@@ -446,6 +452,30 @@ def test_readme_fit_option_list_runs(fit_project):
     result = _fit(fit_project, ["--csv", "grid.csv", "--no-log", "--out", "chin"], "--form", "chinchilla")
     assert result["form"] == "chinchilla" and result["ratios"]
     assert re.fullmatch(r"N,D", result["axis"])
+
+
+@pytest.mark.slow  # a fit and four rankings of ~20 candidates, fewer draws than the default, ~1 min
+def test_readme_suggest_examples_run_as_written(fit_project):
+    """On the fig3a runs (and the fit folder the README's sweep fit writes): a ranked table of the
+    measured points' other seeds (and 20B/30B), and with --budget the greedy set within it."""
+    root, env = fit_project
+    if not (root / "fits/fig3a-size-scan-N/fit.json").exists():
+        _fit(fit_project, CHECKS["diffsweep fit sweeps/fig3a-size-scan.yaml"][1])
+    for command, check in CHECKS.items():
+        if check[0] != "suggest":
+            continue
+        r = cli("suggest", *check[1], "--boot", "100", "--draws", "12", cwd=root, env=env)
+        assert r.returncode == 0, f"{command}\n{r.stderr}"
+        if "--json" in check[1]:
+            out = json.loads(r.stdout)
+            ranked = [row["reduction_per_gpu_hour"] for row in out["candidates"]]
+            assert len(ranked) > 10 and ranked == sorted(ranked, reverse=True), ranked
+            assert any(row["num_params"] == 20e9 for row in out["candidates"])
+            assert 0 < out["budget"]["spent_gpu_hours"] <= 5000
+        else:
+            assert "GPU-h" in r.stdout and "another seed" in r.stdout, r.stdout
+            if "--budget" in check[1]:
+                assert "greedy" in r.stdout, r.stdout
 
 
 # -- the compare example, for real, on the Table 6 sweep's runs --------------------------------------

@@ -152,6 +152,12 @@ def _render(out: dict, top: int) -> None:
             typer.echo(f"  {i}. {r['candidate']}  {r['gpu_hours']:,.1f} GPU-h -> width {_pct(r['expected_width_after'])}")
         typer.echo(f"  spent {b['spent_gpu_hours']:,.1f} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
                    f"{_pct(b['expected_width_after'])}" if b["runs"] else "  no affordable run narrows the CI")
+        left = b["budget_gpu_hours"] - b["spent_gpu_hours"]
+        if b["runs"] and b["stopped"] == "no gain":
+            typer.echo(f"  stopped with {left:,.1f} GPU-h left: no affordable run is expected to narrow the CI further "
+                       "(small gains are within the simulation's noise; more --draws resolve them)")
+        elif b["stopped"] == "max runs":
+            typer.echo(f"  stopped at {len(b['runs'])} runs with {left:,.1f} GPU-h left")
     if "launched" in out:
         extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
         typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"

@@ -267,6 +267,7 @@ class Choice:
     budget: float
     steps: list[Scored]
     width_now: float
+    stopped: str = "budget"  # budget: nothing left is affordable | no gain: nothing affordable narrows it | max runs
 
     @property
     def spent(self) -> float:
@@ -278,6 +279,7 @@ class Choice:
 
     def to_dict(self) -> dict:
         return {"method": "greedy", "budget_gpu_hours": self.budget, "spent_gpu_hours": self.spent,
+                "stopped": self.stopped,
                 "expected_width_after": _finite(self.width_after), "runs": [s.to_dict() for s in self.steps]}
 
 
@@ -292,21 +294,24 @@ def choose_within(design: Design, candidates: Sequence[Candidate], budget: float
     chosen: list[Candidate] = []
     steps: list[Scored] = []
     pool = list(candidates)
+    stopped = "max runs"
     while len(steps) < max_runs:
         spent = sum(c.gpu_hours for c in chosen)
         affordable = [c for c in pool if spent + c.gpu_hours <= budget * (1 + 1e-9)]
         if not affordable:
+            stopped = "budget"
             break
         scored = _score(design, chosen, affordable, width, seed)
         best = max(scored, key=lambda s: (_key(s.per_gpu_hour), -s.candidate.gpu_hours))
         if not best.reduction > 0:
+            stopped = "no gain"
             break
         chosen.append(best.candidate)
         steps.append(best)
         width = best.width_after
         if not best.candidate.repeatable:
             pool.remove(best.candidate)
-    return Choice(budget=budget, steps=steps, width_now=now)
+    return Choice(budget=budget, steps=steps, width_now=now, stopped=stopped)
 
 
 FLOPS_PER_TOKEN_PER_PARAM = 6.0  # training FLOPs ≈ 6·N·D (Kaplan et al. 2020, §2.1)
