@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +14,7 @@ from diffsweep.cli.sweep import SetupOpt, SlurmOpt
 from diffsweep.launch.scheduler import scheduler_names
 
 EXIT_FAILED = 1  # a check failed (2: bad input, as every command)
+EXIT_INTERRUPTED = 130  # Ctrl-C: the jobs doctor submitted were cancelled (as train's 130)
 
 
 @handle_errors(flags={"timeout_s": "--timeout"})
@@ -33,18 +36,26 @@ def doctor(
 ) -> None:
     """Self-test: Slurm and accounting answer, the profile's partition and GPUs exist, 1- and 2-task
     jobs start, see their GPUs and all-reduce, the run directory is shared, and the MLflow store
-    takes writes from a compute node. Exit 0 when every check passes, 1 when one fails."""
+    takes writes from a compute node. Exit 0 when every check passes, 1 when one fails; on Ctrl-C
+    the jobs it submitted are cancelled (exit 130)."""
     from diffsweep.launch.doctor import doctor_profile, run_doctor
-
-    chosen = doctor_profile(profile, executor, slurm or [], setup or [])
 
     def show(check) -> None:  # noqa: ANN001
         if not json_:
             typer.echo(check.render())
 
-    if not json_:
-        typer.echo(f"diffsweep doctor: profile {chosen.name} (executor {chosen.executor})")
-    report = run_doctor(chosen, out, preempt=preempt, timeout_s=timeout, echo=show)
+    try:
+        chosen = doctor_profile(profile, executor, slurm or [], setup or [])
+        if not json_:
+            typer.echo(f"diffsweep doctor: profile {chosen.name} (executor {chosen.executor})")
+        report = run_doctor(chosen, out, preempt=preempt, timeout_s=timeout, echo=show)
+    except KeyboardInterrupt as exc:  # run_doctor's DoctorInterrupted once it had submitted jobs
+        with contextlib.suppress(ValueError):  # (not in the main thread)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting: another Ctrl-C changes nothing now
+        cancelled, problem = getattr(exc, "cancelled", []), getattr(exc, "problem", "")
+        jobs = f"cancelled job(s) {', '.join(cancelled)}" if cancelled else "no job to cancel"
+        typer.echo(f"doctor: interrupted; {jobs}" + (f"; {problem}" if problem else ""), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if json_:
         print_json(report.to_dict())
     else:

@@ -20,7 +20,9 @@ partition). On a Slurm profile it checks:
   logged once.
 
 Doctor's jobs write under ``<out>/.doctor/<stamp>/`` (removed when every check passes) and its
-MLflow runs go to the experiment ``diffsweep-doctor`` (deleted once read back).
+MLflow runs go to the experiment ``diffsweep-doctor`` (deleted once read back). Every job it
+submits goes through ``submit``; interrupted (Ctrl-C), ``run_doctor`` cancels those Slurm still
+holds and raises ``DoctorInterrupted`` naming them.
 
 The checks of a scheduler are its entry in ``SUITES``; a scheduler without one (``local``: jobs
 run on this machine) gets the run directory and store checks, from here.
@@ -32,9 +34,10 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,65 @@ class DoctorReport:
                 "checks": [asdict(c) for c in self.checks]}
 
 
+class DoctorInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``run_doctor``, raised once the jobs it had submitted are cancelled:
+    ``cancelled``, those Slurm still held; ``problem``, what went wrong cancelling them, if anything."""
+
+    def __init__(self, cancelled: list[str], problem: str = "") -> None:
+        super().__init__(cancelled, problem)
+        self.cancelled = cancelled
+        self.problem = problem
+
+
+# The ids of the Slurm jobs this doctor run submitted (``submit``): cancelled if it is interrupted.
+_submitted: list[str] = []
+
+
+def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``executor.submit(fn, *args)``, its job id kept for ``cancel_submitted``."""
+    job = executor.submit(fn, *args)
+    _submitted.append(job.job_id)
+    return job
+
+
+def cancel_submitted() -> tuple[list[str], str]:
+    """Cancel the jobs this doctor run submitted that Slurm still holds (all of them if Slurm does
+    not answer): their ids, and what went wrong, if anything."""
+    from diffsweep.config import EnvironmentUnavailable
+    from diffsweep.launch.slurm_scheduler import scancel, slurm_states
+
+    ids = list(dict.fromkeys(_submitted))
+    try:
+        states = slurm_states(ids)
+        ids = [j for j in ids if j not in states or states[j].split(" ")[0] in ACTIVE]
+    except EnvironmentUnavailable:
+        pass  # cancelling an ended job is harmless
+    if not ids:
+        return [], ""
+    try:
+        still, said = scancel(ids)
+    except (OSError, subprocess.SubprocessError, EnvironmentUnavailable) as exc:
+        return ids, f"scancel failed ({exc})"
+    if still:
+        jobs = ", ".join(f"{j} ({state})" for j, state in sorted(still.items()))
+        return ids, f"scancel did not stop job(s) {jobs} ({said})"
+    return ids, ""
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """A second Ctrl-C neither stops this block nor the commands it runs (they inherit SIG_IGN)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread, where Ctrl-C does not arrive anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
 def doctor_profile(profile: str | None, executor: str | None, slurm_overrides: list[str],
                    setup_lines: list[str]) -> Profile:
     """The profile doctor checks: ``--profile``, else ``--executor``'s default one, else the scheduler
@@ -101,7 +163,8 @@ def doctor_profile(profile: str | None, executor: str | None, slurm_overrides: l
 def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s: float = 120.0,
                echo: Callable[[Check], None] = lambda c: None) -> DoctorReport:
     """Run the checks of ``profile`` (``echo`` gets each as it completes). ``out``: the runs
-    directory whose file system is checked (doctor's files go under ``out/.doctor``)."""
+    directory whose file system is checked (doctor's files go under ``out/.doctor``). On Ctrl-C,
+    the jobs it submitted are cancelled and ``DoctorInterrupted`` raised (its files are kept)."""
     report = DoctorReport(profile=profile.name, executor=profile.executor)
 
     def add(check: Check) -> bool:
@@ -121,13 +184,25 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
         add(Check("jobs", True, f"executor {profile.executor} runs jobs {where}: doctor has no checks of its jobs"))
         add(check_store_here())
     else:
-        suite(profile, work, add, preempt=preempt, timeout_s=timeout_s)
+        _submitted.clear()
+        try:
+            suite(profile, work, add, preempt=preempt, timeout_s=timeout_s)
+        except KeyboardInterrupt:
+            with _sigint_ignored():
+                cancelled, problem = cancel_submitted()
+                if not any(work.iterdir()):  # else kept, as on failure
+                    _remove_workdir(work)
+            raise DoctorInterrupted(cancelled, problem) from None
     if report.ok or not any(work.iterdir()):  # kept when a job's logs may say why it failed
-        shutil.rmtree(work, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            work.parent.rmdir()  # .doctor, unless another doctor run is using it
+        _remove_workdir(work)
         report.workdir = None
     return report
+
+
+def _remove_workdir(work: Path) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        work.parent.rmdir()  # .doctor, unless another doctor run is using it
 
 
 def slurm_suite(profile: Profile, work: Path, add: Callable[[Check], bool], *, preempt: bool,
@@ -323,7 +398,8 @@ def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) 
         executor = doctor_executor(profile, work / f"jobs-{tasks}", doctor_resources(profile, tasks, gpus),
                                    f"diffsweep-doctor-{tasks}")
         try:
-            jobs[tasks] = (executor.submit(doctor_probe.probe, str(work), token, uri if tasks == 1 else None), time.monotonic())
+            jobs[tasks] = (submit(executor, doctor_probe.probe, str(work), token, uri if tasks == 1 else None),
+                           time.monotonic())
         except Exception as exc:  # noqa: BLE001 (sbatch refused: limits, account, memory)
             from diffsweep.launch.slurm_scheduler import _first_line
 

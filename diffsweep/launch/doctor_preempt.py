@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from diffsweep.launch.doctor import Check, doctor_executor, doctor_resources
+from diffsweep.launch.doctor import Check, doctor_executor, doctor_resources, submit
 from diffsweep.launch.doctor_probe import EXPERIMENT
 from diffsweep.launch.profiles import Profile
 from diffsweep.rundir import read_job_state, run_info
@@ -74,7 +74,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
     executor = doctor_executor(profile, root / "jobs", doctor_resources(profile, 1, gpus), "diffsweep-doctor-preempt")
     start = time.monotonic()
     try:
-        job = executor.submit(TrainJob(config, str(run_dir), EXPERIMENT, uri, {"diffsweep.kind": "doctor"}))
+        job = submit(executor, TrainJob(config, str(run_dir), EXPERIMENT, uri, {"diffsweep.kind": "doctor"}))
     except Exception as exc:  # noqa: BLE001 (sbatch refused it)
         return Check(NAME, False, f"sbatch refused the training job: {str(exc).strip()[:300]}",
                      f"fix profile {profile.name}'s slurm: settings so sbatch accepts its jobs")

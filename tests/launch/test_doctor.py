@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from diffsweep.launch.doctor import _constraint_features, _gpu_types
-from tests.launch.conftest import cli, require_slurm
+from tests.launch.conftest import cli, require_slurm, wait_for
 
 # The localhost cluster as a CPU-only profile: every check can pass there (its fake GPUs are not
 # CUDA devices, see test_fake_gpus_are_assigned_but_not_cuda_devices).
@@ -84,6 +87,87 @@ def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_pat
                "--timeout", "1")  # fixed on the command line; no time for the jobs
     report = json.loads(r.stdout)
     assert {c["name"]: c["ok"] for c in report["checks"]}["partition"] is True
+
+
+def queued_jobs(where: Path) -> dict[str, str]:
+    """Name by job id of the jobs Slurm holds (pending, running, completing) submitted from ``where``
+    (their working directory): this test's, not another's on the same cluster."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%Z"], capture_output=True, text=True, timeout=30, check=True)
+    return {jid: name for jid, name, cwd in (line.split("|", 2) for line in out.stdout.splitlines())
+            if Path(cwd).resolve() == where.resolve()}
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT raises KeyboardInterrupt, as at a terminal, even when this test runs in the
+    background of a shell (which starts it, and so its children, with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt_doctor(tmp_path, store, *args: str, wanted: set[str]) -> tuple[list[str], str, str]:
+    """Start doctor, press Ctrl-C (SIGINT) once Slurm holds its jobs named ``wanted``: the ids of
+    the jobs it held then, doctor's stdout and stderr. Doctor must exit 130 within 60 s."""
+    proc = subprocess.Popen([sys.executable, "-m", "diffsweep", "doctor", "--out", str(tmp_path / "runs"), *args],
+                            cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    def held() -> dict[str, str]:
+        assert proc.poll() is None, f"doctor exited {proc.returncode} before its jobs were queued: {proc.communicate()}"
+        jobs = queued_jobs(tmp_path)
+        return jobs if wanted <= set(jobs.values()) else {}
+
+    try:
+        jobs = wait_for(held, 120, f"Slurm to hold doctor's jobs {sorted(wanted)}", poll=0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        left = queued_jobs(tmp_path)
+        if left:  # a failed test leaves no job on the shared cluster
+            subprocess.run(["scancel", *left], capture_output=True, timeout=60)
+    assert proc.returncode == 130, out + err
+    return sorted(jobs, key=int), out, err
+
+
+def assert_cancelled(ids: list[str], where: Path) -> None:
+    """Within 30 s Slurm holds none of ``ids`` and accounting has them CANCELLED."""
+    def states() -> dict[str, str]:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "--format=JobID,State", "-j", ",".join(ids)],
+                             capture_output=True, text=True, timeout=30).stdout
+        return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+    wait_for(lambda: not set(ids) & set(queued_jobs(where)), 30, f"jobs {ids} to leave squeue")
+    wait_for(lambda: all(states().get(j, "").startswith("CANCELLED") for j in ids), 30,
+             f"sacct to show jobs {ids} CANCELLED")
+
+
+@pytest.mark.slurm
+def test_ctrl_c_cancels_the_probe_jobs_in_one_line_exit_130(tmp_path, store):
+    """Ctrl-C while doctor waits for its probe jobs (kept running by a `sleep` setup line): both
+    are cancelled, one line names them, no traceback; the checks done so far were printed."""
+    require_slurm()
+    (tmp_path / "cpu.yaml").write_text(CPU_PROFILE)
+    ids, out, err = interrupt_doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"), "--setup", "sleep 60",
+                                     wanted={"diffsweep-doctor-1", "diffsweep-doctor-2"})
+    assert len(ids) == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == f"doctor: interrupted; cancelled job(s) {', '.join(ids)}", err
+    assert [line.split(":")[0] for line in out.splitlines()[1:]] == [f"✓ {n}" for n in JOB_CHECKS[:5]], out
+    assert_cancelled(ids, tmp_path)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_ctrl_c_during_preempt_cancels_the_training_job(tmp_path, store):
+    """Ctrl-C once --preempt's training job is queued: it is cancelled and named (the probe jobs
+    had ended); every job check was printed before."""
+    require_slurm()
+    (tmp_path / "cpu.yaml").write_text(CPU_PROFILE)
+    ids, out, err = interrupt_doctor(tmp_path, store, "--profile", str(tmp_path / "cpu.yaml"), "--preempt",
+                                     wanted={"diffsweep-doctor-preempt"})
+    assert len(ids) == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == f"doctor: interrupted; cancelled job(s) {ids[0]}", err
+    assert [line.split(":")[0] for line in out.splitlines()[1:]] == [f"✓ {n}" for n in JOB_CHECKS], out
+    assert_cancelled(ids, tmp_path)
 
 
 def test_without_slurm_the_first_check_fails_with_the_fix(tmp_path, store):
