@@ -37,6 +37,7 @@ def suggest(
                                            "point.")] = False,
     budget: Annotated[float | None, typer.Option("--budget", help="GPU-hours: pick the best set of runs within it "
                                                  "(greedy).", show_default=False)] = None,
+    max_runs: Annotated[int, typer.Option("--max-runs", help="With --budget: pick at most this many runs.")] = 64,
     draws: Annotated[int, typer.Option("--draws", help="Simulated outcomes per candidate.")] = 64,
     boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws of the current fit.")] = 400,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap and the simulations.")] = 0,
@@ -64,6 +65,8 @@ def suggest(
         raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
     if budget is not None and not budget > 0:
         raise ConfigError("--budget", f"expected a positive number of GPU-hours, got {budget}")
+    if max_runs < 1:
+        raise ConfigError("--max-runs", f"expected at least 1 run, got {max_runs}")
     if launch and budget is None:
         raise ConfigError("--launch", "submits the runs chosen within a budget; give --budget GPU-hours")
     if launch and source.suffix.lower() not in (".yaml", ".yml"):
@@ -82,7 +85,7 @@ def suggest(
             raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
                               "--no-seeds")
         width_now, ranked = sg.rank(design, pool, seed)
-        choice = sg.choose_within(design, pool, budget, seed) if budget is not None else None
+        choice = sg.choose_within(design, pool, budget, seed, max_runs) if budget is not None else None
     row = next((r for r in result.ratios if abs(r["at"] - design.ref) <= 1e-9 * design.ref), None)
     out: dict[str, Any] = {
         "source": label, "baseline": design.baseline, "candidate": design.candidate, "axis": design.axis,
@@ -154,10 +157,9 @@ def _render(out: dict, top: int) -> None:
                    f"{_pct(b['expected_width_after'])}" if b["runs"] else "  no affordable run narrows the CI")
         left = b["budget_gpu_hours"] - b["spent_gpu_hours"]
         if b["runs"] and b["stopped"] == "no gain":
-            typer.echo(f"  stopped with {left:,.1f} GPU-h left: no affordable run is expected to narrow the CI further "
-                       "(small gains are within the simulation's noise; more --draws resolve them)")
+            typer.echo(f"  stopped with {left:,.1f} GPU-h left: no affordable run is expected to narrow the CI further")
         elif b["stopped"] == "max runs":
-            typer.echo(f"  stopped at {len(b['runs'])} runs with {left:,.1f} GPU-h left")
+            typer.echo(f"  stopped at --max-runs ({len(b['runs'])}) with {left:,.1f} GPU-h left")
     if "launched" in out:
         extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
         typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"

@@ -5,10 +5,13 @@ narrower the CI of ρ at the chosen reference would be once that run has finishe
 For each of M paired bootstrap draws of the current fit (the fitted curve of that draw, per
 architecture), the candidate's outcome is simulated as the draw's curve at the candidate plus
 noise with the fit's noise sd; the law is refitted to the data plus that outcome (as
-``LawFit.refit`` refits a bootstrap draw: warm start plus the form's extra starts), and the CI
-width that the analyst would then read is computed. The expected width after the run is the
-median over the M simulated outcomes (robust to the few draws whose candidate never reaches the
-baseline's loss, or whose refit is near-singular, where the linearised width explodes).
+``LawFit.refit`` refits a bootstrap draw: warm start plus the form's extra starts), and at the
+refitted laws the CI width that the analyst would read is computed twice, with and without the
+candidate's run (``expected_reduction``). The expected reduction is the median over the M draws
+of that paired difference (robust to the few draws whose candidate never reaches the baseline's
+loss, or whose refit is near-singular, where the linearised width explodes); the expected width
+after is the width now minus it. Unpaired, the widths after two different refits differ by more
+than one cheap run narrows them, and greedy stopped far below its budget.
 
 The CI inside the loop is linearised, not bootstrapped: a full bootstrap per simulated outcome per
 candidate would be M × B refits. It is the delta method on log ρ, with the Gauss-Newton
@@ -24,7 +27,7 @@ It is checked against the full bootstrap width on the synthetic ladder
 (tests/scaling/test_suggest.py); the current width is computed the same way, so the reduction
 compares like with like. ``choose_within`` picks runs within a GPU-hour budget greedily: the best
 reduction per GPU-hour, then the next given the ones already chosen (their simulated outcomes
-included), until nothing affordable narrows the CI. Greedy is not the optimal set.
+included), until nothing affordable narrows the CI (or ``max_runs``). Greedy is not the optimal set.
 
 Scope: one law per architecture (not ``--shared-e``), one point per run (size ladders, final
 points of token runs, Chinchilla grids); token scans read from one run's checkpoints share the
@@ -167,11 +170,16 @@ def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarra
     return quantile * se
 
 
+def _rho(design: Design) -> float:
+    """ρ at the current estimate."""
+    return float(np.exp(design.log_ratio(design.fits[design.baseline].theta[None, :],
+                                         design.fits[design.candidate].theta[None, :])[0]))
+
+
 def _width(design: Design, half_log: float) -> float:
     """A CI of log ρ of half-width ``half_log`` as a width in ratio units, at the current estimate
     (fixed, so the median over draws of this monotone transform is the transform of the median)."""
-    rho = float(np.exp(design.log_ratio(design.fits[design.baseline].theta[None, :],
-                                        design.fits[design.candidate].theta[None, :])[0]))
+    rho = _rho(design)
     with np.errstate(over="ignore", invalid="ignore"):
         width = rho * 2.0 * np.sinh(half_log)
     return float(width) if np.isfinite(width) else np.inf
@@ -195,12 +203,12 @@ def _dof_after(design: Design, added: Sequence[Candidate]) -> float:
     return design.dof + repeats
 
 
-def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0) -> float:
-    """The median linearised CI width of ρ after the runs ``added`` finish, over the design's M draws:
-    each draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes, the laws
-    are refitted to the data plus them, and the width is read at the refitted laws. The noise of
-    the i-th added run is the i-th column of one seeded (M, k) normal matrix (common random
-    numbers: candidates compared at one step see the same noise)."""
+def _simulated(design: Design, added: Sequence[Candidate], seed: int) -> tuple[dict[str, Data], dict[str, np.ndarray]]:
+    """Each architecture's data plus the runs ``added`` and its laws refitted for each of the design's
+    M draws: that draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes.
+    The noise of the i-th added run is the i-th column of one seeded (M, k) normal matrix (common
+    random numbers: candidates compared at one step see the same noise). An architecture's added
+    rows follow its measured ones, in the order of ``added``."""
     m = len(design.draws[design.baseline])
     z = np.random.default_rng(seed).standard_normal((m, len(added)))
     data: dict[str, Data] = {}
@@ -221,9 +229,40 @@ def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0)
         with np.errstate(all="ignore"):
             theta[name] = LawFit(fit.law, aug, fit.objective, fit.solution).refit(targets)
         data[name] = aug
+    return data, theta
+
+
+def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0) -> float:
+    """The median linearised CI width of ρ after the runs ``added`` finish, over the design's M draws:
+    the laws refitted to the data plus each draw's simulated outcomes (``_simulated``), the width
+    read at the refitted laws."""
+    data, theta = _simulated(design, added, seed)
     with np.errstate(all="ignore"):
         half = half_width(design, data, theta, _dof_after(design, added))
     return _width(design, float(np.median(half)))
+
+
+def expected_reduction(design: Design, chosen: Sequence[Candidate], candidate: Candidate, seed: int = 0) -> float:
+    """How much narrower the CI of ρ is expected to be once ``candidate`` finishes, after ``chosen``.
+
+    Paired per draw: the laws are refitted to the data plus ``chosen`` and the candidate's simulated
+    outcomes, and at those refitted laws the linearised width is read twice, with and without the
+    candidate's run (its information, and its degree of freedom). The median over the M draws of
+    the difference is the expected reduction. Reading both widths at the same laws cancels what
+    the refits add to both (the estimate moving with the simulated outcomes), which otherwise
+    swamps the small narrowing one cheap run brings."""
+    added = [*chosen, candidate]
+    data, theta = _simulated(design, added, seed)
+    before = dict(data)
+    d = data[candidate.arch]  # the candidate is the last added row of its architecture
+    before[candidate.arch] = Data(u=d.u[:-1], y=d.y[:-1], v=None if d.v is None else d.v[:-1])
+    rho = _rho(design)
+    with np.errstate(all="ignore"):
+        after = rho * 2.0 * np.sinh(half_width(design, data, theta, _dof_after(design, added)))
+        prior = rho * 2.0 * np.sinh(half_width(design, before, theta, _dof_after(design, chosen)))
+        gain = prior - after
+    gain = gain[np.isfinite(gain)]
+    return float(np.median(gain)) if len(gain) * 2 > len(after) else -np.inf  # ρ undefined in most draws
 
 
 @dataclass(frozen=True)
@@ -247,9 +286,8 @@ def _score(design: Design, chosen: Sequence[Candidate], candidates: Sequence[Can
            seed: int) -> list[Scored]:
     out: list[Scored] = []
     for c in candidates:
-        after = expected_ci_width(design, [*chosen, c], seed)
-        gain = width_now - after
-        out.append(Scored(c, after, gain, gain / c.gpu_hours if c.gpu_hours > 0 else np.inf * np.sign(gain)))
+        gain = expected_reduction(design, chosen, c, seed)
+        out.append(Scored(c, width_now - gain, gain, gain / c.gpu_hours if c.gpu_hours > 0 else np.inf * np.sign(gain)))
     return out
 
 

@@ -138,6 +138,10 @@ def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
     text = cli("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--top", "3", cwd=fit_folder)
     assert text.returncode == 0, text.stderr
     assert "reduction/GPU-h" in text.stdout and "greedy" in text.stdout and "more (--top" in text.stdout
+    capped = cli("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--max-runs", "1",
+                 cwd=fit_folder)
+    assert capped.returncode == 0, capped.stderr
+    assert re.search(r"stopped at --max-runs \(1\) with [\d,.]+ GPU-h left", capped.stdout), capped.stdout
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -146,6 +150,7 @@ def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
     (["fit", "--budget", "-1"], "--budget"),
     (["fit", "--at", "eleven"], "--at"),
     (["fit", "--candidate", "diff_v9"], "--candidate"),
+    (["fit", "--budget", "3000", "--max-runs", "0"], "--max-runs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(fit_folder, args, needle):
     one_line_error(cli("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
