@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
     from diffsweep.launch.api import LaunchReport, Reconciled, SweepTarget
     from diffsweep.launch.progress import Snapshot
+    from diffsweep.launch.scheduler import Scheduler
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
@@ -53,6 +56,7 @@ FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "
          "experiment": "--experiment", "strict": "--strict", "audit_threshold": "--audit-threshold"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 WAIT_EVERY_S = 30.0  # launch --wait, printing plain lines: how often it repeats the summary without a change
+EXIT_INTERRUPTED = 130  # launch --wait's Ctrl-C (as train's and doctor's)
 
 
 def _target(sweep: Path, profile: str | None = None, executor: str | None = None, only: str | None = None,
@@ -243,7 +247,10 @@ def launch(
     retries: Annotated[int | None, typer.Option("--retries", min=0, help="Retry budget for failed runs "
                                                 "(default: the sweep's launch.max_retries).",
                                                 show_default=False)] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed).")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the launched runs end (exit 1 if any failed). "
+                                       "Ctrl-C: Slurm's jobs go on (only the waiting stops); the local queue's "
+                                       "runs stop after saving a checkpoint, and launching again resumes them "
+                                       "(exit 130).")] = False,
     slurm: SlurmOpt = None,
     setup: SetupOpt = None,
     sets: SweepSetOpt = None,
@@ -260,6 +267,7 @@ def launch(
     import os
 
     from diffsweep.launch.api import launch_sweep
+    from diffsweep.launch.scheduler import get_scheduler
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
     target = _target(sweep, profile, executor, only, out, slurm, setup, sets)
@@ -267,12 +275,12 @@ def launch(
                           warn=_stderr, echo=typer.echo, on_reconciled=_echo_reconciled, on_planned=_warn,
                           on_selected=_render_selection, on_audit=_warn_audit, audit_threshold=audit_threshold,
                           strict=strict)
+    again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
     if not dry_run and report.selection.submit:
-        again = "".join([f" --out {out}" if out else "", *(f" --set {s}" for s in sets or [])])
         typer.echo(f"launched {len(report.submitted)} runs on {report.where}; follow with: diffsweep status "
                    f"{sweep}{again}")
     if wait:
-        _wait(target, sweep)
+        _wait(target, sweep, scheduler=get_scheduler(report.plan.profile.executor), again=again)
 
 
 def _warn_audit(audit) -> None:
@@ -299,17 +307,66 @@ def _render_selection(report: LaunchReport) -> None:
         typer.echo(f"nothing to submit ({', '.join(f'{n} {s}' for s, n in sorted(p.counts().items()))})")
 
 
-def _wait(target: SweepTarget, sweep: Path) -> None:
-    """Until no run is pending or running: progress bars on a terminal, plain lines otherwise."""
+def _wait(target: SweepTarget, sweep: Path, *, scheduler: Scheduler | None = None, again: str = "") -> None:
+    """Until no run is pending or running: progress bars on a terminal, plain lines otherwise.
+    Ctrl-C: one line on stderr, exit 130 (``_interrupted``; ``scheduler``: the launch's, whose
+    jobs it may stop; ``again``: the options that name the sweep's output in the commands shown)."""
     from rich.console import Console
 
     from diffsweep.launch.api import watch_sweep
 
     console = Console()
     watch = _wait_bars if console.is_terminal else _wait_lines
-    last = watch(watch_sweep(target), console)
+    seen: list[Snapshot] = []
+
+    def watched() -> Iterator[Snapshot]:
+        for now in watch_sweep(target):
+            seen[:] = [now]
+            yield now
+
+    try:
+        last = watch(watched(), console)
+    except KeyboardInterrupt:
+        with contextlib.suppress(ValueError):  # (not in the main thread)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping: another Ctrl-C must not cut it short
+        typer.echo(f"launch: {_interrupted(target, sweep, scheduler, again, seen[-1] if seen else None)}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if any(s != "done" for s in last.counts):
         fail(f"not every run finished ({last.summary()}); see `diffsweep status {sweep}`", 1)
+
+
+def _interrupted(target: SweepTarget, sweep: Path, scheduler: Scheduler | None, again: str,
+                 last: Snapshot | None) -> str:
+    """Ctrl-C while waiting: on Slurm (jobs that outlive the launcher) only the waiting stops;
+    the local queue's runs are stopped (``stop_sweep``: each saves a checkpoint) before it exits,
+    so launching again resumes them (no ``scheduler``: only the waiting stops). What happened, as
+    one line."""
+    from diffsweep.config import ConfigError, EnvironmentUnavailable
+    from diffsweep.launch.api import plan_sweep, stop_sweep
+    from diffsweep.launch.progress import snapshot
+    from diffsweep.launch.state import ACTIVE_STATES
+
+    follow, stop = f"diffsweep status {sweep}{again}", f"diffsweep cancel {sweep}{again}"
+    stops = scheduler is not None and scheduler.interrupt_stops_jobs
+    try:
+        if not stops:
+            runs = (last or snapshot(plan_sweep(target))).runs
+            active = sum(r.state in ACTIVE_STATES for r in runs)
+            where = f" on {scheduler.label}" if scheduler is not None else ""
+            return (f"stopped waiting; {active} run(s) still queued or running{where}: follow with {follow}, "
+                    f"stop with {stop}")
+        stopped = stop_sweep(target)
+    except (ConfigError, EnvironmentUnavailable) as exc:  # e.g. another launch or cancel holds the sweep's lock
+        what = "stop" if stops else "count"
+        return f"interrupted; could not {what} the runs ({exc}): see {follow}, stop them with {stop}"
+    still = set(stopped.stopping)
+    running, queued = len(set(stopped.running) - still), len(set(stopped.queued) - still)
+    parts = [f"{running} run(s) stopped after saving a checkpoint"] if running else []
+    parts += [f"{queued} queued run(s) not started"] if queued else []
+    parts += [f"{len(still)} still stopping ({follow} shows when they have)"] if still else []
+    if not parts:
+        return "interrupted; no run was pending or running"
+    return f"interrupted; {', '.join(parts)}; launch again to resume"
 
 
 def _wait_lines(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:

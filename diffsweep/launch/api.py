@@ -1,8 +1,8 @@
 """The sweep commands as library functions over a sweep parsed once.
 
-``plan_sweep``, ``sweep_status``, ``reconcile_sweep``, ``launch_sweep``, ``cancel_sweep`` and
-``watch_sweep`` take a ``SweepTarget`` (the parsed sweep and where it runs) and return typed
-reports; ``run_logs`` finds one launched run's logs. ``diffsweep plan | launch | status | cancel |
+``plan_sweep``, ``sweep_status``, ``reconcile_sweep``, ``launch_sweep``, ``cancel_sweep``,
+``watch_sweep`` and ``stop_sweep`` (Ctrl-C of ``launch --wait``) take a ``SweepTarget`` (the
+parsed sweep and where it runs) and return typed reports; ``run_logs`` finds one launched run's logs. ``diffsweep plan | launch | status | cancel |
 reconcile | logs`` parse the command line, call one of them and render the report. Errors name the argument at fault (``executor``, ``out``,
 ``only``, ``budget``); the CLI shows them as its flags.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,15 @@ from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan,
 from diffsweep.launch.profiles import with_overrides
 from diffsweep.launch.progress import Snapshot, snapshot
 from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.state import ACTIVE_STATES, PENDING, RUNNING, scheduler_states
 from diffsweep.launch.state import reconcile as mark_ended
-from diffsweep.launch.state import scheduler_states
 from diffsweep.launch.submit import Selection, check_launch, launch_lock, select
 from diffsweep.launch.submit import launch as submit
 from diffsweep.sweep import SweepSpec
 from diffsweep.sweep.audit import DEFAULT_THRESHOLD, Audit, audit_runs
 
 WATCH_POLL_S = 2.0  # watch_sweep: how often it looks at the sweep
+STOP_WAIT_S = 60.0  # stop_sweep: how long it waits for the stopped runs to save a checkpoint and exit
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,16 @@ class LaunchReport:
     def gpu_hours(self) -> float:
         """The selected runs' estimated GPU-hours."""
         return sum(r.estimate.gpu_hours for r in self.selection.submit)
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """``stop_sweep``: the runs it stopped, by what they were doing (``running``: each saves a
+    checkpoint first; ``queued``: never started), and those still stopping when it gave up waiting."""
+
+    running: list[str]
+    queued: list[str]
+    stopping: list[str]
 
 
 @dataclass(frozen=True)
@@ -243,6 +254,34 @@ def cancel_sweep(target: SweepTarget) -> CancelReport:
     with launch_lock(plan.out, "cancel"):
         cancelled = cancel(plan)
     return CancelReport(plan=plan, cancelled=cancelled)
+
+
+def stop_sweep(target: SweepTarget, *, timeout_s: float = STOP_WAIT_S, poll_s: float = 0.5) -> StopReport:
+    """Ctrl-C of ``launch --wait`` where its scheduler's jobs are processes of this machine
+    (``Scheduler.interrupt_stops_jobs``): cancel the pending and running runs that ``--wait``
+    shows (not orphans, which launch leaves alone; only jobs of such a scheduler), as
+    ``cancel_sweep`` does, then wait up to ``timeout_s`` until they have saved their checkpoint and
+    exited, so that launching again at once resumes them (a run still stopping is skipped)."""
+    from diffsweep.launch.control import cancel
+
+    out = target.output_dir()
+    if read_ledger(out) is None:
+        return StopReport([], [], [])
+    with launch_lock(out, "cancel"):
+        plan = plan_sweep(target)
+        active = [r for r in plan.runs if r.state.state in ACTIVE_STATES and r.ledger_entry is not None
+                  and r.ledger_entry.latest is not None
+                  and get_scheduler(r.ledger_entry.latest.executor).interrupt_stops_jobs]
+        stopped = set(cancel(replace(plan, runs=active, orphans=[]))) if active else set()
+    running = [r.run.name for r in active if r.run.name in stopped and r.state.state == RUNNING]
+    queued = [r.run.name for r in active if r.run.name in stopped and r.state.state == PENDING]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stopping = [r.run.name for r in plan_sweep(target).runs
+                    if r.run.name in stopped and r.state.state in ACTIVE_STATES]
+        if not stopping or time.monotonic() >= deadline:
+            return StopReport(running=running, queued=queued, stopping=stopping)
+        time.sleep(poll_s)
 
 
 def watch_sweep(target: SweepTarget, poll_s: float = WATCH_POLL_S) -> Iterator[Snapshot]:

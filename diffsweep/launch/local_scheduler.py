@@ -43,6 +43,7 @@ class LocalScheduler(Scheduler):
     time_limit_signal = False  # no time limit, so no USR2 before one
     replaces_declared_profile = True
     jobs_on_other_hosts = False  # one machine: its SQLite store is written from one host
+    interrupt_stops_jobs = True  # launch --wait's Ctrl-C: a laptop's runs stop with it (resumable)
     auto_rank = 1000  # the fallback: always available
 
     def available(self) -> bool:

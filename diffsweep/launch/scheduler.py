@@ -92,6 +92,10 @@ class Scheduler(ABC):
     # write must be safe from many nodes (``launch`` warns about an SQLite file on a network file
     # system). False: jobs run on this machine.
     jobs_on_other_hosts: ClassVar[bool] = True
+    # Ctrl-C of ``launch --wait`` stops its jobs (``cancel``: they save a checkpoint; launching
+    # again resumes them): processes of this machine, which end with the command that waits for
+    # them. False: jobs outlive the launcher (as without --wait), and Ctrl-C only stops waiting.
+    interrupt_stops_jobs: ClassVar[bool] = False
     # The automatic choice (no --profile, no --executor, no launch.profile) takes the available
     # scheduler of lowest rank.
     auto_rank: ClassVar[int] = 100

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from diffsweep.train.checkpoint import list_checkpoints
@@ -141,3 +142,52 @@ def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, stor
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = json.loads((job_file.parent / "run.json").read_text())["run_id"]
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 41))
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT raises KeyboardInterrupt, as at a terminal, even when this test runs in the
+    background of a shell (which starts it, and so its children, with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resumes_them(tmp_path, text_dataset,
+                                                                                       store):
+    """Ctrl-C (twice) while ``launch --executor local --wait`` waits: the running run saves a
+    checkpoint and stops, the queued one is not started (max_parallel 1); one line on stderr, exit
+    130, no traceback; status says cancelled at once; launching again resumes the run (each step once)."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=200, extra="launch: {max_parallel: 1}\n")
+    out = tmp_path / "runs" / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--executor", "local",
+                             "--wait"], cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    try:
+        def checkpointed() -> Path | None:
+            assert proc.poll() is None, f"launch exited {proc.returncode} before a run trained: {proc.communicate()}"
+            return next((d for d in out.glob("runs/*") if len(list_checkpoints(d / "checkpoints")) >= 2), None)
+
+        run_dir = wait_for(checkpointed, 120, "a run's second checkpoint", poll=0.2)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # launch is stopping the runs (a few seconds): a second Ctrl-C must not cut that short
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines() == [("launch: interrupted; 1 run(s) stopped after saving a checkpoint, 1 queued run(s) "
+                                 "not started; launch again to resume")], err
+    # stopped by the time launch exited: status says so at once, and a launch now resubmits both
+    r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    assert json.loads(r.stdout)["counts"] == {"cancelled": 2}, r.stdout + r.stderr
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
+    assert 2 <= max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) < 200
+
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", "--max-parallel", "2", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "launched 2 runs" in r.stdout and "2 done" in r.stdout, r.stdout + r.stderr
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 201))  # resumed, not restarted
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2

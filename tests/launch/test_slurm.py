@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -234,3 +236,57 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     sacct = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],
                            capture_output=True, text=True).stdout
     assert any(line.endswith("|2") for line in sacct.splitlines()), sacct  # the job step ran two tasks
+
+
+def squeue_ids() -> set[str]:
+    """The ids of every job and array task Slurm holds (``123_0``, as the ledger records them)."""
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30, check=True)
+    return set(out.stdout.split())
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT raises KeyboardInterrupt, as at a terminal, even when this test runs in the
+    background of a shell (which starts it, and so its children, with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_during_wait_stops_waiting_and_leaves_the_jobs_on_slurm(tmp_path, text_dataset, store):
+    """Ctrl-C while ``launch --wait`` waits for Slurm jobs (held in their setup by a `sleep`): one
+    line on stderr saying they go on and how to follow or stop them, exit 130, no traceback; the
+    jobs are still queued or running (nothing cancelled)."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
+    out = tmp_path / "runs" / "t"
+    stdout = tmp_path / "launch.out"
+    with open(stdout, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--profile", "localhost",
+                                 "--setup", "sleep 120", "--wait"], cwd=tmp_path, env={**os.environ, **store},
+                                stdout=f, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    jobs: list[str] = []
+    try:
+        def waiting() -> bool:  # submitted, recorded, and launch is waiting for them
+            assert proc.poll() is None, f"launch exited {proc.returncode}: {stdout.read_text()}{proc.communicate()}"
+            if not (out / "ledger.json").is_file():
+                return False
+            jobs[:] = [e["attempts"][-1]["job_id"] for e in ledger(out)["entries"].values()]
+            return re.search(r"^\[\d\d:\d\d:\d\d\] ", stdout.read_text(), re.M) is not None  # its first summary
+
+        wait_for(waiting, 120, "launch --wait to wait for its jobs", poll=0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert err.splitlines() == [(f"launch: stopped waiting; 2 run(s) still queued or running on Slurm: follow "
+                                     f"with diffsweep status {sweep}, stop with diffsweep cancel {sweep}")], err
+        assert len(jobs) == 2 and set(jobs) <= squeue_ids(), (jobs, squeue_ids())  # nothing cancelled
+        assert status(sweep, tmp_path, store)["counts"] in ({"pending": 2}, {"running": 2},
+                                                            {"pending": 1, "running": 1})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        # leave the cluster idle: the way the line says, then whatever is left
+        r = cli("cancel", str(sweep), "--profile", "localhost", cwd=tmp_path, env=store)
+        left = set(jobs) & squeue_ids()
+        if left:
+            subprocess.run(["scancel", *left], capture_output=True, timeout=60)
+        wait_for(lambda: not set(jobs) & squeue_ids(), 60, f"jobs {jobs} to leave squeue")
+    assert r.returncode == 0 and "cancelled 2 runs" in r.stdout, r.stdout + r.stderr
