@@ -96,8 +96,8 @@ def test_following_suggest_narrows_the_ci_more_per_gpu_hour_than_uniform_runs(sh
     and uniform adds runs round-robin over (size, architecture) for the same GPU-hours. Whose design
     measures ρ more precisely (the sd of log ρ̂ over 200 datasets from the truth: the width a
     calibrated CI has)? Suggest must be ahead on average by more than two standard errors, in most
-    studies. Not tested, because not established (RESULTS.md): a balanced ladder read at its top
-    size, and a rival that adds DIFF runs only."""
+    studies. The smaller gains on a balanced ladder read at its top size and against a rival that
+    adds DIFF runs only (3-5%, RESULTS.md) need more studies than a test can afford."""
     args = ["--rounds", "2", "--boot", "200", "--draws", "16", "--workers", "2", "--precision-only",
             "--match-spend", "--json", *SHAPES[shape]]
     env = {**os.environ, "PYTHONPATH": str(BENCH.parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
