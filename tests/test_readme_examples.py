@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.launch.conftest import cli
+from tests.scaling.synthetic import log_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -345,47 +346,6 @@ def test_readme_data_info_runs_on_a_prepared_dataset(text_dataset):
 E, A, ALPHA = 2.30, 406.4, 0.34
 
 
-def _log_runs(uri: str, sweep: Path, loss, offset=lambda run: 0.0) -> None:
-    """Log a finished MLflow run for every run of ``sweep``, as ``diffsweep train`` would: the same
-    tags, the flattened config as params, val/loss and train/tokens at each evaluation (val/loss
-    shifted by ``offset(planned run)``: a seed's luck)."""
-    from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
-
-    from diffsweep.config.identity import flatten
-    from diffsweep.config.loading import to_dict
-    from diffsweep.model import counting
-    from diffsweep.store import ensure_experiment
-    from diffsweep.sweep import expand, load_sweep
-
-    spec = load_sweep(sweep, ())
-    client = MlflowClient(uri)
-    exp_id = ensure_experiment(uri, spec.experiment)
-    for run in expand(spec).runs:
-        c = run.config
-        tags = {"diffsweep.arch": c.model.attention.kind.value, "diffsweep.size": c.model.size or "custom",
-                "diffsweep.params": str(run.num_params),
-                "diffsweep.non_embedding_params": str(run.num_non_embedding_params),
-                "diffsweep.flops_per_token": str(counting.train_flops_per_token(c.model, c.train.seq_len)),
-                "diffsweep.run_key": run.key, "diffsweep.sweep": spec.name}
-        mlflow_run = client.create_run(exp_id, run_name=run.name, tags=tags)
-        params = [Param(k, str(v)) for k, v in flatten(to_dict(c)).items()]
-        steps = c.train.max_steps or -(-run.tokens // c.train.batch_tokens)
-        evals = list(range(c.train.eval_every, steps + 1, c.train.eval_every)) or [steps]
-        evals = sorted(set(evals) | {steps})
-        metrics = []
-        for step in evals:
-            tokens = step * c.train.batch_tokens
-            metrics += [Metric("val/loss", loss(c.model.attention.kind.value, run.num_params, tokens) + offset(run), 0,
-                               step),
-                        Metric("train/tokens", float(tokens), 0, step)]
-        for i in range(0, len(params), 100):
-            client.log_batch(mlflow_run.info.run_id, params=params[i:i + 100])
-        for i in range(0, len(metrics), 500):
-            client.log_batch(mlflow_run.info.run_id, metrics=metrics[i:i + 500])
-        client.set_terminated(mlflow_run.info.run_id, "FINISHED")
-
-
 def _loss(arch: str, n: float, d: float) -> float:
     """DIFF at 62.2% of the Transformer's parameters and 63.7% of its tokens (V2 at 70%), with a
     deterministic ±0.3% wiggle per point so the fit has noise to measure."""
@@ -404,7 +364,7 @@ def fit_project(tmp_path_factory):
     shutil.copytree(ROOT / "sweeps", root / "sweeps")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
-        _log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
+        log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
     return root, {"MLFLOW_TRACKING_URI": uri}
 
 
@@ -499,7 +459,7 @@ def test_readme_compare_example_runs_as_written(tmp_path):
     def row(run) -> str:
         return re.sub(r"-s\d$", "", run.name)
 
-    _log_runs(uri, tmp_path / "sweeps" / "table6-ablation.yaml", lambda arch, n, d: 0.0,
+    log_runs(uri, tmp_path / "sweeps" / "table6-ablation.yaml", lambda arch, n, d: 0.0,
               offset=lambda run: TABLE6[row(run)] + 0.004 * np.sin(2.1 * run.config.train.seed + len(run.name)))
     r = cli(*shlex.split(command)[1:], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr

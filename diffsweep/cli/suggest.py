@@ -234,7 +234,8 @@ def _request(saved: dict, boot: int, seed: int):
 
 def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, profile: str | None):
     """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its planned
-    runs that launch would submit (new, changed, failed, cancelled) as candidates, priced by the planner."""
+    runs that launch would submit (new, changed, failed, cancelled) and that are not among them as
+    candidates, priced by the planner."""
     from diffsweep.cli.fit import _source
     from diffsweep.launch.api import SweepTarget, plan_sweep
     from diffsweep.launch.plan import SUBMITTABLE
@@ -246,6 +247,9 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     request = FitRequest(n_boot=boot, seed=seed)
     src = _source(sweep, experiment, None, None, None, log=False)
     points = load_points(src, request)
+    # A run finished in MLflow is measured, not a candidate, even where launch has no record of it
+    # (logged from another machine, its run directory gone): its key is among the points.
+    measured = set(points["run_key"].astype(str)) if "run_key" in points else set()
     plan = plan_sweep(SweepTarget(load_sweep(sweep, ()), profile=profile))
     gpu = plan.profile.gpu
     rate = gpu.peak_tflops * 1e12 * gpu.mfu * 3600 if plan.profile.gpus_per_node > 0 else _rate(None)
@@ -253,7 +257,8 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     def planned(design: Any, rate_: float) -> list[Candidate]:
         out: list[Candidate] = []
         for r in plan.runs:
-            if r.state.state not in SUBMITTABLE or r.run.kind not in (design.baseline, design.candidate):
+            if (r.state.state not in SUBMITTABLE or r.run.key in measured
+                    or r.run.kind not in (design.baseline, design.candidate)):
                 continue
             x = float(r.run.num_params) if design.axis == "N" else float(r.run.tokens)
             cost = r.estimate.gpu_hours or FLOPS_PER_TOKEN_PER_PARAM * r.run.num_params * r.run.tokens / rate_

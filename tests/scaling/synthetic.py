@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -52,3 +56,46 @@ def token_scan(runs: int = 2, run_sd: float = 0.005, eval_sd: float = 0.001, rng
     from diffsweep.scaling.table import _complete
 
     return _complete(pd.DataFrame(rows))
+
+
+def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
+             offset: Callable[[Any], float] = lambda run: 0.0, experiment: str | None = None) -> None:
+    """Log a finished MLflow run for every run of ``sweep``, as ``diffsweep train`` would: the same
+    tags, the flattened config as params, val/loss and train/tokens at each evaluation (val/loss
+    shifted by ``offset(planned run)``: a seed's luck), in the sweep's experiment or ``experiment``.
+    ``loss(arch, num_params, tokens)`` is the curve."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from diffsweep.config.identity import flatten
+    from diffsweep.config.loading import to_dict
+    from diffsweep.model import counting
+    from diffsweep.store import ensure_experiment
+    from diffsweep.sweep import expand, load_sweep
+
+    spec = load_sweep(sweep, ())
+    client = MlflowClient(uri)
+    exp_id = ensure_experiment(uri, experiment or spec.experiment)
+    for run in expand(spec).runs:
+        c = run.config
+        tags = {"diffsweep.arch": c.model.attention.kind.value, "diffsweep.size": c.model.size or "custom",
+                "diffsweep.params": str(run.num_params),
+                "diffsweep.non_embedding_params": str(run.num_non_embedding_params),
+                "diffsweep.flops_per_token": str(counting.train_flops_per_token(c.model, c.train.seq_len)),
+                "diffsweep.run_key": run.key, "diffsweep.sweep": spec.name}
+        mlflow_run = client.create_run(exp_id, run_name=run.name, tags=tags)
+        params = [Param(k, str(v)) for k, v in flatten(to_dict(c)).items()]
+        steps = c.train.max_steps or -(-run.tokens // c.train.batch_tokens)
+        evals = list(range(c.train.eval_every, steps + 1, c.train.eval_every)) or [steps]
+        evals = sorted(set(evals) | {steps})
+        metrics = []
+        for step in evals:
+            tokens = step * c.train.batch_tokens
+            metrics += [Metric("val/loss", loss(c.model.attention.kind.value, run.num_params, tokens) + offset(run), 0,
+                               step),
+                        Metric("train/tokens", float(tokens), 0, step)]
+        for i in range(0, len(params), 100):
+            client.log_batch(mlflow_run.info.run_id, params=params[i:i + 100])
+        for i in range(0, len(metrics), 500):
+            client.log_batch(mlflow_run.info.run_id, metrics=metrics[i:i + 500])
+        client.set_terminated(mlflow_run.info.run_id, "FINISHED")

@@ -16,9 +16,9 @@ import pytest
 
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
-from tests.launch.conftest import cli
+from tests.launch.conftest import TINY_SET, attempts, cli, ledger, require_slurm
 from tests.scaling.conftest import one_line_error
-from tests.scaling.synthetic import ladder
+from tests.scaling.synthetic import TRUE_RATIO, baseline_loss, ladder, log_runs
 
 REF = 13.1e9
 RATE = 989e12 * 0.40 * 3600  # FLOPs per GPU-hour, as the CLI's default
@@ -156,30 +156,95 @@ def test_bad_input_is_one_line_and_exit_2(fit_folder, args, needle):
     one_line_error(cli("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
 
 
-@pytest.mark.slow
-def test_suggest_on_a_sweep_ranks_its_unfinished_runs_and_launches_the_chosen(mini_ladder, tmp_path):
-    import shutil
+# -- a sweep: its planned runs are candidates, and --launch submits the chosen ones ------------------
 
-    root = tmp_path / "copy"  # a copy: the launched runs must not change the session's ladder
-    shutil.copytree(mini_ladder["dir"], root)
-    sweep = root / "mini-ladder.yaml"
-    sweep.write_text(sweep.read_text().replace("model.size: [", "model.size: [tiny-2xs, "))
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
-    args = ("suggest", str(sweep), "--json", "--boot", "100", "--draws", "8")
-    r = cli(*args, cwd=root, env=env)
+MEASURED = ("tiny-3xs", "tiny-2xs", "tiny-xs", "tiny-s")  # finished (synthetic losses in MLflow)
+PLANNED = "tiny-m"  # added to the sweep afterwards: planned, never run
+
+
+def _smooth_loss(arch: str, n: float, d: float) -> float:
+    """DIFF at 62% of the Transformer's size on a Chinchilla-like curve, with a deterministic ±0.2%
+    wiggle per point so the fit has some noise to measure (its CI is finite and narrow)."""
+    ratio = {"transformer": 1.0, "diff_v1": TRUE_RATIO}[arch]
+    return float(baseline_loss(n / ratio)) * float(np.exp(0.002 * np.sin(3.1 * np.log(n) + len(arch))))
+
+
+def _measured_sweep(root: Path, dataset: Path) -> tuple[Path, dict]:
+    """A tiny-model sweep whose runs at MEASURED sizes are logged FINISHED (as diffsweep train logs
+    them, to the experiment 'measured'), then PLANNED added to its grid. The launched runs log
+    real losses to the sweep's own experiment, which suggest --experiment measured does not read:
+    the fit, and so the choice, stays the same however far they have got."""
+    settings = {**TINY_SET, "data.path": str(dataset), "train.max_steps": 4}
+    del settings["model.size"]
+    lines = ["name: suggest-launch", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
+    lines += ["grid:", f"  model.size: [{', '.join(MEASURED)}]", "  model.attention.kind: [transformer, diff_v1]",
+              "launch:", "  profile: local", "  max_parallel: 2"]
+    sweep = root / "suggest-launch.yaml"
+    sweep.write_text("\n".join(lines) + "\n")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    log_runs(uri, sweep, _smooth_loss, experiment="measured")
+    sweep.write_text(sweep.read_text().replace("model.size: [", f"model.size: [{PLANNED}, "))
+    return sweep, {"MLFLOW_TRACKING_URI": uri}
+
+
+def _suggest_launches_the_chosen_planned_runs(root: Path, dataset: Path, *profile: str) -> None:
+    """suggest ranks the planned runs (not the measured ones), --budget chooses some, --launch submits
+    exactly those; again it submits nothing more; they train to the end."""
+    sweep, env = _measured_sweep(root, dataset)
+    args = ("suggest", str(sweep), "--experiment", "measured", "--json", "--boot", "100", "--draws", "8", *profile)
+    r = cli(*args, "--no-seeds", "--budget", "1e6", cwd=root, env=env)  # first without --launch
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    planned = [c for c in out["candidates"] if c["origin"] == "planned"]
-    assert len(planned) == 2 and all("tiny-2xs" in c["name"] and c["gpu_hours"] > 0 for c in planned)
-    r = cli(*args, "--no-seeds", "--budget", "1e9", "--launch", cwd=root, env=env)
-    assert r.returncode == 0, r.stderr
+    width = out["current"]["linearised_width"]
+    assert 0 < width < 0.2 and out["current"]["lo"] < out["current"]["ratio"] < out["current"]["hi"], out["current"]
+    planned = {c["name"]: c for c in out["candidates"] if c["origin"] == "planned"}
+    # the planned runs of the added size, not the measured runs (no run directory here, but finished in MLflow)
+    assert set(planned) == {f"{kind}-{PLANNED}-s0" for kind in ("transformer", "diff_v1")}, list(planned)
+    for c in planned.values():
+        assert c["gpu_hours"] > 0 and c["reduction_per_gpu_hour"] > 0 and c["expected_width_after"] < width, c
+    chosen = [c["candidate"] for c in out["budget"]["runs"]]
+    assert chosen and set(chosen) <= set(planned) and len(set(chosen)) == len(chosen), out["budget"]
+    assert not (tuple(root.glob("runs/*/ledger.json"))), "suggest without --launch submitted something"
+
+    r = cli(*args, "--no-seeds", "--budget", "1e6", "--launch", cwd=root, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
-    chosen = {c["name"] for c in out["budget"]["runs"]}
-    assert set(out["launched"]) == chosen and chosen <= {c["name"] for c in planned}
-    # On this tiny ladder the ratio's CI is open-ended, so no run is expected to narrow it and the
-    # chosen set has been empty (measured): the submission itself is then not exercised here.
-    if chosen:  # the launched runs finish (launching again is idempotent; --wait waits for them)
-        only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
-        w = cli("launch", str(sweep), "--only", only, "--wait", cwd=root, env=env, timeout=600)
-        assert w.returncode == 0, w.stdout + w.stderr
+    assert [c["candidate"] for c in out["budget"]["runs"]] == chosen  # the same choice (the same seed)
+    assert sorted(out["launched"]) == sorted(chosen)
+    runs = root / "runs" / "suggest-launch"
+    before = attempts(runs)
+    assert sorted(e["name"] for e in ledger(runs)["entries"].values()) == sorted(chosen)
+    assert all(len(a) == 1 for a in before.values()), before
+
+    def states() -> dict[str, str]:
+        r = cli("status", str(sweep), *profile, "--json", cwd=root, env=env)
+        assert r.returncode == 0, r.stderr
+        return {row["name"]: row["state"] for row in json.loads(r.stdout)["runs"]}
+
+    assert all(states()[name] in ("pending", "running", "done") for name in chosen), states()
+    # Again: the launched runs are no longer candidates (launch would not submit them), so nothing of
+    # them is chosen or submitted again; the other seeds of measured points are chosen, listed, not launched.
+    r = cli(*args, "--budget", "1e6", "--max-runs", "2", "--launch", cwd=root, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    again = json.loads(r.stdout)
+    assert again["launched"] == [] and not set(chosen) & {c["candidate"] for c in again["candidates"]}
+    assert again["budget"]["runs"] and attempts(runs) == before
+    # they train to the end (launching them again submits nothing; --wait waits for them)
+    only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
+    w = cli("launch", str(sweep), *profile, "--only", only, "--wait", cwd=root, env=env, timeout=600)
+    assert w.returncode == 0, w.stdout + w.stderr
+    assert attempts(runs) == before
+    assert {name: state for name, state in states().items() if name in chosen} == dict.fromkeys(chosen, "done")
     one_line_error(cli("suggest", str(root / "fits"), "--launch", "--budget", "1", cwd=root, env=env), "--launch")
+
+
+@pytest.mark.slow  # synthetic runs logged, 4 suggest calls, 2 tiny runs of 4 steps: ~35 s on 2 busy cores
+def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_locally(tmp_path, text_dataset):
+    _suggest_launches_the_chosen_planned_runs(tmp_path, text_dataset)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_on_slurm(tmp_path, text_dataset):
+    require_slurm()
+    _suggest_launches_the_chosen_planned_runs(tmp_path, text_dataset, "--profile", "localhost")
