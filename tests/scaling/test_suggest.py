@@ -243,7 +243,7 @@ def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_locally(tmp_path, t
     _suggest_launches_the_chosen_planned_runs(tmp_path, text_dataset)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same on the localhost cluster (two Slurm jobs), ~25 s
 @pytest.mark.slurm
 def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_on_slurm(tmp_path, text_dataset):
     require_slurm()
