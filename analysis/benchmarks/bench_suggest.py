@@ -2,21 +2,26 @@
 runs uniformly? Synthetic ladders with a known truth (issue #20, part 1).
 
 Truth: Transformer L = 2.30 + 406.4·N^-0.34, DIFF V1 at 62% of its size (tests/scaling/synthetic.py),
-noise sd 0.005 of log loss per run. Start: 5 sizes (0.83-13.1B) × 2 seeds per architecture, each
-size trained on 20 tokens per parameter (so a run costs 6·N·20N FLOPs, priced at an H100's 989
-TFLOP/s at 40% MFU: 58 GPU-h at 830M, 14,460 at 13.1B). Every round spends up to ``--budget``
-GPU-hours on new runs, whose losses are drawn from the truth:
+noise sd 0.005 of log loss per run. Start: 5 sizes (0.83-13.1B) × ``--start-seeds`` seeds per
+architecture (the Transformer ``--baseline-seeds``), each size trained on 20 tokens per parameter
+(so a run costs 6·N·20N FLOPs, priced at an H100's 989 TFLOP/s at 40% MFU: 58 GPU-h at 830M,
+14,460 at 13.1B). Every round spends up to ``--budget`` GPU-hours on new runs, whose losses are
+drawn from the truth (the j-th new run of a cell has the same loss in both arms):
 
 - A (suggest): ``choose_within`` over another seed of each measured point of either architecture
   (and, with ``--sizes``, new sizes), greedy within the budget;
-- B (uniform): round-robin over (size, architecture), smallest size first, continuing where the
-  previous round stopped, each run added while it fits the round's budget.
+- B (uniform): round-robin over (size, architecture) (``--uniform-diff-only``: DIFF's sizes only),
+  smallest size first, continuing where the previous round stopped, each run added while it fits
+  the round's budget (``--match-spend``: what suggest spent that round).
 
-After each round both arms are refitted as ``diffsweep fit`` would (the full parametric bootstrap,
-noise from the data) and the 95% CI of ρ at 13.1B is read: its width (an open-ended CI counts as
-infinite, so medians are reported) and whether it covers the true 62%. Usage:
+After each round: the precision of each arm's design (``spread``: the sd of log ρ̂ at ``--ref``
+over 200 datasets from the truth) and, unless ``--precision-only``, both arms refitted as
+``diffsweep fit`` would (the full parametric bootstrap, noise from the data) and the 95% CI of ρ
+read: its width (an open-ended CI counts as infinite, so medians are reported) and whether it
+covers the true 62%. Usage (RESULTS.md has the measured shapes):
 
-    python analysis/benchmarks/bench_suggest.py [--reps 40] [--rounds 3] [--budget 15000] [--workers 16]
+    python analysis/benchmarks/bench_suggest.py [--reps 48] [--rounds 3] [--budget 15000] [--match-spend]
+        [--start-seeds 1 --baseline-seeds 4] [--ref 2.8e9] [--precision-only] [--json] [--workers 2]
 """
 
 from __future__ import annotations
