@@ -97,7 +97,8 @@ def suggest(
                     "linearised_width": sg._finite(width_now)},
         "method": (f"preposterior: each candidate's outcome simulated from {len(design.draws[design.baseline])} "
                    "bootstrap draws of the fit plus its noise, laws refitted, CI width by the delta method on "
-                   "log ratio (t quantile), median over the draws"),
+                   "log ratio (t quantile) with and without the candidate at the refitted laws, median over the "
+                   "draws of the difference"),
         "noise_sd": design.sd,
         "candidates": [s.to_dict() for s in ranked],
     }
@@ -143,7 +144,7 @@ def _render(out: dict, top: int) -> None:
     header = f"{'candidate':<44} {'GPU-h':>10} {'width after':>12} {'reduction/GPU-h':>16}"
     typer.echo(header)
     for r in out["candidates"][:top]:
-        typer.echo(f"{r['candidate'][:44]:<44} {r['gpu_hours']:>10,.1f} {_pct(r['expected_width_after']):>12} "
+        typer.echo(f"{r['candidate'][:44]:<44} {_gpu_h(r['gpu_hours']):>10} {_pct(r['expected_width_after']):>12} "
                    f"{_per(r['reduction_per_gpu_hour']):>16}")
     if len(out["candidates"]) > top:
         typer.echo(f"... {len(out['candidates']) - top} more (--top, --json)")
@@ -152,8 +153,8 @@ def _render(out: dict, top: int) -> None:
         typer.echo(f"\nwithin {b['budget_gpu_hours']:,.1f} GPU-hours (greedy: best reduction per GPU-hour given the "
                    "runs already picked, not an optimal set):")
         for i, r in enumerate(b["runs"], 1):
-            typer.echo(f"  {i}. {r['candidate']}  {r['gpu_hours']:,.1f} GPU-h -> width {_pct(r['expected_width_after'])}")
-        typer.echo(f"  spent {b['spent_gpu_hours']:,.1f} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
+            typer.echo(f"  {i}. {r['candidate']}  {_gpu_h(r['gpu_hours'])} GPU-h -> width {_pct(r['expected_width_after'])}")
+        typer.echo(f"  spent {_gpu_h(b['spent_gpu_hours'])} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
                    f"{_pct(b['expected_width_after'])}" if b["runs"] else "  no affordable run narrows the CI")
         left = b["budget_gpu_hours"] - b["spent_gpu_hours"]
         if b["runs"] and b["stopped"] == "no gain":
@@ -164,6 +165,12 @@ def _render(out: dict, top: int) -> None:
         extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
         typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"
                    + (f"; not in the sweep, so not launched: {', '.join(extras)}" if extras else ""))
+
+
+def _gpu_h(v: float) -> str:
+    """GPU-hours as the table shows them: 0.1 and up to one decimal, less to 2 significant digits
+    (a tiny CPU model's run is 1e-8 GPU-h, not 0.0)."""
+    return f"{v:,.1f}" if v >= 0.1 or v == 0 else f"{v:.2g}"
 
 
 def _pct(v: float | None) -> str:

@@ -248,3 +248,9 @@ def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_locally(tmp_path, t
 def test_suggest_on_a_sweep_launches_the_chosen_planned_runs_on_slurm(tmp_path, text_dataset):
     require_slurm()
     _suggest_launches_the_chosen_planned_runs(tmp_path, text_dataset, "--profile", "localhost")
+
+
+def test_gpu_hours_of_tiny_runs_are_not_shown_as_zero():
+    from diffsweep.cli.suggest import _gpu_h
+
+    assert [_gpu_h(v) for v in (14460.2, 0.25, 0.0, 3.2e-8)] == ["14,460.2", "0.2", "0.0", "3.2e-08"]
