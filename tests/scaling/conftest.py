@@ -12,17 +12,25 @@ from tests.launch.conftest import TINY_SET, cli
 SIZES = ("tiny-xs", "tiny-s", "tiny-m", "tiny-l")
 
 
+def tiny_ladder_sweep(root: Path, name: str, sizes: tuple[str, ...], dataset: Path, **settings) -> Path:
+    """``root/<name>.yaml``: tiny models on ``dataset`` at ``sizes`` x (transformer, diff_v1), run
+    locally two at a time; ``settings``: train.* keys (dots as in the YAML) over TINY_SET's."""
+    merged = {**TINY_SET, "data.path": str(dataset), **settings}
+    del merged["model.size"]
+    lines = [f"name: {name}", "set:"] + [f"  {k}: {v}" for k, v in merged.items()]
+    lines += ["grid:", f"  model.size: [{', '.join(sizes)}]", "  model.attention.kind: [transformer, diff_v1]",
+              "launch:", "  profile: local", "  max_parallel: 2"]
+    sweep = root / f"{name}.yaml"
+    sweep.write_text("\n".join(lines) + "\n")
+    return sweep
+
+
 @pytest.fixture(scope="session")
 def mini_ladder(tmp_path_factory, text_dataset) -> dict:
     """{'dir': project dir, 'sweep': sweep file, 'env': MLFLOW_TRACKING_URI, 'uri': ...}."""
     root = tmp_path_factory.mktemp("ladder")
-    settings = {**TINY_SET, "data.path": str(text_dataset), "train.max_steps": 12, "train.eval_every": 6}
-    del settings["model.size"]
-    lines = ["name: mini-ladder", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
-    lines += ["grid:", f"  model.size: [{', '.join(SIZES)}]", "  model.attention.kind: [transformer, diff_v1]",
-              "launch:", "  profile: local", "  max_parallel: 2"]
-    sweep = root / "mini-ladder.yaml"
-    sweep.write_text("\n".join(lines) + "\n")
+    sweep = tiny_ladder_sweep(root, "mini-ladder", SIZES, text_dataset,
+                              **{"train.max_steps": 12, "train.eval_every": 6})
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri}
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=root, env=env, timeout=900)

@@ -16,8 +16,8 @@ import pytest
 
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
-from tests.launch.conftest import TINY_SET, attempts, cli, ledger, require_slurm
-from tests.scaling.conftest import one_line_error
+from tests.launch.conftest import attempts, cli, ledger, require_slurm
+from tests.scaling.conftest import one_line_error, tiny_ladder_sweep
 from tests.scaling.synthetic import TRUE_RATIO, baseline_loss, ladder, log_runs
 
 REF = 13.1e9
@@ -174,13 +174,7 @@ def _measured_sweep(root: Path, dataset: Path) -> tuple[Path, dict]:
     them, to the experiment 'measured'), then PLANNED added to its grid. The launched runs log
     real losses to the sweep's own experiment, which suggest --experiment measured does not read:
     the fit, and so the choice, stays the same however far they have got."""
-    settings = {**TINY_SET, "data.path": str(dataset), "train.max_steps": 4}
-    del settings["model.size"]
-    lines = ["name: suggest-launch", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
-    lines += ["grid:", f"  model.size: [{', '.join(MEASURED)}]", "  model.attention.kind: [transformer, diff_v1]",
-              "launch:", "  profile: local", "  max_parallel: 2"]
-    sweep = root / "suggest-launch.yaml"
-    sweep.write_text("\n".join(lines) + "\n")
+    sweep = tiny_ladder_sweep(root, "suggest-launch", MEASURED, dataset, **{"train.max_steps": 4})
     uri = f"sqlite:///{root / 'mlflow.db'}"
     log_runs(uri, sweep, _smooth_loss, experiment="measured")
     sweep.write_text(sweep.read_text().replace("model.size: [", f"model.size: [{PLANNED}, "))
