@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from diffsweep.config import load_config
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
+from tests.helpers.tracking import mlflow_client
 
 from ..conftest import TINY_RUN
 
@@ -77,7 +77,7 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
         reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert client.get_run(run_id).info.status == "FINISHED"
     for key in ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "lambda/layer_01"):
@@ -100,11 +100,11 @@ def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes
     assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
     run_dir = next((tmp_path / "runs").iterdir())
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "KILLED"
+    assert mlflow_client(mlflow_store).get_run(run_id).info.status == "KILLED"
     saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])  # 100, unless it ran on
     resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
     assert resumed.returncode == 0 and f"step {saved + 1}/300" in resumed.stdout, resumed.stderr
-    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "FINISHED"
+    assert mlflow_client(mlflow_store).get_run(run_id).info.status == "FINISHED"
 
 
 def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path):
@@ -112,7 +112,7 @@ def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
     assert "view the runs: diffsweep ui" in result.stdout
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (found,) = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
     assert found.info.status == "FINISHED" and found.data.metrics["train/tokens"] == 4 * 128
 
@@ -149,7 +149,7 @@ def test_a_damaged_checkpoint_given_with_resume_is_refused_not_replaced(text_dat
     assert first.returncode == 0, first.stderr
     run_dir = next((tmp_path / "runs").iterdir())
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     experiment = client.get_run(run_id).info.experiment_id
     before = len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")
     earlier, newest = list_checkpoints(run_dir / "checkpoints")  # steps 2 and 4
@@ -207,7 +207,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(text_dataset,
         reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
                for key in ("train/loss", "train/grad_norm", "val/loss", "lambda/layer_01")}
@@ -277,5 +277,5 @@ def test_triton_backend_without_gpu_or_interpreter_is_one_line_exit_3_and_create
         ("error: model.attention.backend: 'triton' needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 "
         "runs the kernel in Triton's CPU interpreter, for tests)")], result.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    assert not (tmp_path / "mlflow.db").exists() or not MlflowClient(store).search_runs(
-        [e.experiment_id for e in MlflowClient(store).search_experiments()])
+    assert not (tmp_path / "mlflow.db").exists() or not mlflow_client(store).search_runs(
+        [e.experiment_id for e in mlflow_client(store).search_experiments()])

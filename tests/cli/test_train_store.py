@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
+
+from tests.helpers.tracking import mlflow_client
 
 from .test_train_cli import assert_one_line_error, command, env, run
 
@@ -59,7 +60,7 @@ def test_sixteen_trainings_started_at_once_on_a_new_store_all_finish(text_datase
     (gate / "go").touch()
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     assert [code for code, _ in results] == [0] * PROCESSES, [err[-2000:] for code, err in results if code]
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     runs = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
     assert sorted(r.data.params["train.seed"] for r in runs) == sorted(str(s) for s in range(PROCESSES))
     for r in runs:
@@ -144,7 +145,7 @@ def _half_migrate(database: Path, *, runs: bool) -> None:
     uri = f"sqlite:///{database}"
     experiment = ensure_experiment(uri, "half")
     if runs:
-        client = MlflowClient(uri)
+        client = mlflow_client(uri)
         client.set_terminated(client.create_run(experiment).info.run_id)
     with sqlite3.connect(database) as connection:
         connection.execute("CREATE TABLE _alembic_tmp_latest_metrics (key VARCHAR(250))")
@@ -186,7 +187,7 @@ def test_a_damaged_run_json_is_one_line_naming_it(text_dataset, tmp_path, mlflow
         result = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
         assert_one_line_error(result, f"{run_file.relative_to(tmp_path)}: unreadable", "restore it, or delete it")
         assert {p.name for p in run_dir.rglob("*")} == before
-    assert MlflowClient(mlflow_store).get_run(run_id).info.status == "FINISHED"
+    assert mlflow_client(mlflow_store).get_run(run_id).info.status == "FINISHED"
 
 
 @pytest.mark.slow
@@ -210,4 +211,4 @@ def test_a_run_is_created_even_when_the_store_stays_locked_past_sqlites_timeout(
         holder.close()
     assert time.monotonic() - started > 20
     tracker.finish("FINISHED")
-    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"
+    assert mlflow_client(uri).get_run(tracker.run_id).info.status == "FINISHED"

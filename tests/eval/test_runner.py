@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from diffsweep.config import ConfigError
 from diffsweep.data.dataset import val_starts, windows
@@ -17,6 +16,7 @@ from diffsweep.eval.loading import find_checkpoint, load_trained
 from diffsweep.eval.probe import Probe, ProbeResult, parse_settings, probe_requests
 from diffsweep.eval.runner import evaluate
 from diffsweep.train.probes import token_losses
+from tests.helpers.tracking import mlflow_client
 from tests.launch.conftest import cli
 
 
@@ -50,7 +50,7 @@ def test_the_checkpoint_loads_as_trained(trained_run, mlflow_store):
     trained = load_trained(trained_run)
     assert trained.step == 12 and trained.checkpoint.name == "step_00000012"
     assert trained.config.model.attention.kind.value == "diff_v1" and not trained.model.training
-    logged = MlflowClient(mlflow_store).get_metric_history(trained.mlflow_run_id, "val/loss")
+    logged = mlflow_client(mlflow_store).get_metric_history(trained.mlflow_run_id, "val/loss")
     last = next(m.value for m in logged if m.step == 12)
     val = trained.dataset.split("val")
     starts = val_starts(len(val), 128, 256)
@@ -69,7 +69,7 @@ def test_evaluations_are_runs_nested_under_the_training_run_and_are_not_repeated
     first = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, echo=lines.append)
     (e,) = first
     assert e.ran and e.step == 8 and e.result.metrics["test/val_loss"] > 0
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     run = client.get_run(e.mlflow_run_id)
     tags = run.data.tags
     assert run.info.status == "FINISHED"
@@ -106,7 +106,7 @@ def test_a_failing_probe_marks_its_run_failed(trained_run, mlflow_store):
     trained = load_trained(trained_run)
     with pytest.raises(RuntimeError, match="boom"):
         evaluate(trained, [(Broken(), LossSettings())], uri=mlflow_store, echo=lambda line: None)
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     exp = client.get_run(trained.mlflow_run_id).info.experiment_id
     runs = client.search_runs([exp], "tags.`diffsweep.eval.probe` = 'broken_test'")
     assert [r.info.status for r in runs] == ["FAILED"]
@@ -122,7 +122,7 @@ def test_an_interrupted_probe_marks_its_run_killed_and_a_rerun_evaluates_it(trai
     trained = load_trained(trained_run)
     with pytest.raises(KeyboardInterrupt):
         evaluate(trained, [(Interrupted(), LossSettings())], uri=mlflow_store, echo=lambda line: None)
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     exp = client.get_run(trained.mlflow_run_id).info.experiment_id
     runs = client.search_runs([exp], "tags.`diffsweep.eval.probe` = 'interrupted_test'")
     assert [r.info.status for r in runs] == ["KILLED"]
@@ -192,7 +192,7 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
         p.name for p in kept.iterdir()}
     assert any(p.suffix == ".png" for p in (kept / "needle").iterdir())
     assert any(p.suffix == ".png" for p in (kept / "nll_position").iterdir())
-    client = MlflowClient(mlflow_store)
+    client = mlflow_client(mlflow_store)
     for e in done.values():
         run = client.get_run(e["mlflow_run_id"])
         assert run.info.status == "FINISHED" and run.data.tags["diffsweep.eval.probe"] == e["probe"]

@@ -10,8 +10,8 @@ import shutil
 import subprocess
 
 import pytest
-from mlflow.tracking import MlflowClient
 
+from tests.helpers.tracking import mlflow_client
 from tests.launch.conftest import cli, wait_for, write_sweep
 
 EVAL = ("eval:\n  probes: [outliers, nll_position]\n  settings:\n    outliers: {tokens: 64}\n"
@@ -20,7 +20,7 @@ EVAL = ("eval:\n  probes: [outliers, nll_position]\n  settings:\n    outliers: {
 
 def evaluations(store: dict, experiment: str = "t") -> list[tuple[str, str, str]]:
     """(sweep row, probe, step) of every FINISHED evaluation run in the experiment."""
-    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    client = mlflow_client(store["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], "tags.`diffsweep.kind` = 'eval'")
     return sorted((r.data.tags["diffsweep.eval.sweep_run"], r.data.tags["diffsweep.eval.probe"],
@@ -71,7 +71,7 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     assert r.returncode == 0 and "evaluated 2 finished runs" in r.stderr, r.stderr
     done = json.loads(r.stdout)
     assert [(e["probe"], e["ran"]) for e in done] == [("outliers", False), ("nll_position", True)] * 2
-    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
+    client = mlflow_client(store["MLFLOW_TRACKING_URI"])
     tags = client.get_run(done[1]["mlflow_run_id"]).data.tags
     assert tags["diffsweep.eval.sweep"] == "t" and tags["mlflow.parentRunId"] == tags["diffsweep.eval.source_run"]
     assert {client.get_run(e["mlflow_run_id"]).data.tags["diffsweep.eval.sweep_run"] for e in done} == \

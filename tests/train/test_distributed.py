@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from diffsweep.config import load_config
 from diffsweep.train.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
+from tests.helpers.tracking import mlflow_client
 
 from ..conftest import TINY_RUN
 
@@ -47,7 +47,7 @@ def single(dataset: Path, *extra: str) -> list[str]:
 
 
 def _history(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    client = MlflowClient(store)
+    client = mlflow_client(store)
     return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in KEYS}
 
 
@@ -63,7 +63,7 @@ def _reference(dataset: Path, tmp_path: Path, store: str, *extra: str) -> dict[s
 
 
 def _only_run(store: str) -> tuple[str, dict]:
-    client = MlflowClient(store)
+    client = mlflow_client(store)
     (run,) = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
     return run.info.run_id, run
 
@@ -132,7 +132,7 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_p
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert _only_run(store)[0] == run_id and MlflowClient(store).get_run(run_id).info.status == "FINISHED"
+    assert _only_run(store)[0] == run_id and mlflow_client(store).get_run(run_id).info.status == "FINISHED"
     assert_same(_history(store, run_id), _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *LONG))
 
 

@@ -7,11 +7,11 @@ import json
 import os
 import shutil
 import signal
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 import yaml
-from mlflow.tracking import MlflowClient
 
 from diffsweep.config import ConfigError, load_config
 from diffsweep.config.identity import run_key
@@ -20,8 +20,12 @@ from diffsweep.train.checkpoint import SINGLE_FILE_FORMAT, list_checkpoints, loa
 from diffsweep.train.optim import build_optimizer
 from diffsweep.train.run_record import RUN_FILE
 from diffsweep.train.trainer import Diverged, train
+from tests.helpers.tracking import mlflow_client
 
 from ..conftest import TINY_RUN
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 TIMING = ("train/tokens_per_s",)  # wall-clock: the only metric allowed to differ between runs
 KINDS = ("transformer", "diff_v1", "diff_v2")
@@ -34,7 +38,7 @@ def tiny(dataset, *extra: str):
 @pytest.fixture
 def store(mlflow_store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
-    return MlflowClient(mlflow_store)
+    return mlflow_client(mlflow_store)
 
 
 def recorder(into: dict):
@@ -247,7 +251,7 @@ def test_resume_from_another_directory_uses_the_runs_own_store(text_dataset, tmp
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     second = train(cfg, run_dir, experiment="moved", echo=quiet)
     assert second.run_id == first.run_id and not list(other_cwd.iterdir())
-    client = MlflowClient(f"sqlite:///{first_cwd / 'mlflow.db'}")
+    client = mlflow_client(f"sqlite:///{first_cwd / 'mlflow.db'}")
     assert [s for s, _ in history(client, first.run_id, "train/loss")] == list(range(1, 13))
 
 
