@@ -1,0 +1,35 @@
+"""``diffsweep bench ... --out FILE``: the results as JSON, rewritten after every measured row.
+
+A benchmark on a GPU may be killed by a time limit, so the file is written while it runs, not
+only at the end: each write replaces the whole file atomically (a temporary file beside it, then a
+rename), so a reader, or a killed run, always leaves one complete JSON document of everything
+measured so far, with ``"complete": false`` until the benchmark has finished (``true`` then).
+Standard library only (the CLI checks ``--out`` before loading torch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from diffsweep.config import ConfigError
+from diffsweep.rundir import _write_atomically
+
+
+def check_out(out: Path | None) -> None:
+    """``--out`` must name a file in an existing folder (checked before the benchmark runs)."""
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):
+        raise ConfigError("out", f"expected a file in an existing folder, got '{out}'")
+
+
+def write_result(out: Path, result: dict) -> None:
+    """Replace ``out`` with ``result`` as JSON (the same text as ``--json`` prints)."""
+    _write_atomically(out, json.dumps(result, indent=2) + "\n")
+
+
+def result_writer(out: Path | None) -> Callable[[dict], None] | None:
+    """The ``on_progress`` hook of ``run_attention``/``run_model`` that keeps ``out`` up to date."""
+    if out is None:
+        return None
+    return lambda result: write_result(out, result)
