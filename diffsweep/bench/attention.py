@@ -13,6 +13,13 @@ runs the model's code, not a copy of its math. A row that cannot run here carrie
 instead of numbers. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
 affects them alike and the ratio ``t_baseline / t`` is the trustworthy figure.
 
+Before the rounds, each row's first forward and first forward+backward are timed on their own
+(``compile_s``: for Triton the autotuning and compilation of its kernels; then the configs the
+autotuner chose, ``autotune``), and on a GPU one more forward+backward gives the row's peak
+allocated memory. ``run_attention``'s ``on_progress`` gets the results so far after each case's
+first calls and after each timed round (``"complete": false`` until the end), so ``--out`` keeps
+what was measured when a time limit kills the run.
+
 FLOP convention (the same for every row, ``FLOP_CONVENTION``): a matmul (M×K)·(K×N) counts
 2·M·N·K; per query head the baseline multiplies QKᵀ (dim d) and PV (dim d); DIFF V1 two QKᵀ of dim
 d and two PV of dim 2d (1.5× the baseline's attention FLOPs at equal parameters); DIFF V2 the
@@ -27,6 +34,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypedDict
 
 import torch
@@ -37,9 +45,11 @@ from diffsweep.bench.common import (
     describe_device,
     dtype_name,
     failure_reason,
+    peak_allocated,
     resolve_device,
     resolve_dtype,
     time_call,
+    triton_autotune,
 )
 from diffsweep.config import (
     SIZES,
@@ -133,6 +143,9 @@ class Row:
     grad_out: torch.Tensor | None = None
     fwd_s: list[float] = field(default_factory=list)
     fwd_bwd_s: list[float] = field(default_factory=list)
+    compile_s: float | None = None  # the first forward + first forward+backward
+    autotune: dict[str, str | None] | None = None  # Triton on a GPU: the configs chosen for this shape
+    peak_alloc_bytes: int | None = None  # GPU: one forward+backward's peak above the live inputs
 
     def forward_backward(self) -> None:
         torch.autograd.grad(self.forward(), self.leaves, self.grad_out)
@@ -179,18 +192,39 @@ def plan_rows(models: dict[AttentionKind, ModelConfig], device: torch.device, dt
     return rows
 
 
+def first_calls(row: Row, batch: int, seq: int, device: torch.device, dtype: torch.dtype) -> None:
+    """Make the row's inputs and time its first forward and forward+backward (``compile_s``: Triton
+    autotunes and compiles its kernels in them); then on a GPU the configs Triton chose
+    (``autotune``) and the peak allocated memory of one more forward+backward."""
+    row.forward, row.leaves = module_inputs(row.model, row.backend, batch, seq, device, dtype)
+    out: list[torch.Tensor] = []
+
+    def first_forward() -> None:
+        with torch.no_grad():
+            out.append(row.forward())
+
+    compile_s = time_call(first_forward, device)
+    row.grad_out = torch.randn_like(out.pop())
+    row.compile_s = compile_s + time_call(row.forward_backward, device)
+    if device.type == "cuda":
+        if row.kernel == Backend.TRITON:
+            row.autotune = triton_autotune()
+        row.peak_alloc_bytes = peak_allocated(row.forward_backward, device)
+
+
 def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: torch.dtype, *, reps: int,
-            warmup: int) -> None:
-    """Time every runnable row round-robin: ``warmup`` rounds, then ``reps`` timed rounds."""
+            warmup: int, on_round: Callable[[], None] | None = None) -> None:
+    """Time every runnable row round-robin: its first calls, ``warmup`` rounds, then ``reps`` timed
+    rounds. ``on_round`` is called once the first calls are done and after each timed round."""
+    notify = on_round or (lambda: None)
     for row in rows:
         if row.reason is not None:
             continue
         try:
-            row.forward, row.leaves = module_inputs(row.model, row.backend, batch, seq, device, dtype)
-            with torch.no_grad():
-                row.grad_out = torch.randn_like(row.forward())
+            first_calls(row, batch, seq, device, dtype)
         except RuntimeError as exc:  # out of memory, no kernel for these inputs
             row.fail(failure_reason(exc))
+    notify()
     for i in range(warmup + reps):
         for row in rows:
             if row.reason is not None:
@@ -203,6 +237,8 @@ def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: 
             if i >= warmup:
                 row.fwd_s.append(fwd)
                 row.fwd_bwd_s.append(fwd_bwd)
+        if i >= warmup:
+            notify()
     for row in rows:
         row.release()
 
@@ -225,14 +261,20 @@ class AttentionRow(TypedDict):
     fwd_bwd_tflops: float | None
     fwd_ratio: float | None
     fwd_bwd_ratio: float | None
+    rounds: int  # timed rounds in the medians so far (``reps`` once the case is complete)
+    compile_s: float | None
+    autotune: dict[str, str | None] | None
+    peak_alloc_bytes: int | None
 
 
 class AttentionCase(TypedDict):
-    """One layout at one sequence length in ``run_attention``: its rows, the first the baseline."""
+    """One layout at one sequence length in ``run_attention``: its rows, the first the baseline;
+    ``complete`` once every round has run (before, medians of the rounds so far)."""
 
     layout: str
     seq: int
     batch: int
+    complete: bool
     rows: list[AttentionRow]
 
 
@@ -243,24 +285,46 @@ def _row_result(row: Row, base: Row, batch: int, seq: int) -> AttentionRow:
         "qk_dim": c.qk_dim, "v_dim": c.v_dim, "fwd_flops": forward_flops(c, batch, seq),
         "fwd_bwd_flops": forward_backward_flops(c, batch, seq), "reason": row.reason,
         "fwd_ms": None, "fwd_bwd_ms": None, "fwd_tflops": None, "fwd_bwd_tflops": None,
-        "fwd_ratio": None, "fwd_bwd_ratio": None,
+        "fwd_ratio": None, "fwd_bwd_ratio": None, "rounds": len(row.fwd_s), "compile_s": row.compile_s,
+        "autotune": row.autotune, "peak_alloc_bytes": row.peak_alloc_bytes,
     }
-    if row.reason is not None:
+    if row.reason is not None or not row.fwd_s:
         return result
     fwd, fwd_bwd = statistics.median(row.fwd_s), statistics.median(row.fwd_bwd_s)
     result["fwd_ms"], result["fwd_bwd_ms"] = fwd * 1e3, fwd_bwd * 1e3
     result["fwd_tflops"] = result["fwd_flops"] / fwd / 1e12
     result["fwd_bwd_tflops"] = result["fwd_bwd_flops"] / fwd_bwd / 1e12
-    if base.reason is None:
+    if base.reason is None and base.fwd_s:
         result["fwd_ratio"] = statistics.median(base.fwd_s) / fwd
         result["fwd_bwd_ratio"] = statistics.median(base.fwd_bwd_s) / fwd_bwd
     return result
 
 
+def _case_result(layout: str, seq: int, batch: int, rows: list[Row], *, complete: bool) -> AttentionCase:
+    return {"layout": layout, "seq": seq, "batch": batch, "complete": complete,
+            "rows": [_row_result(row, rows[0], batch, seq) for row in rows]}
+
+
+def _report(on_progress: Callable[[dict], None], header: dict, cases: list[AttentionCase],
+            current: Callable[[], AttentionCase] | None = None) -> None:
+    """Hand ``on_progress`` the results so far: the finished cases and the one being measured."""
+    shown = [*cases, *([current()] if current else [])]
+    on_progress(_result(header, shown, complete=False))
+
+
+def _result(header: dict, cases: list[AttentionCase], *, complete: bool) -> dict:
+    return {**header, "baseline": cases[0]["rows"][0]["kernel"] if cases else None, "complete": complete,
+            "cases": cases}
+
+
 def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = None,
                   batch_tokens: int | None = None, dtype: str | None = None, device: str = "auto",
-                  backends: list[str] | None = None, reps: int = 10, warmup: int = 2) -> dict:
-    """Benchmark the attention of each layout at each sequence length; returns the results as data.
+                  backends: list[str] | None = None, reps: int = 10, warmup: int = 2,
+                  on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Benchmark the attention of each layout at each sequence length; returns the results as data
+    (``"complete": true``). ``on_progress`` gets the results so far, in the same form with
+    ``"complete": false``, once the arguments are checked, after each case's first calls and after
+    each timed round (``bench attention --out`` writes them).
 
     Defaults: on a GPU the 1.4B and 3B layouts at T = 2048 and 4096, bf16, 16K tokens per batch
     (B = batch_tokens // T); on CPU the tiny-l layout at T = 256 and 512, fp32, 2K tokens, 1 thread.
@@ -285,21 +349,22 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     seqs = seqs or list(GPU_SEQS if gpu else CPU_SEQS)
     batch_tokens = batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
-    torch.manual_seed(0)
+    header = {"device": describe_device(dev), "dtype": dtype_name(torch_dtype), "reps": reps, "warmup": warmup,
+              "flop_convention": FLOP_CONVENTION, "note": None if gpu else CPU_NOTE}
     cases: list[AttentionCase] = []
+    report = partial(_report, on_progress or (lambda result: None), header, cases)
+    torch.manual_seed(0)
+    report()
     for size in layouts:
         models = layout_models(size)
         for seq in seqs:
             batch = max(1, batch_tokens // seq)
             rows = plan_rows(models, dev, torch_dtype, chosen)
-            measure(rows, batch, seq, dev, torch_dtype, reps=reps, warmup=warmup)
-            cases.append({"layout": size, "seq": seq, "batch": batch,
-                          "rows": [_row_result(row, rows[0], batch, seq) for row in rows]})
-    return {
-        "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "reps": reps, "warmup": warmup,
-        "baseline": cases[0]["rows"][0]["kernel"] if cases else None, "flop_convention": FLOP_CONVENTION,
-        "note": None if gpu else CPU_NOTE, "cases": cases,
-    }
+            measure(rows, batch, seq, dev, torch_dtype, reps=reps, warmup=warmup,
+                    on_round=partial(report, partial(_case_result, size, seq, batch, rows, complete=False)))
+            cases.append(_case_result(size, seq, batch, rows, complete=True))
+            report()
+    return _result(header, cases, complete=True)
 
 
 def _backend(name: str) -> Backend:
@@ -341,8 +406,16 @@ def render(result: dict) -> None:
                           _num(r["fwd_ratio"], ".3f"), _num(r["fwd_bwd_ratio"], ".3f"))
         console.print(table)
         console.print("  heads q/kv, QK/V dim: " + "; ".join(f"{k} {v}" for k, v in heads.items()), highlight=False)
+        peaks = [f"{r['kind']}/{r['kernel']} {r['peak_alloc_bytes'] / 2**20:,.0f}" for r in rows
+                 if r["peak_alloc_bytes"] is not None]
+        if peaks:
+            console.print("  peak MB of one forward+backward above its inputs: " + "; ".join(peaks), highlight=False)
         for r in rows:
             if r["reason"] is not None:
                 console.print(f"  {r['kind']} / {r['kernel']}: {r['reason']}", markup=False, highlight=False)
+            if r["autotune"] is not None:
+                configs = "; ".join(f"{k} {v or '—'}" for k, v in r["autotune"].items())
+                console.print(f"  {r['kind']} / {r['kernel']}: first forward and forward+backward {r['compile_s']:.2f} "
+                              f"s (autotune + compile); chose {configs}", markup=False, highlight=False)
     console.print("f+b = forward+backward; TF/s = TFLOP/s; × = t_baseline / t (throughput ratio to the first row). "
                   + result["flop_convention"] + ".", highlight=False)
