@@ -6,11 +6,19 @@ optimizer). Token ids are random (throughput does not depend on them). Models ar
 the config (``load_config`` with ``model.size``, ``model.attention.kind``, ``model.attention.backend``)
 and ``build_model``, one architecture at a time (freed before the next, so a large size fits);
 each row is the median of ``steps`` timed steps after ``warmup`` untimed ones.
+
+Each row also has: the first step's seconds (``compile_s``: Triton's autotuning and compilation,
+or ``torch.compile``'s), the configs Triton's autotuner chose (``--backend triton`` on a GPU), and
+on a GPU the peak allocated memory of the kind's steps beside the planner's estimate
+(``diffsweep.model.memory.estimate_memory``; ``MEMORY_NOTE`` says what is compared).
+``run_model``'s ``on_progress`` gets the results so far after each kind (``--out`` writes them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TypedDict
 
@@ -25,9 +33,20 @@ from diffsweep.bench.common import (
     resolve_device,
     resolve_dtype,
     time_call,
+    triton_autotune,
 )
-from diffsweep.config import SIZES, AttentionKind, Backend, ConfigError, EnvironmentUnavailable, load_config
+from diffsweep.config import (
+    SIZES,
+    AttentionKind,
+    Backend,
+    Config,
+    ConfigError,
+    EnvironmentUnavailable,
+    Precision,
+    load_config,
+)
 from diffsweep.model import counting
+from diffsweep.model.memory import GIB, estimate_memory
 from diffsweep.model.transformer import build_model
 from diffsweep.train.optim import build_optimizer
 
@@ -51,14 +70,49 @@ class ModelRow(TypedDict):
     ms_per_step: float | None
     tokens_per_s: float | None
     ratio: float | None
+    compile_s: float | None  # the first step (with warmup 0 also counted in the median)
+    autotune: dict[str, str | None] | None  # --backend triton on a GPU: the configs chosen
+    peak_alloc_bytes: int | None  # GPU: max_memory_allocated over the kind's steps
+    estimate_bytes: int  # estimate_memory's total (on a GPU with GPU_OVERHEAD_BYTES)
+    estimate_excl_overhead_bytes: int  # the same without the fixed overhead: what peak_alloc_bytes can see
+    estimate_grads_bytes: int  # the gradients in it (alive during the forward only with accumulation)
+    estimate_ratio: float | None  # peak_alloc_bytes / estimate_excl_overhead_bytes
 
 
 GPU_DEFAULTS: _Defaults = {"size": "1.4B", "seq": 2048, "micro_batch": 4, "steps": 10, "warmup": 3}
 CPU_DEFAULTS: _Defaults = {"size": "tiny-m", "seq": 256, "micro_batch": 8, "steps": 10, "warmup": 2}
+GPU_MEMORY_DEFAULT = 80 * GIB  # estimate_memory's GPU size where there is none (it only sets ``fits``)
+
+PEAK_MEMORY = {
+    "cuda": "torch.cuda.max_memory_allocated over the kind's warm-up and timed steps, reset once its model and "
+            "optimizer are built (parameters and, from the first step on, AdamW state included; the CUDA context, "
+            "library workspaces and the allocator's cached blocks not)",
+    "cpu": "not measured on CPU (peak_alloc_bytes null): the process's resident set also holds the allocator's "
+           "cache and the previous kinds' freed memory; analysis/benchmarks/calibrate_memory.py measures CPU peaks "
+           "in fresh processes",
+}
+MEMORY_NOTE = (
+    "estimate_bytes: estimate_memory(world_size=1, this T and micro-batch, the run's precision, no activation "
+    "checkpointing), on a GPU with its fixed GPU_OVERHEAD_BYTES (CUDA context etc., which max_memory_allocated does "
+    "not see); estimate_ratio = peak_alloc_bytes / estimate_excl_overhead_bytes. The estimate keeps gradients "
+    "(estimate_grads_bytes) alive through the forward, as under gradient accumulation; these steps run one "
+    "micro-batch each and free the gradients before it (zero_grad(set_to_none=True)), so an exact estimate gives a "
+    "ratio of about 1 - estimate_grads_bytes / estimate_excl_overhead_bytes and 1. The estimate models fused "
+    "attention kernels (no T x T scores), not the reference backend"
+)
+
+
+def _estimate_config(cfg: Config, seq: int, micro_batch: int, dtype: torch.dtype) -> Config:
+    """``cfg`` with the training settings this benchmark runs (the estimate reads them from ``train``)."""
+    precision = Precision.FP32 if dtype == torch.float32 else Precision.BF16
+    train = dataclasses.replace(cfg.train, seq_len=seq, micro_batch_size=micro_batch, precision=precision,
+                                activation_checkpointing=False)
+    return dataclasses.replace(cfg, train=train)
 
 
 def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_batch: int, steps: int,
-                warmup: int, compile_model: bool) -> list[float]:
+                warmup: int, compile_model: bool) -> tuple[list[float], int | None]:
+    """Every step's seconds (warm-up included), and on a GPU the peak allocated bytes over them."""
     model = build_model(cfg.model, device=device, compute_dtype=dtype)
     optimizer = build_optimizer(model, cfg.train)
     forward = torch.compile(model) if compile_model else model
@@ -73,15 +127,21 @@ def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_b
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()
 
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
     times = [time_call(step, device) for _ in range(warmup + steps)]
-    return times[warmup:]
+    return times, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
 def run_model(*, size: str | None = None, kinds: list[str] | None = None, backend: str = "sdpa",
               seq: int | None = None, micro_batch: int | None = None, steps: int | None = None,
               warmup: int | None = None, device: str = "auto", dtype: str | None = None,
-              compile_model: bool = False) -> dict:
-    """Training tokens/s of each kind (default: all three) at ``size``; returns the results as data.
+              compile_model: bool = False, on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Training tokens/s of each kind (default: all three) at ``size``; returns the results as data
+    (``"complete": true``). ``on_progress`` gets the results so far, in the same form with
+    ``"complete": false``, once the arguments are checked and after each kind's row
+    (``bench model --out`` writes them).
 
     Defaults: on a GPU 1.4B, T = 2048, micro-batch 4, bf16 autocast; on CPU tiny-m, T = 256,
     micro-batch 8, fp32, 1 thread. The ratio is tokens/s over the Transformer's (or the first kind's).
@@ -106,37 +166,63 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     size, seq, micro_batch = size or d["size"], seq or d["seq"], micro_batch or d["micro_batch"]
     steps, warmup = steps or d["steps"], d["warmup"] if warmup is None else warmup
     baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
+    gpu = dev.type == "cuda"
+    gpu_memory = torch.cuda.get_device_properties(dev).total_memory if gpu else GPU_MEMORY_DEFAULT
+    header = {
+        "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "size": size, "seq": seq,
+        "micro_batch": micro_batch, "tokens_per_step": micro_batch * seq, "steps": steps, "warmup": warmup,
+        "compile": compile_model, "baseline": baseline.value, "note": None if gpu else CPU_NOTE,
+        "peak_memory": PEAK_MEMORY[dev.type], "memory_note": MEMORY_NOTE,
+    }
+    report = on_progress or (lambda result: None)
 
     rows: list[ModelRow] = []
+    report(_result(header, rows, baseline, complete=False))
     for kind in dict.fromkeys(chosen):
         cfg = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
                                  f"model.attention.backend={backend_name.value}"])
+        estimate = estimate_memory(_estimate_config(cfg, seq, micro_batch, torch_dtype), world_size=1,
+                                   gpu_memory_bytes=gpu_memory, device=dev.type, micro_batch_size=micro_batch,
+                                   activation_checkpointing=False)
         row: ModelRow = {"kind": kind.value, "backend": backend_name.value, "params": counting.num_params(cfg.model),
                "non_embedding_params": counting.num_non_embedding_params(cfg.model), "reason": None,
-               "ms_per_step": None, "tokens_per_s": None, "ratio": None}
+               "ms_per_step": None, "tokens_per_s": None, "ratio": None, "compile_s": None, "autotune": None,
+               "peak_alloc_bytes": None, "estimate_bytes": estimate.total,
+               "estimate_excl_overhead_bytes": estimate.total - estimate.overhead,
+               "estimate_grads_bytes": estimate.grads, "estimate_ratio": None}
         torch.manual_seed(0)
         try:
-            times = _time_steps(cfg, dev, torch_dtype, seq, micro_batch, steps, warmup, compile_model)
+            times, peak = _time_steps(cfg, dev, torch_dtype, seq, micro_batch, steps, warmup, compile_model)
         except EnvironmentUnavailable as exc:
             row["reason"] = str(exc).removeprefix(f"model.attention.backend: '{backend_name.value}' ")
         except RuntimeError as exc:  # out of memory
             row["reason"] = failure_reason(exc)
         else:
-            t = statistics.median(times)
-            row["ms_per_step"], row["tokens_per_s"] = t * 1e3, micro_batch * seq / t
-        if dev.type == "cuda":
+            t = statistics.median(times[warmup:])
+            row["ms_per_step"], row["tokens_per_s"], row["compile_s"] = t * 1e3, micro_batch * seq / t, times[0]
+            if gpu and backend_name is Backend.TRITON:
+                row["autotune"] = triton_autotune()
+            if peak is not None:
+                row["peak_alloc_bytes"] = peak
+                row["estimate_ratio"] = peak / row["estimate_excl_overhead_bytes"]
+        if gpu:
             torch.cuda.empty_cache()
         rows.append(row)
-    base = next(r for r in rows if r["kind"] == baseline.value)
+        report(_result(header, rows, baseline, complete=False))
+    return _result(header, rows, baseline, complete=True)
+
+
+def _result(header: dict, rows: list[ModelRow], baseline: AttentionKind, *, complete: bool) -> dict:
+    """The results: ``header``, then copies of ``rows`` with their ratio to the baseline's tokens/s
+    (None until the baseline's row is measured)."""
+    base = next((r for r in rows if r["kind"] == baseline.value), None)
+    shown: list[ModelRow] = []
     for row in rows:
-        if row["tokens_per_s"] is not None and base["tokens_per_s"] is not None:
-            row["ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
-    return {
-        "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "size": size, "seq": seq,
-        "micro_batch": micro_batch, "tokens_per_step": micro_batch * seq, "steps": steps, "warmup": warmup,
-        "compile": compile_model, "baseline": baseline.value, "note": None if dev.type == "cuda" else CPU_NOTE,
-        "rows": rows,
-    }
+        ratio = None
+        if base is not None and row["tokens_per_s"] is not None and base["tokens_per_s"] is not None:
+            ratio = row["tokens_per_s"] / base["tokens_per_s"]
+        shown.append({**row, "ratio": ratio})
+    return {**header, "complete": complete, "rows": shown}
 
 
 def _kind(name: str) -> AttentionKind:
@@ -177,4 +263,22 @@ def render(result: dict) -> None:
     for r in result["rows"]:
         if r["reason"] is not None:
             console.print(f"  {r['kind']} / {r['backend']}: {r['reason']}", markup=False, highlight=False)
+        if r["autotune"] is not None:
+            configs = "; ".join(f"{k} {v or '—'}" for k, v in r["autotune"].items())
+            console.print(f"  {r['kind']} / {r['backend']}: first step {r['compile_s']:.2f} s (autotune + compile); "
+                          f"chose {configs}", markup=False, highlight=False)
     console.print(f"ratio = tokens/s / {result['baseline']}'s tokens/s (measured in this run).", highlight=False)
+    memory = Table(title="memory (MB)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    memory.add_column("attention")
+    for col in ("peak", "estimate", "excl. overhead", "of it grads", "peak/estimate"):
+        memory.add_column(col, justify="right")
+    for r in result["rows"]:
+        memory.add_row(r["kind"], "—" if r["peak_alloc_bytes"] is None else f"{r['peak_alloc_bytes'] / 1e6:,.1f}",
+                       f"{r['estimate_bytes'] / 1e6:,.1f}", f"{r['estimate_excl_overhead_bytes'] / 1e6:,.1f}",
+                       f"{r['estimate_grads_bytes'] / 1e6:,.1f}",
+                       "—" if r["estimate_ratio"] is None else f"{r['estimate_ratio']:.3f}")
+    console.print(memory)
+    console.print(f"peak: {result['peak_memory']}. estimate: the planner's (estimate_memory), with its fixed GPU "
+                  "overhead and without (what peak can see); peak/estimate = peak / the estimate excluding it, about "
+                  "1 - grads/estimate to 1 when the estimate is right: it keeps gradients alive through the forward, "
+                  "these steps free them (memory_note in --json).", highlight=False)
