@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +9,7 @@ import typer
 
 from diffsweep.bench.choices import MODEL_DTYPES, Device, Dtype
 from diffsweep.cli.common import JsonOpt, choice, handle_errors, name_choice, print_json
-from diffsweep.config import SIZES, AttentionKind, Backend, ConfigError
+from diffsweep.config import SIZES, AttentionKind, Backend
 
 app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-model training throughput.",
                   no_args_is_help=True)
@@ -18,10 +17,14 @@ app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-m
 DeviceOpt = Annotated[Device, choice(Device, "--device", "Where to run (auto: CUDA when visible).")]
 # The library's fields at fault, as the flags that set them.
 ATTENTION_FLAGS = {"layouts": "--layout", "seqs": "--seq", "batch_tokens": "--batch-tokens", "dtype": "--dtype",
-                   "device": "--device", "backends": "--backend", "reps": "--reps", "warmup": "--warmup"}
+                   "device": "--device", "backends": "--backend", "reps": "--reps", "warmup": "--warmup",
+                   "out": "--out"}
 MODEL_FLAGS = {"size": "--size", "kinds": "--kind", "backend": "--backend", "seq": "--seq",
                "micro_batch": "--micro-batch", "steps": "--steps", "warmup": "--warmup", "device": "--device",
-               "dtype": "--dtype"}
+               "dtype": "--dtype", "out": "--out"}
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the results as JSON to this file, rewritten "
+                                             "after every measured row (\"complete\": false until the end), so a "
+                                             "run killed by a time limit keeps what it measured.", show_default=False)]
 
 
 @app.command()
@@ -44,19 +47,21 @@ def attention(
     reps: Annotated[int, typer.Option("--reps", help="Timed rounds (the median is reported).")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds first.")] = 2,
     json_: JsonOpt = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Also write the results as JSON to this file.",
-                                             show_default=False)] = None,
+    out: OutOpt = None,
 ) -> None:
     """Forward and forward+backward time, TFLOP/s and the ratio to the baseline of baseline attention,
-    DIFF V1 (each backend) and DIFF V2."""
+    DIFF V1 (each backend) and DIFF V2; the first call's seconds (Triton: autotune + compile) and
+    the configs Triton chose; on a GPU each kernel's peak allocated memory."""
+    from diffsweep.bench.output import check_out, result_writer, write_result
+
+    check_out(out)
     from diffsweep.bench.attention import render, run_attention
 
-    _check_out(out)
     result = run_attention(layouts=layout, seqs=seq, batch_tokens=batch_tokens, dtype=_value(dtype),
                            device=device.value, backends=[b.value for b in backend] if backend else None, reps=reps,
-                           warmup=warmup)
+                           warmup=warmup, on_progress=result_writer(out))
     if out is not None:
-        out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_result(out, result)
     if json_:
         print_json(result)
     else:
@@ -85,14 +90,22 @@ def model(
                                           "GPU, fp32 on CPU).", members=MODEL_DTYPES, show_default=False)] = None,
     compile_model: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile each model.")] = False,
     json_: JsonOpt = False,
+    out: OutOpt = None,
 ) -> None:
     """Full-model training tokens/s (forward, backward, AdamW step) of each architecture at one size,
-    with parameter counts and the ratio to the Transformer."""
+    with parameter counts and the ratio to the Transformer; the first step's seconds, the configs
+    Triton chose (--backend triton), and on a GPU the peak allocated memory beside the planner's
+    estimate."""
+    from diffsweep.bench.output import check_out, result_writer, write_result
+
+    check_out(out)
     from diffsweep.bench.model import render, run_model
 
     result = run_model(size=size, kinds=[k.value for k in kind] if kind else None, backend=backend.value, seq=seq,
                        micro_batch=micro_batch, steps=steps, warmup=warmup, device=device.value,
-                       dtype=_value(dtype), compile_model=compile_model)
+                       dtype=_value(dtype), compile_model=compile_model, on_progress=result_writer(out))
+    if out is not None:
+        write_result(out, result)
     if json_:
         print_json(result)
     else:
@@ -102,7 +115,3 @@ def model(
 def _value(dtype: Dtype | None) -> str | None:
     return None if dtype is None else dtype.value
 
-
-def _check_out(out: Path | None) -> None:
-    if out is not None and (out.is_dir() or not out.parent.is_dir()):
-        raise ConfigError("--out", f"expected a file in an existing folder, got '{out}'")
