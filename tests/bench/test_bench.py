@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,8 +26,12 @@ TINY_MODEL = ["--size", "tiny-3xs", "--seq", "16", "--micro-batch", "1", "--step
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffsweep", "bench", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(bench_command(*args), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def bench_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "diffsweep", "bench", *args]
 
 
 def test_forward_flops_by_hand():
@@ -73,6 +79,7 @@ def test_bench_attention_json_every_row(tmp_path):
     assert data["note"] == "CPU: tiny shapes; ratios only" and "causal" in data["flop_convention"]
     (case,) = data["cases"]
     assert (case["layout"], case["seq"], case["batch"]) == ("tiny-2xs", 16, 2)
+    assert data["complete"] is True and case["complete"] is True
     rows = {(row["kind"], row["kernel"]): row for row in case["rows"]}
     expected = [("transformer", "sdpa"), ("transformer", "sdpa-cudnn"),
                 *(("diff_v1", b.value) for b in Backend), ("diff_v2", "sdpa")]
@@ -83,6 +90,8 @@ def test_bench_attention_json_every_row(tmp_path):
         for field in ("fwd_ms", "fwd_bwd_ms", "fwd_tflops", "fwd_bwd_tflops", "fwd_ratio", "fwd_bwd_ratio"):
             assert _positive(row[field]), (key, field, row[field])
         assert row["fwd_tflops"] == pytest.approx(row["fwd_flops"] / (row["fwd_ms"] / 1e3) / 1e12)
+        assert row["rounds"] == 1 and _positive(row["compile_s"])
+        assert row["autotune"] is None and row["peak_alloc_bytes"] is None  # CUDA only
     assert rows[("transformer", "sdpa")]["fwd_ratio"] == rows[("transformer", "sdpa")]["fwd_bwd_ratio"] == 1.0
     # tiny-2xs: d_model 32, head dim 16 -> 2 baseline heads, 1 DIFF V1 head (V of 32), 4 V2 query heads on 2.
     assert rows[("diff_v1", "sdpa")]["fwd_flops"] == forward_flops(AttentionCall(1, 1, 16, 32, True), 2, 16)
@@ -103,18 +112,54 @@ def test_bench_attention_table():
     assert "reference" not in r.stdout  # --backend picks the DIFF V1 rows
 
 
-def test_bench_model_json_every_kind():
-    r = bench("model", *TINY_MODEL, "--json")
+def test_bench_model_json_every_kind(tmp_path):
+    out = tmp_path / "model.json"
+    r = bench("model", *TINY_MODEL, "--json", "--out", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    assert json.loads(out.read_text()) == data and data["complete"] is True
     assert data["note"] == "CPU: tiny shapes; ratios only" and data["tokens_per_step"] == 16
     assert [row["kind"] for row in data["rows"]] == ["transformer", "diff_v1", "diff_v2"]
     for row in data["rows"]:
         assert row["reason"] is None, row
         assert _positive(row["tokens_per_s"]) and _positive(row["ms_per_step"]) and _positive(row["ratio"])
+        assert _positive(row["compile_s"]) and row["estimate_bytes"] > 0 and row["peak_alloc_bytes"] is None
         cfg = load_config(None, ["model.size=tiny-3xs", f"model.attention.kind={row['kind']}"]).model
         assert row["params"] == counting.num_params(cfg)
     assert data["rows"][0]["ratio"] == 1.0
+
+
+def test_bench_attention_killed_partway_leaves_what_it_measured(tmp_path):
+    """A time limit kills the run (SIGKILL: no clean-up) once the first case is on disk; the file
+    holds it, complete, in a valid document marked incomplete. The second case (T = 8192 against
+    T = 16) takes seconds where the first takes milliseconds, so the kill comes before the end."""
+    out = tmp_path / "attention.json"
+    args = ["--layout", "tiny-2xs", "--seq", "16", "--seq", "8192", "--batch-tokens", "8192", "--backend", "sdpa",
+            "--reps", "3", "--warmup", "0", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(bench_command("attention", *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    doc: dict = {}
+    try:
+        deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
+        while proc.poll() is None and time.monotonic() < deadline:
+            if out.exists():
+                doc = json.loads(out.read_text())  # always whole: written atomically
+                if doc["cases"] and doc["cases"][0]["complete"]:
+                    break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        _, stderr = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, stderr)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["baseline"] == "sdpa"
+    first = doc["cases"][0]
+    assert first["complete"] is True and (first["seq"], first["batch"]) == (16, 512)
+    assert all(not case["complete"] for case in doc["cases"][1:])
+    timed = [row for row in first["rows"] if row["reason"] is None]
+    assert [(row["kind"], row["kernel"]) for row in timed] == [("transformer", "sdpa"), ("diff_v1", "sdpa"),
+                                                               ("diff_v2", "sdpa")]
+    for row in timed:
+        assert row["rounds"] == 3 and _positive(row["fwd_bwd_tflops"]) and _positive(row["fwd_bwd_ratio"])
 
 
 def test_bench_model_unavailable_backend_gives_reasons_not_a_crash():
@@ -132,6 +177,9 @@ def test_bench_model_unavailable_backend_gives_reasons_not_a_crash():
     (["model", "--size", "huge"], "--size"),
     (["model", "--kind", "diff"], "--kind"),
     (["model", "--seq", "0"], "--seq"),
+    (["model", "--out", "/"], "--out"),  # a folder
+    (["model", "--out", "/no/such/folder/model.json"], "--out"),
+    (["attention", "--out", "/no/such/folder/attention.json"], "--out"),
 ])
 def test_bad_input_is_one_line_exit_2(args, option):
     r = bench(*args)
