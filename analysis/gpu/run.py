@@ -1,0 +1,333 @@
+"""The device kit: everything a rare GPU window should check, as one command with a time budget.
+
+On the GPU machine (prepared by ``analysis/gpu/prepare.py``, which prints the exact call)::
+
+    PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out "$OUT" --budget 450
+
+Stages, in order, each in its own subprocess (own process group) with its own time cap, cut to
+what is left of ``--budget``; a stage that cannot get its minimum is not started, and the
+summary prints the command that runs what is left. Files written to ``--out`` (at most 8, the
+device tool's limit):
+
+- ``env.json``       GPU, driver, torch/Triton versions, ``pip freeze``  (stage ``env``)
+- ``install.json``   the carried wheels installed offline                 (stage ``install``)
+- ``smoke.json``     fused kernel vs fp64 reference at the 1.4B head      (stage ``smoke``)
+- ``tests.xml``      ``pytest -m gpu`` as JUnit XML, skip reasons in it   (stage ``tests``)
+- ``attention.json`` ``diffsweep bench attention``, written row by row    (stage ``bench-attention``)
+- ``model.json``     ``diffsweep bench model`` (sdpa, then triton rows)   (stages ``bench-model``, ``bench-model-triton``)
+- ``train.json``     bf16 training, checkpoint, resume vs uninterrupted   (stage ``train``)
+- ``summary.json``   every stage: status, seconds, exit code, output tail (rewritten after each stage)
+
+``--device cpu`` rehearses the same stages on a CPU machine (tiny shapes, Triton's interpreter):
+CI runs it, so the only unknown left on the GPU machine is the GPU. Without CUDA and without
+``--device cpu`` it stops at once: one line, exit 3. Exit 0 when every stage passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = ROOT / "analysis/gpu"
+MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20  # what the device tool brings back from $OUT
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the kit: its command, its time cap and the least time worth starting it with
+    (GPU, CPU rehearsal), the stages it needs to have passed, and the file it writes."""
+
+    name: str
+    cap_s: tuple[float, float]
+    min_s: tuple[float, float]
+    output: str
+    needs: tuple[str, ...] = ()
+    optional: bool = False
+
+
+STAGES = (
+    Stage("env", (40, 60), (5, 5), "env.json"),
+    Stage("install", (90, 60), (15, 10), "install.json"),
+    Stage("smoke", (150, 120), (40, 20), "smoke.json"),
+    Stage("tests", (180, 600), (60, 60), "tests.xml"),
+    Stage("bench-attention", (150, 180), (45, 30), "attention.json"),
+    Stage("bench-model", (120, 180), (45, 30), "model.json"),
+    Stage("train", (120, 180), (40, 30), "train.json", needs=("install",), optional=True),
+    Stage("bench-model-triton", (90, 180), (40, 30), "model.json", optional=True),
+)
+BY_NAME = {s.name: s for s in STAGES}
+
+# The CPU rehearsal's benchmark settings: the smallest shapes, one repetition.
+CPU_ATTENTION = ["--layout", "tiny-2xs", "--seq", "16", "--batch-tokens", "32", "--reps", "1", "--warmup", "0"]
+CPU_MODEL = ["--size", "tiny-3xs", "--seq", "16", "--micro-batch", "1", "--steps", "1", "--warmup", "0"]
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # passed, failed, timeout, skipped, interrupted
+    seconds: float = 0.0
+    returncode: int | None = None
+    reason: str = ""
+    tail: list[str] = field(default_factory=list)
+
+
+def command(stage: Stage, device: str, out: Path) -> list[str]:
+    """The subprocess a stage runs (from the repository root)."""
+    py, target = sys.executable, str(out / stage.output)
+    if stage.name in ("env", "install", "smoke", "train"):
+        return [py, str(KIT / "stages.py"), stage.name, "--device", device, "--out", target]
+    if stage.name == "tests":
+        workers = ["-n", "8"] if device == "cuda" else []
+        return [py, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rs", "--junitxml", target,
+                "-o", "junit_logging=no", *workers]
+    if stage.name == "bench-attention":
+        return [py, "-m", "diffsweep", "bench", "attention", "--device", device, "--out", target,
+                *(CPU_ATTENTION if device == "cpu" else [])]
+    base = [py, "-m", "diffsweep", "bench", "model", "--device", device,
+            *(CPU_MODEL if device == "cpu" else ["--size", "1.4B", "--seq", "2048", "--micro-batch", "4"])]
+    if stage.name == "bench-model":
+        return [*base, "--out", target]
+    # The fused kernel in a whole model; the Transformer beside it for the ratio. Appends its rows to
+    # a second file and merges (model.json keeps the sdpa rows if this one is cut short).
+    return [*base, "--backend", "triton", "--kind", "transformer", "--kind", "diff_v1", "--out",
+            str(out / ".model-triton.json")]
+
+
+def stage_env(device: str, site: Path, kernels_link: Path) -> dict[str, str]:
+    """The environment every stage runs in: the checkout and ``diffsweep_kernels`` importable
+    without installing the project (no network there for its build dependencies)."""
+    path = [str(ROOT), str(kernels_link.parent), str(site), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "PYTHONUNBUFFERED": "1",
+           "MLFLOW_DISABLE_TELEMETRY": "true"}
+    if device == "cuda":
+        env["DIFFSWEEP_REQUIRE_GPU"] = "1"  # a GPU test that skips for want of CUDA fails here
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def link_kernels(scratch: Path) -> Path:
+    """``scratch/diffsweep_kernels -> kernels/``: the import name an install would give it."""
+    link = scratch / "diffsweep_kernels"
+    if not link.exists():
+        link.symlink_to(ROOT / "kernels", target_is_directory=True)
+    return link
+
+
+class Runner:
+    """Runs stages one after another within the budget; a SIGTERM/SIGINT stops the stage running
+    (its whole process group) and still writes the summary."""
+
+    def __init__(self, device: str, out: Path, budget: float, env: dict[str, str]) -> None:
+        self.device, self.out, self.budget, self.env = device, out, budget, env
+        self.start = time.monotonic()
+        self.results: list[Result] = []
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    def stop(self, signum, frame) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            _kill(self.proc)
+
+    def run(self, stages: list[Stage]) -> None:
+        gpu = 0 if self.device == "cuda" else 1
+        for stage in stages:
+            failed_need = next((n for n in stage.needs if self._status(n) not in (None, "passed")), None)
+            if self.stopping:
+                result = Result(stage.name, "skipped", reason="interrupted before it started")
+            elif failed_need:
+                result = Result(stage.name, "skipped", reason=f"needs stage {failed_need}, which did not pass")
+            elif self.left() < stage.min_s[gpu]:
+                result = Result(stage.name, "skipped", reason=f"no time left ({max(0, self.left()):.0f} s of the "
+                                f"budget, needs {stage.min_s[gpu]:.0f} s)")
+            else:
+                result = self._run_one(stage, min(stage.cap_s[gpu], self.left()))
+            self.results.append(result)
+            print(f"== {stage.name}: {result.status} in {result.seconds:.1f} s{': ' + result.reason if result.reason else ''}",
+                  flush=True)
+            self.write_summary()
+
+    def _status(self, name: str) -> str | None:
+        return next((r.status for r in self.results if r.name == name), None)
+
+    def _run_one(self, stage: Stage, timeout: float) -> Result:
+        cmd = command(stage, self.device, self.out)
+        print(f"== {stage.name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        start = time.monotonic()
+        self.proc = proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                                            start_new_session=True)
+        reader = threading.Thread(target=_pump, args=(proc, tail, stage.name), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            timed_out = True
+        reader.join(timeout=10)
+        self.proc = None
+        seconds = time.monotonic() - start
+        if stage.name == "bench-model-triton":
+            _merge_models(self.out / "model.json", self.out / ".model-triton.json")
+        if timed_out:
+            return Result(stage.name, "timeout", seconds, None, f"stopped at its {timeout:.0f} s limit", list(tail))
+        if self.stopping:
+            return Result(stage.name, "interrupted", seconds, proc.returncode, "the kit was stopped", list(tail))
+        if proc.returncode == 0:
+            return Result(stage.name, "passed", seconds, 0, "", list(tail))
+        return Result(stage.name, "failed", seconds, proc.returncode, f"exit code {proc.returncode}", list(tail))
+
+    def write_summary(self) -> dict:
+        files = sorted(p for p in self.out.iterdir() if p.is_file() and not p.name.startswith("."))
+        over = [p.name for p in files if p.stat().st_size > MAX_FILE_BYTES]
+        left = [r.name for r in self.results if r.status in ("skipped", "timeout", "interrupted")]
+        summary = {
+            "device": self.device, "budget_s": self.budget, "elapsed_s": round(time.monotonic() - self.start, 1),
+            "ok": bool(self.results) and all(r.status == "passed" for r in self.results),
+            "stages": [r.__dict__ for r in self.results],
+            "files": [p.name for p in files], "files_over_limit": over,
+            "rerun": rerun_command(left) if left else None,
+        }
+        tmp = self.out / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.out / "summary.json")
+        return summary
+
+
+def rerun_command(stages: list[str]) -> str:
+    return f"PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out \"$OUT\" --budget 450 --stages {','.join(stages)}"
+
+
+def _pump(proc: subprocess.Popen, tail: deque, name: str) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        tail.append(line[-400:])
+        print(f"[{name}] {line}", flush=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The stage's whole process group (pytest workers, compile workers): TERM, then KILL."""
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _merge_models(model: Path, triton: Path) -> None:
+    """``model.json`` gets the triton run as ``"triton"`` beside the sdpa run's fields."""
+    if not triton.exists():
+        return
+    try:
+        extra = json.loads(triton.read_text(encoding="utf-8"))
+        base = json.loads(model.read_text(encoding="utf-8")) if model.exists() else {}
+    except json.JSONDecodeError:
+        return
+    base["triton"] = extra
+    tmp = model.with_name(".model.json.tmp")
+    tmp.write_text(json.dumps(base, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, model)
+    triton.unlink()
+
+
+def _print_table(summary: dict) -> None:
+    print(f"\n{'stage':<20} {'status':<12} {'seconds':>8}  reason")
+    for r in summary["stages"]:
+        print(f"{r['name']:<20} {r['status']:<12} {r['seconds']:>8.1f}  {r['reason']}")
+    print(f"{'total':<20} {'ok' if summary['ok'] else 'NOT OK':<12} {summary['elapsed_s']:>8.1f}  "
+          f"of a {summary['budget_s']:.0f} s budget; files: {', '.join(summary['files'])}")
+    if summary["files_over_limit"]:
+        print(f"over the device tool's 16 MiB per file (not brought back): {', '.join(summary['files_over_limit'])}")
+    if summary["rerun"]:
+        print(f"what is left: {summary['rerun']}")
+
+
+def _stages(spec: str | None) -> list[Stage]:
+    if spec is None:
+        return list(STAGES)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown or not names:
+        raise SystemExit(f"error: --stages: expected names from [{', '.join(BY_NAME)}], got '{spec}'")
+    return [s for s in STAGES if s.name in names]  # always in the kit's order
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="output folder (default: $OUT)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="cuda (default; refused without a GPU) or cpu: the rehearsal")
+    parser.add_argument("--budget", type=float, default=450.0, help="seconds for all stages (default 450)")
+    parser.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(BY_NAME)}")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        print("error: --out: expected an output folder (or $OUT), got none", file=sys.stderr)
+        return 2
+    if not args.budget > 0 or args.budget == float("inf"):
+        print(f"error: --budget: expected a positive number of seconds, got {args.budget}", file=sys.stderr)
+        return 2
+    try:
+        stages = _stages(args.stages)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    device = args.device or "cuda"
+    if device == "cuda" and not _cuda_visible():
+        print("error: no CUDA GPU is visible; run on the GPU machine, or rehearse here with --device cpu",
+              file=sys.stderr)
+        return 3
+    out = args.out.resolve()
+    if out.exists() and not out.is_dir():
+        print(f"error: --out: expected a folder, got the file '{args.out}'", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="diffsweep-kit-"))
+    env = stage_env(device, scratch / "site", link_kernels(scratch))
+    runner = Runner(device, out, args.budget, env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, runner.stop)
+    runner.run(stages)
+    summary = runner.write_summary()
+    _print_table(summary)
+    return 0 if summary["ok"] else 1
+
+
+def _cuda_visible() -> bool:
+    """Without importing torch (seconds): the driver's tool lists a GPU."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "GPU" in done.stdout
+
+
+if __name__ == "__main__":
+    sys.exit(main())

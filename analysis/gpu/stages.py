@@ -1,0 +1,324 @@
+"""The device kit's own stages, each run by ``run.py`` in a subprocess: ``env``, ``install``,
+``smoke`` and ``train``. (The GPU tests and the two benchmarks are the project's own commands.)
+
+    python3 analysis/gpu/stages.py env     --device cuda --out OUT/env.json
+    python3 analysis/gpu/stages.py install --device cuda --out OUT/install.json
+    python3 analysis/gpu/stages.py smoke   --device cuda --out OUT/smoke.json
+    python3 analysis/gpu/stages.py train   --device cuda --out OUT/train.json
+
+Each writes one JSON file with ``"ok"`` and exits 0 when the stage passed, 1 when it ran and
+failed. ``--device cpu`` is the rehearsal: tiny shapes, Triton in its CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "analysis/gpu/requirements.txt"
+WHEELS = ROOT / ".whl"
+NAMES = ("out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam")
+
+
+def write(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _run(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return -1, f"{type(exc).__name__}: {exc}"
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+# ---------------------------------------------------------------------------------------------- env
+def env(device: str) -> dict:
+    """GPU, driver, versions and ``pip freeze``: what every figure of this run depends on."""
+    import torch
+
+    facts: dict = {"ok": True, "python": sys.version.split()[0], "executable": sys.executable,
+                   "platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                   "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError as exc:
+        facts["triton"] = f"not importable: {exc}"
+    import diffsweep
+    import diffsweep_kernels
+
+    facts["diffsweep_from"] = str(Path(diffsweep.__file__).parent)
+    facts["diffsweep_kernels_from"] = str(Path(diffsweep_kernels.__file__).parent)
+    if shutil.which("nvidia-smi"):
+        _, facts["nvidia_smi"] = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                                       "--format=csv,noheader"])
+    else:
+        facts["nvidia_smi"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                        "memory_bytes": props.total_memory, "sms": props.multi_processor_count,
+                        "cudnn": torch.backends.cudnn.version()}
+    elif device == "cuda":
+        facts["ok"], facts["error"] = False, "torch sees no CUDA device"
+    code, freeze = _run([sys.executable, "-m", "pip", "freeze", "--all"], timeout=120)
+    facts["pip_freeze"] = freeze.splitlines() if code == 0 else [f"pip freeze failed: {freeze[-500:]}"]
+    return facts
+
+
+# ------------------------------------------------------------------------------------------ install
+def install(device: str, site: Path) -> dict:
+    """The wheels in ``.whl/`` into the GPU machine's Python, offline; pip takes only what the image
+    lacks or has too old. If that environment cannot be written, into ``site`` (which ``run.py``
+    puts on PYTHONPATH). On the CPU rehearsal nothing is installed (the project's environment has
+    the packages already): the wheel set is resolved for the GPU machine's Python instead."""
+    facts: dict = {"ok": False, "wheels": sorted(p.name for p in WHEELS.glob("*.whl"))}
+    if not facts["wheels"]:
+        facts["error"] = ".whl/ holds no wheels: run python3 analysis/gpu/prepare.py on the CPU machine and carry .whl"
+        return facts
+    base = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links",
+            str(WHEELS)]
+    if device == "cuda":
+        code, log = _run([*base, "-r", str(REQUIREMENTS)], timeout=240)
+        facts["into"] = "the interpreter's environment"
+        if code != 0:
+            facts["first_try"] = log[-2000:]
+            code, log = _run([*base, "--target", str(site), "-r", str(REQUIREMENTS)], timeout=240)
+            facts["into"] = str(site)
+        facts["log"] = log[-4000:]
+        if code != 0:
+            facts["error"] = "pip install failed (see log)"
+            return facts
+    else:
+        sys.path.insert(0, str(ROOT / "analysis/gpu"))
+        from prepare import KitError, resolve
+
+        try:
+            facts["would_install"] = resolve(WHEELS)
+        except KitError as exc:
+            facts["error"] = str(exc)
+            return facts
+        facts["into"] = "nothing (CPU rehearsal: resolved for the GPU machine's Python, offline)"
+    check = ("import importlib.metadata as m, mlflow, submitit, sqlalchemy, alembic; "
+             "print({n: m.version(n) for n in ('mlflow-skinny', 'submitit', 'sqlalchemy', 'alembic')})")
+    env_vars = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env_vars)
+    facts["imports"] = (done.stdout or done.stderr).strip()[-2000:]
+    facts["ok"] = done.returncode == 0
+    if not facts["ok"]:
+        facts["error"] = "mlflow/submitit do not import after the install"
+    return facts
+
+
+# -------------------------------------------------------------------------------------------- smoke
+def _out_and_grads(fn, tensors, dtype, device):
+    import torch
+
+    leaves = [t.detach().to(device, dtype if t.dim() else (torch.float64 if dtype == torch.float64 else torch.float32))
+              .requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device, dtype)
+    out.backward(grad)
+    grads = [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
+    return [out.detach().double().cpu()] + [g.double().cpu() for g in grads]
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def smoke(device: str) -> dict:
+    """The fused kernel against the fp64 reference at DIFF V1's 1.4B head shape (bf16, 8 heads of
+    Q/K 128 and V 256, T = 2048), every output and gradient, with full autotuning (which also
+    fills Triton's compile cache for the benchmarks); its first-call and steady times. The CPU
+    rehearsal runs a tiny shape in fp32 in Triton's interpreter."""
+    import torch
+
+    from diffsweep_kernels import reference, triton_diff
+
+    if device == "cuda":
+        dtype, (B, H, Hkv, T, D, Dv) = torch.bfloat16, (1, 8, 8, 2048, 128, 256)
+    else:
+        dtype, (B, H, Hkv, T, D, Dv) = torch.float32, (1, 2, 2, 64, 16, 32)
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(B, H, T, D, generator=g) * 2, torch.randn(B, Hkv, T, D, generator=g) * 2,
+               torch.randn(B, H, T, D, generator=g) * 2, torch.randn(B, Hkv, T, D, generator=g) * 2,
+               torch.randn(B, Hkv, T, Dv, generator=g), torch.tensor(0.6)]
+    scale = D**-0.5
+
+    def kernel(q1, k1, q2, k2, v, lam):
+        return triton_diff.diff_attention(q1, k1, q2, k2, v, lam, scale=scale)
+
+    def ref(q1, k1, q2, k2, v, lam):
+        return reference.diff_attention(q1, k1, q2, k2, v, lam, scale=scale, upcast=True)
+
+    facts: dict = {"shape": {"B": B, "H": H, "Hkv": Hkv, "T": T, "D": D, "Dv": Dv}, "dtype": str(dtype),
+                   "autotune_mode": os.environ.get("DIFFSWEEP_TRITON_AUTOTUNE", "all")}
+    # First call: autotuning and compiling every config of the forward, then of both backward kernels.
+    leaves = [t.detach().to(device, dtype if t.dim() else torch.float32).requires_grad_() for t in tensors]
+    start = time.perf_counter()
+    out = kernel(*leaves)
+    _sync(device)
+    facts["first_forward_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    out.backward(torch.ones_like(out))
+    _sync(device)
+    facts["first_backward_s"] = time.perf_counter() - start
+    chosen = getattr(triton_diff, "chosen_configs", None)
+    facts["autotune"] = chosen() if chosen else None
+
+    truth = _out_and_grads(ref, tensors, torch.float64, device)
+    ref_low = _out_and_grads(ref, tensors, dtype, device)
+    got = _out_and_grads(kernel, tensors, dtype, device)
+    facts["errors"], ok = {}, True
+    for name, t, r, k in zip(NAMES, truth, ref_low, got):
+        floor = 16 * torch.finfo(dtype).eps * max(1.0, t.abs().max().item())
+        err, ref_err = (k - t).abs().max().item(), (r - t).abs().max().item()
+        bound = 2 * ref_err + floor
+        finite = bool(torch.isfinite(k).all())
+        facts["errors"][name] = {"err": err, "ref_err": ref_err, "bound": bound, "ok": finite and err <= bound}
+        ok &= facts["errors"][name]["ok"]
+    facts["ok"] = ok
+
+    if device == "cuda":  # steady-state times (the benchmarks measure them properly, side by side)
+        fwd, fwd_bwd = [], []
+        for _ in range(12):
+            start = time.perf_counter()
+            out = kernel(*leaves)
+            _sync(device)
+            fwd.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            kernel(*leaves).backward(torch.ones_like(out))
+            _sync(device)
+            fwd_bwd.append(time.perf_counter() - start)
+        facts["fwd_ms"] = statistics.median(fwd[2:]) * 1e3
+        facts["fwd_bwd_ms"] = statistics.median(fwd_bwd[2:]) * 1e3
+        facts["peak_alloc_bytes"] = torch.cuda.max_memory_allocated()
+    return facts
+
+
+# -------------------------------------------------------------------------------------------- train
+TRAIN = {  # a short real run: the fused kernel (GPU) under bf16 autocast, checkpointed and resumed
+    "cuda": {"size": "tiny-l", "backend": "triton", "seq": 256, "batch_tokens": 8192, "micro": 16, "steps": 200,
+             "every": 50, "resume": 100},
+    "cpu": {"size": "tiny-3xs", "backend": "sdpa", "seq": 32, "batch_tokens": 128, "micro": 2, "steps": 12,
+            "every": 3, "resume": 6},
+}
+CUDA_LOSS_TOLERANCE = 0.02  # |Δ loss| per step on a GPU, where atomics (embedding backward) may reorder sums
+
+
+def _text_dataset(root: Path) -> Path:
+    """Real English text that ships with Python (the pydoc topics, ~0.5 MB), tokenized with a
+    512-token BPE (the GPU machine has no network and no demo corpus)."""
+    import pydoc_data.topics
+
+    from diffsweep.config import TokenizerKind
+    from diffsweep.data.prepare import Document, prepare
+
+    source = root / "topics.txt"
+    topics = sorted(pydoc_data.topics.topics.items())
+    source.write_text("\n".join(text for _, text in topics), encoding="utf-8")
+    docs = [Document(name, text, source) for name, text in topics]
+    prepare(docs, root / "dataset", TokenizerKind.BPE, vocab_size=512)
+    return root / "dataset"
+
+
+def train(device: str) -> dict:
+    """bf16 autocast training of DIFF V1: an uninterrupted run against one resumed from its
+    middle checkpoint, step by step; on a GPU the checkpoint must hold the CUDA RNG state."""
+    import torch
+
+    from diffsweep.config import load_config
+    from diffsweep.train.checkpoint import checkpoint_path, load_checkpoint
+    from diffsweep.train.trainer import train as run_training
+
+    p = TRAIN[device]
+    work = Path(tempfile.mkdtemp(prefix="diffsweep-kit-train-"))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
+    dataset = _text_dataset(work)
+    cfg = load_config(None, [
+        f"model.size={p['size']}", "model.vocab_size=512", "model.attention.kind=diff_v1",
+        f"model.attention.backend={p['backend']}", f"data.path={dataset}", "train.precision=bf16",
+        f"train.seq_len={p['seq']}", f"train.batch_tokens={p['batch_tokens']}", f"train.micro_batch_size={p['micro']}",
+        f"train.max_steps={p['steps']}", "train.warmup_steps=10", f"train.eval_every={p['every']}",
+        "train.eval_tokens=2048", f"train.checkpoint_every={p['every']}", "train.keep_checkpoints=100",
+        "train.log_every=10"])
+    full: dict[int, dict] = {}
+    resumed: dict[int, dict] = {}
+
+    def recorder(into):
+        return lambda step, metrics: into.__setitem__(step, {k: float(v) for k, v in metrics.items()
+                                                              if not k.endswith("tokens_per_s") and k != "train/mfu"})
+
+    start = time.perf_counter()
+    first = run_training(cfg, work / "full", experiment="kit", callbacks=(recorder(full),), echo=lambda s: None)
+    seconds = time.perf_counter() - start
+    checkpoint = checkpoint_path(work / "full" / "checkpoints", p["resume"])
+    state = load_checkpoint(checkpoint)
+    run_training(cfg, work / "resumed", experiment="kit", resume_from=checkpoint, callbacks=(recorder(resumed),),
+                 echo=lambda s: None)
+    later = [s for s in sorted(full) if s > p["resume"]]
+    diffs = [abs(full[s]["train/loss"] - resumed[s]["train/loss"]) for s in later if s in resumed]
+    bitwise = sorted(resumed) == later and all(full[s] == resumed[s] for s in later)
+    facts = {
+        "kind": "diff_v1", "backend": p["backend"], "size": p["size"], "precision": "bf16 autocast",
+        "device": str(torch.cuda.get_device_name(0)) if device == "cuda" else "cpu", "steps": p["steps"],
+        "resume_from_step": p["resume"], "status": first.status, "seconds": seconds,
+        "tokens_per_s": p["steps"] * p["batch_tokens"] / seconds,
+        "loss_first": full[1]["train/loss"], "loss_last": full[p["steps"]]["train/loss"],
+        "resumed_steps": sorted(resumed) == later, "bitwise": bitwise,
+        "max_abs_loss_diff": max(diffs) if diffs else None,
+        "cuda_rng_saved": bool(state["rng"]["cuda"]),
+    }
+    if device == "cuda":
+        facts["tolerance"] = CUDA_LOSS_TOLERANCE
+        facts["ok"] = (first.status == "finished" and facts["resumed_steps"] and facts["cuda_rng_saved"]
+                       and facts["max_abs_loss_diff"] is not None and facts["max_abs_loss_diff"] <= CUDA_LOSS_TOLERANCE
+                       and facts["loss_last"] < facts["loss_first"])
+    else:
+        facts["tolerance"] = "bitwise"
+        facts["ok"] = first.status == "finished" and bitwise and facts["loss_last"] < facts["loss_first"]
+    shutil.rmtree(work, ignore_errors=True)
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=("env", "install", "smoke", "train"))
+    parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "diffsweep-kit-site")
+    args = parser.parse_args(argv)
+    if args.stage == "env":
+        facts = env(args.device)
+    elif args.stage == "install":
+        facts = install(args.device, args.site)
+    elif args.stage == "smoke":
+        facts = smoke(args.device)
+    else:
+        facts = train(args.device)
+    write(args.out, facts)
+    print(json.dumps({k: v for k, v in facts.items() if k not in ("pip_freeze", "log", "wheels", "would_install")},
+                     default=str))
+    return 0 if facts.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
