@@ -21,11 +21,17 @@ autograd registered, so ``torch.compile`` traces models that call it on a GPU.
 
 Triton's CPU interpreter runs these kernels when ``TRITON_INTERPRET=1`` is set before this module
 is imported (the tests do). It computes bf16 wrongly, so test there in fp32/fp16 only.
+
+``DIFFSWEEP_TRITON_AUTOTUNE`` (read at import): ``all`` (default) autotunes over every config;
+``first`` gives each kernel one config, so correctness runs compile a few kernels instead of
+hundreds (the tests set it; a test checks every config on its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -75,9 +81,33 @@ DKDV_BLOCKS = [(32, 128, 8, 2), (64, 128, 8, 2), (16, 64, 8, 2), (32, 64, 8, 2),
                (16, 32, 4, 2)]
 DQ_BLOCKS = [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (32, 32, 4, 2),
              (32, 16, 4, 2)]
-FWD_CONFIGS = _configs(FWD_BLOCKS, interpret=(32, 16))
-DKDV_CONFIGS = _configs(DKDV_BLOCKS, interpret=(16, 32))
-DQ_CONFIGS = _configs(DQ_BLOCKS, interpret=(32, 16))
+ALL_CONFIGS = {"fwd": _configs(FWD_BLOCKS, interpret=(32, 16)), "dkdv": _configs(DKDV_BLOCKS, interpret=(16, 32)),
+               "dq": _configs(DQ_BLOCKS, interpret=(32, 16))}
+
+AUTOTUNE_ENV = "DIFFSWEEP_TRITON_AUTOTUNE"
+AUTOTUNE_MODES = ("all", "first")
+
+
+def _read_autotune_mode(value: str | None) -> str:
+    """The value of ``DIFFSWEEP_TRITON_AUTOTUNE`` (unset: ``all``), checked."""
+    if value is None:
+        return "all"
+    if value not in AUTOTUNE_MODES:
+        raise ValueError(f"{AUTOTUNE_ENV}: expected one of [{', '.join(AUTOTUNE_MODES)}], got {value!r}")
+    return value
+
+
+def _first_that_fits_every_shape(configs: list[triton.Config]) -> list[triton.Config]:
+    """The first config whose tiles fit the widest V. With a single config the autotuner neither
+    times nor prunes (it runs ``configs[0]`` as is), so that one config must fit every shape."""
+    return [next(c for c in configs if tile_fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], MAX_V_DIM))]
+
+
+_AUTOTUNE_MODE = _read_autotune_mode(os.environ.get(AUTOTUNE_ENV))
+# The configs each kernel's autotuner tries (one per kernel in the interpreter, or under ``first``).
+CONFIGS = {name: configs if _AUTOTUNE_MODE == "all" else _first_that_fits_every_shape(configs)
+           for name, configs in ALL_CONFIGS.items()}
+FWD_CONFIGS, DKDV_CONFIGS, DQ_CONFIGS = CONFIGS["fwd"], CONFIGS["dkdv"], CONFIGS["dq"]
 
 
 @triton.jit
@@ -425,6 +455,41 @@ def _backward(ctx, dout, _do2, _dlse1, _dlse2):
 
 
 _forward.register_autograd(_backward, setup_context=_setup_context)
+
+# The autotuned kernels, by the names of ``CONFIGS``.
+AUTOTUNED = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}
+
+
+def autotune_mode() -> str:
+    """``all`` or ``first``: what ``DIFFSWEEP_TRITON_AUTOTUNE`` said when this module was imported."""
+    return _AUTOTUNE_MODE
+
+
+def format_config(config: triton.Config) -> str:
+    """``BLOCK_M=64 BLOCK_N=64 warps=8 stages=2``."""
+    return (f"BLOCK_M={config.kwargs['BLOCK_M']} BLOCK_N={config.kwargs['BLOCK_N']} warps={config.num_warps} "
+            f"stages={config.num_stages}")
+
+
+def chosen_configs() -> dict[str, str | None]:
+    """For each autotuned kernel (``fwd``, ``dkdv``, ``dq``), the config its autotuner chose at its
+    last call (for the last shape it ran), or None before its first call."""
+    chosen = {name: getattr(kernel, "best_config", None) for name, kernel in AUTOTUNED.items()}
+    return {name: None if config is None else format_config(config) for name, config in chosen.items()}
+
+
+@contextlib.contextmanager
+def pinned_config(kernel: str, config: triton.Config) -> Iterator[None]:
+    """Inside the block, ``kernel`` (``fwd``, ``dkdv`` or ``dq``) runs ``config`` and nothing else:
+    the autotuner runs a lone config as is, without timing or pruning (so it must fit the shape;
+    see ``tile_fits``). For tests that check each config; not thread-safe."""
+    tuner = AUTOTUNED[kernel]
+    saved = tuner.configs
+    tuner.configs = [config]
+    try:
+        yield
+    finally:
+        tuner.configs = saved
 
 
 def unsupported_reason(q_heads: int, kv_heads: int, qk_dim: int, v_dim: int, dtype: torch.dtype,
