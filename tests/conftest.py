@@ -12,6 +12,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # any kernel module is imported. (Checked with nvidia-smi, not torch, to keep this import-free.)
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# One Triton config per kernel instead of the full autotune (hundreds of compiles, minutes on a
+# GPU); tests/kernels/test_triton_diff.py checks every config on its own.
+os.environ.setdefault("DIFFSWEEP_TRITON_AUTOTUNE", "first")
 
 from pathlib import Path  # noqa: E402
 
@@ -20,6 +23,7 @@ import pytest  # noqa: E402
 # ``browser`` (one headless Chromium per session) and ``page``: defined once here, because two
 # session-wide Playwright instances cannot run in one process.
 from tests.browser import browser, page  # noqa: E402, F401
+from tests.helpers.gpu import REQUIRE_GPU_ENV, require_cuda  # noqa: E402
 
 # Tiny training runs for tests: tiny-xs on a 512-token BPE, 2 micro-batches of 2 x 32 tokens per step.
 TINY_RUN = [
@@ -63,6 +67,22 @@ def mlflow_store(tmp_path_factory) -> str:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     ensure_experiment(uri, "warm-up")  # creates the tables once
     return uri
+
+
+@pytest.fixture
+def cuda() -> str:
+    """The CUDA device for a test that needs one: skips without it, fails instead under
+    DIFFSWEEP_REQUIRE_GPU=1 (``needs_cuda`` in tests/helpers/gpu.py)."""
+    require_cuda()
+    return "cuda"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under DIFFSWEEP_REQUIRE_GPU=1 every test marked ``gpu`` needs CUDA, also those that would
+    otherwise fall back to the CPU (Triton's interpreter): that run is the GPU validation."""
+    if os.environ.get(REQUIRE_GPU_ENV) == "1" and item.get_closest_marker("gpu"):
+        require_cuda()
 
 
 @pytest.fixture

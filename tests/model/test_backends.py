@@ -9,6 +9,7 @@ import torch
 from diffsweep.config import Backend
 from diffsweep.model.attention.backends import BACKENDS, AttentionCall
 from diffsweep_kernels import reference
+from tests.helpers.gpu import needs_cuda
 
 SHAPES = [  # (B, Hq, Hkv, T, Dqk, Dv): MHA, GQA, DIFF V1's 2d-wide V, GQA + wide V
     (2, 4, 4, 33, 16, 16),
@@ -117,9 +118,6 @@ def test_check_is_sensitive_to_a_wrong_mask():
         del BACKENDS["noncausal"]
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -131,8 +129,8 @@ def test_sdpa_matches_reference_on_gpu(shape, op, dtype):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.skipif(BACKENDS[Backend.FLASH].unavailable_reason() is not None,
-                    reason=f"flash backend {BACKENDS[Backend.FLASH].unavailable_reason()}")
+@pytest.mark.skipif(torch.cuda.is_available() and BACKENDS[Backend.FLASH].unavailable_reason() is not None,
+                    reason=f"flash backend {BACKENDS[Backend.FLASH].unavailable_reason()}")  # no CUDA: needs_cuda
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("op", ["attend", "diff"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

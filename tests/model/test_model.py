@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -9,6 +11,7 @@ from torch.nn import functional as F
 from diffsweep.config import Backend, EnvironmentUnavailable, load_config
 from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
 from diffsweep.model.transformer import build_model
+from tests.helpers.gpu import needs_cuda
 
 KINDS = ["transformer", "diff_v1", "diff_v2"]
 SWITCHES = {
@@ -131,28 +134,39 @@ def test_every_backend_name_is_registered(name):
     assert isinstance(BACKENDS[name], AttentionBackend)
 
 
+@pytest.mark.gpu
 def test_triton_backend_refuses_what_the_kernel_cannot_do():
+    """Checked on the device the kernel runs on: CUDA when there is one (there a CPU tensor is
+    refused for its device first), else the CPU in Triton's interpreter."""
     triton = BACKENDS[Backend.TRITON]
     if triton.unavailable_reason() is not None:
         pytest.skip(f"triton backend {triton.unavailable_reason()}")
-    cpu = torch.device("cpu")
-    assert "head dims of at most 256" in triton.unsupported_reason(AttentionCall(4, 4, 320, 640, True), cpu,
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert "head dims of at most 256" in triton.unsupported_reason(AttentionCall(4, 4, 320, 640, True), device,
                                                                    torch.float32)
-    assert triton.unsupported_reason(AttentionCall(4, 4, 24, 48, True), cpu, torch.float32) is None  # padded
-    assert "fp16, bf16 or fp32" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), cpu, torch.float64)
-    assert triton.unsupported_reason(AttentionCall(4, 4, 24, 24, False), cpu, torch.float32) is None  # via SDPA
-    if not torch.cuda.is_available():
-        assert "bf16" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), cpu, torch.bfloat16)
+    assert triton.unsupported_reason(AttentionCall(4, 4, 24, 48, True), device, torch.float32) is None  # padded
+    assert "fp16, bf16 or fp32" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), device,
+                                                             torch.float64)
+    assert triton.unsupported_reason(AttentionCall(4, 4, 24, 24, False), device, torch.float32) is None  # via SDPA
+    if device.type == "cpu":
+        assert "bf16" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), device, torch.bfloat16)
+    else:
+        assert triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True), device, torch.bfloat16) is None
+        assert "runs on CUDA devices" in triton.unsupported_reason(AttentionCall(4, 4, 16, 32, True),
+                                                                   torch.device("cpu"), torch.float32)
     with pytest.raises(EnvironmentUnavailable, match="model.attention.backend: 'triton' needs head dims of at most"):
-        build_model(_cfg("diff_v1", "model.d_model=640", "model.attention.head_dim=320", backend="triton"))
+        build_model(_cfg("diff_v1", "model.d_model=640", "model.attention.head_dim=320", backend="triton"),
+                    device=device)
 
 
+@pytest.mark.gpu
 def test_flash_backend_fails_at_build_time_with_the_reason_without_gpu():
+    """Without a GPU, or (on the GPU machine) without the flash-attn package: the reasons differ."""
     reason = BACKENDS[Backend.FLASH].unavailable_reason()
     if reason is None:
         pytest.skip("flash-attn and a CUDA GPU are present; covered by the GPU tests")
     call = AttentionCall(4, 4, 16, 32, differential=True)
-    with pytest.raises(EnvironmentUnavailable, match=f"model.attention.backend: 'flash' {reason}"):
+    with pytest.raises(EnvironmentUnavailable, match=re.escape(f"model.attention.backend: 'flash' {reason}")):
         resolve_backend(Backend.FLASH, call, device="cpu", dtype=torch.float32)
     with pytest.raises(EnvironmentUnavailable, match="model.attention.backend: 'flash'"):
         build_model(_cfg("diff_v1", backend="flash"))
@@ -167,7 +181,7 @@ def test_flash_backend_refuses_fp32_and_cpu_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_bf16_autocast_matches_reference_error(kind):
     err, loss = _bf16_logit_error(kind, "sdpa", device="cuda")
