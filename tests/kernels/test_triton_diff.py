@@ -8,16 +8,23 @@ The tolerance is relative to the reference's own error at the same precision (ho
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from tests.helpers.gpu import needs_cuda, skip_or_fail
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install triton)")
 
 from diffsweep_kernels import reference, triton_diff  # noqa: E402
 
+# Every test here runs on the GPU when there is one (in Triton's interpreter otherwise).
+pytestmark = pytest.mark.gpu
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not triton_diff.INTERPRET:
-    pytest.skip("no GPU and TRITON_INTERPRET is not set (tests/conftest.py sets it)", allow_module_level=True)
+    skip_or_fail("no GPU and TRITON_INTERPRET is not set (tests/conftest.py sets it)")
 
 NAMES = ["out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam"]
 
@@ -128,10 +135,11 @@ def test_a_wrong_kernel_fails_the_comparison():
 
 
 def test_bad_shapes_are_refused_with_the_shapes():
-    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 16, 32)
+    """On the device the kernel runs on (on a GPU, CPU tensors are refused for their device first)."""
+    q1, k1, q2, k2, v, lam = (t.to(DEVICE) for t in _inputs(1, 2, 2, 8, 16, 32))
     with pytest.raises(ValueError, match=r"diff_attention: bad shapes q1 \(1, 2, 8, 16\)"):
         triton_diff.diff_attention(q1, k1, q2[:, :1], k2, v, lam, scale=0.25)
-    q1, k1, q2, k2, v, lam = _inputs(1, 2, 2, 8, 320, 640)
+    q1, k1, q2, k2, v, lam = (t.to(DEVICE) for t in _inputs(1, 2, 2, 8, 320, 640))
     with pytest.raises(ValueError, match="needs head dims of at most 256"):
         triton_diff.diff_attention(q1, k1, q2, k2, v, lam, scale=0.25)
 
@@ -150,8 +158,7 @@ def test_registered_as_a_custom_op_with_autograd():
     assert result == {name: "SUCCESS" for name in utils}
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.compile of Triton ops)")
+@needs_cuda  # torch.compile of Triton ops
 def test_torch_compile_traces_a_diff_v1_model_using_the_kernel():
     from torch.nn import functional as F
 
@@ -192,5 +199,75 @@ def test_every_config_keeps_the_tiles_left_of_the_diagonal_whole():
         assert m % n == 0, (m, n)
     for m, n, _, _ in triton_diff.DKDV_BLOCKS + interpreted[1:]:
         assert n % m == 0, (m, n)
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in triton_diff.FWD_CONFIGS] == (
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in triton_diff.ALL_CONFIGS["fwd"]] == (
         [(32, 16)] if triton_diff.INTERPRET else [b[:2] for b in triton_diff.FWD_BLOCKS])
+
+
+# --- Autotuning: DIFFSWEEP_TRITON_AUTOTUNE, pinned configs, every config at the 1.4B head shape ---
+
+BLOCKS = {"fwd": triton_diff.FWD_BLOCKS, "dkdv": triton_diff.DKDV_BLOCKS, "dq": triton_diff.DQ_BLOCKS}
+
+
+def _config(block: tuple[int, int, int, int]):
+    m, n, warps, stages = block
+    return triton_diff.triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+
+
+def test_autotune_mode_is_read_from_the_environment_and_checked():
+    assert triton_diff.autotune_mode() == os.environ.get(triton_diff.AUTOTUNE_ENV, "all")  # "first" (conftest)
+    assert triton_diff._read_autotune_mode(None) == "all"
+    assert triton_diff._read_autotune_mode("first") == "first"
+    with pytest.raises(ValueError, match=r"^DIFFSWEEP_TRITON_AUTOTUNE: expected one of \[all, first\], got 'one'$"):
+        triton_diff._read_autotune_mode("one")
+    expected = {name: len(configs) if triton_diff.autotune_mode() == "all" else 1
+                for name, configs in triton_diff.ALL_CONFIGS.items()}
+    assert {name: len(configs) for name, configs in triton_diff.CONFIGS.items()} == expected
+
+
+def test_first_mode_keeps_per_kernel_the_first_config_that_fits_the_widest_v():
+    """With one config the autotuner runs it without pruning, so it must fit V dims up to 512."""
+    first = {name: triton_diff._first_that_fits_every_shape([_config(b) for b in blocks])
+             for name, blocks in BLOCKS.items()}
+    assert {name: [triton_diff.format_config(c) for c in configs] for name, configs in first.items()} == {
+        "fwd": ["BLOCK_M=64 BLOCK_N=64 warps=8 stages=2"],
+        "dkdv": ["BLOCK_M=16 BLOCK_N=64 warps=8 stages=2"],
+        "dq": ["BLOCK_M=64 BLOCK_N=64 warps=8 stages=2"],
+    }
+    for name, (config,) in first.items():  # ... and the autotuner's own pruner keeps it at the widest V
+        assert triton_diff._prune_wide_v([_config(b) for b in BLOCKS[name]], {"T": 64},
+                                         **triton_diff._dims(1, 256, 512, torch.bfloat16))[0] == config
+
+
+def test_a_pinned_config_runs_and_is_reported_as_chosen(monkeypatch):
+    """``pinned_config`` makes the autotuner run one given config (here, smaller tiles than the
+    interpreter's own), ``chosen_configs`` reports it, and the kernel still matches the reference."""
+    pinned = triton_diff.triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+    monkeypatch.delattr(triton_diff.AUTOTUNED["dq"], "best_config", raising=False)
+    assert triton_diff.chosen_configs()["dq"] is None  # before its first call
+    before = triton_diff.AUTOTUNED["dq"].configs
+    with triton_diff.pinned_config("dq", pinned):
+        assert_matches_reference(_inputs(1, 2, 1, 37, 16, 32), torch.float32)
+    assert triton_diff.AUTOTUNED["dq"].configs is before
+    chosen = triton_diff.chosen_configs()
+    assert chosen["dq"] == "BLOCK_M=16 BLOCK_N=16 warps=4 stages=1"
+    assert chosen["fwd"] in [triton_diff.format_config(c) for c in triton_diff.CONFIGS["fwd"]]
+
+
+@needs_cuda
+@pytest.mark.parametrize(("kernel", "block"), [(name, b) for name, blocks in BLOCKS.items() for b in blocks],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
+def test_every_config_matches_the_reference_at_the_1_4b_head_shape(kernel, block):
+    """The correctness tests run one config per kernel (DIFFSWEEP_TRITON_AUTOTUNE=first); this runs
+    each config of each kernel, pinned, at the 1.4B DIFF V1 heads (Q/K 128, V 256, 8 heads) in bf16.
+    T is a multiple of no tile, so every config also runs a ragged tail. A config the autotuner
+    prunes at this shape never runs there: it is reported as pruned, not run."""
+    B, H, T, D, Dv = 1, 8, 1000, 128, 256
+    config = _config(block)
+    kept = triton_diff._prune_wide_v([_config(b) for b in BLOCKS[kernel]], {"T": T},
+                                     **triton_diff._dims(1, D, Dv, torch.bfloat16))
+    if config not in kept:
+        assert not triton_diff.tile_fits(block[0], block[1], Dv)
+        pytest.skip(f"pruned at V dim {Dv}: {block[0]}x{block[1]} tiles do not fit (tile_fits), never run there")
+    with triton_diff.pinned_config(kernel, config):
+        assert_matches_reference(_inputs(B, H, H, T, D, Dv), torch.bfloat16)
+        assert triton_diff.chosen_configs()[kernel] == triton_diff.format_config(config)
