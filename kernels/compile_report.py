@@ -59,7 +59,7 @@ POINTERS = {
 }
 KERNELS = {"pre": triton_diff._bwd_preprocess, "fwd": triton_diff._fwd_kernel, "dkdv": triton_diff._dkdv_kernel,
            "dq": triton_diff._dq_kernel}
-CONFIGS = {"fwd": triton_diff.FWD_CONFIGS, "dkdv": triton_diff.DKDV_CONFIGS, "dq": triton_diff.DQ_CONFIGS}
+CONFIGS = triton_diff.ALL_CONFIGS  # every config, whatever DIFFSWEEP_TRITON_AUTOTUNE selects for runs
 
 
 def _signature(kernel: str, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:

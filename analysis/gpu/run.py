@@ -69,6 +69,15 @@ STAGES = (
     Stage("bench-model-triton", (90, 180), (40, 30), "model.json", optional=True),
 )
 BY_NAME = {s.name: s for s in STAGES}
+# Triton autotuning per stage (kernels/triton_diff.py): every config where speed is measured (the
+# smoke stage's compiles fill Triton's cache for the benchmarks), one config per kernel where only
+# correctness is (the tests set that themselves and check every config in one test; training).
+STAGE_ENV = {
+    "smoke": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
+    "bench-attention": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
+    "bench-model-triton": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
+    "train": {"DIFFSWEEP_TRITON_AUTOTUNE": "first"},
+}
 
 # The CPU rehearsal's benchmark settings: the smallest shapes, one repetition.
 CPU_ATTENTION = ["--layout", "tiny-2xs", "--seq", "16", "--batch-tokens", "32", "--reps", "1", "--warmup", "0"]
@@ -175,7 +184,8 @@ class Runner:
         print(f"== {stage.name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         start = time.monotonic()
-        self.proc = proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+        self.proc = proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **STAGE_ENV.get(stage.name, {})},
+                                            stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True, errors="replace",
                                             start_new_session=True)
         reader = threading.Thread(target=_pump, args=(proc, tail, stage.name), daemon=True)

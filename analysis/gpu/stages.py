@@ -170,7 +170,7 @@ def smoke(device: str) -> dict:
         return reference.diff_attention(q1, k1, q2, k2, v, lam, scale=scale, upcast=True)
 
     facts: dict = {"shape": {"B": B, "H": H, "Hkv": Hkv, "T": T, "D": D, "Dv": Dv}, "dtype": str(dtype),
-                   "autotune_mode": os.environ.get("DIFFSWEEP_TRITON_AUTOTUNE", "all")}
+                   "autotune_mode": triton_diff.autotune_mode()}
     # First call: autotuning and compiling every config of the forward, then of both backward kernels.
     leaves = [t.detach().to(device, dtype if t.dim() else torch.float32).requires_grad_() for t in tensors]
     start = time.perf_counter()
@@ -181,8 +181,7 @@ def smoke(device: str) -> dict:
     out.backward(torch.ones_like(out))
     _sync(device)
     facts["first_backward_s"] = time.perf_counter() - start
-    chosen = getattr(triton_diff, "chosen_configs", None)
-    facts["autotune"] = chosen() if chosen else None
+    facts["autotune"] = triton_diff.chosen_configs()
 
     truth = _out_and_grads(ref, tensors, torch.float64, device)
     ref_low = _out_and_grads(ref, tensors, dtype, device)

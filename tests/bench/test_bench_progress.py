@@ -18,6 +18,7 @@ from diffsweep.bench.model import run_model
 from diffsweep.bench.output import result_writer
 from diffsweep.config import load_config
 from diffsweep.model.memory import GIB, estimate_memory
+from tests.helpers.gpu import needs_cuda
 
 TINY_MODEL = {"size": "tiny-3xs", "seq": 16, "micro_batch": 1, "steps": 1, "warmup": 0, "device": "cpu"}
 CONFIG = re.compile(r"BLOCK_M=\d+ BLOCK_N=\d+ warps=\d+ stages=\d+")
@@ -98,6 +99,7 @@ def test_triton_autotune_prefers_chosen_configs_then_reads_best_config():
     assert triton_autotune(module) == {"fwd": "BLOCK_M=128 BLOCK_N=32 warps=8 stages=3", "dkdv": None, "dq": None}
 
 
+@pytest.mark.gpu  # on CUDA when there, else in Triton's interpreter
 def test_triton_autotune_reads_the_real_kernels():
     pytest.importorskip("triton", reason="needs the triton package (on CPU it runs in the interpreter)")
     from diffsweep_kernels import triton_diff
@@ -113,7 +115,7 @@ def test_triton_autotune_reads_the_real_kernels():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (peak memory, Triton autotuning)")
+@needs_cuda
 def test_on_a_gpu_rows_carry_peak_memory_and_the_triton_configs():
     # tiny-l at T=256 in bf16 for both: one shape, so Triton autotunes once.
     model = run_model(size="tiny-l", seq=256, micro_batch=2, steps=1, warmup=1, device="cuda", backend="triton",
