@@ -15,12 +15,13 @@ KINDS = ("transformer", "diff_v1", "diff_v2")
 
 # Compiled vs eager, both under bf16 autocast. Inductor fuses pointwise ops and keeps their
 # intermediates in fp32 where eager rounds each op's output to bf16 (unit roundoff 2^-9), so the
-# two differ by bf16 rounding, not by fp32's. The loss (~5.5, a mean over 64 tokens) moved by at
-# most 6e-5 when measured (2026-11-27); 1e-3 leaves 16x. Gradients: all of them together within 5%
-# relative (measured at most 0.7%, about eager bf16's own distance from fp32), and each
-# parameter's gradient pointing the same way (cosine >= 0.9; measured >= 0.97, the lowest for
-# DIFF V1's λ vectors, whose gradient is a small difference of large terms).
-LOSS_ABS, GRAD_REL, MIN_COSINE = 1e-3, 5e-2, 0.9
+# two differ by bf16 rounding, not by fp32's (in fp32 the compiled gradients match eager's to
+# 5e-8). Measured 2026-11-27: the loss (~5.5, a mean over 64 tokens) moved by at most 6e-5
+# (bound 1e-3); the whole gradient by at most 0.6% relative, each parameter's by at most 1%
+# (bound 5%). Gradients smaller than 1e-3 of the largest parameter's are small differences of
+# large terms and move more: DIFF V1's λ vectors by up to 24% (they all scale one dL/dλ); they
+# are held to 50%, which a zero, a sign flip or a missing term still breaks.
+LOSS_ABS, GRAD_REL, SMALL, SMALL_GRAD_REL = 1e-3, 5e-2, 1e-3, 0.5
 
 
 def _loss_and_grads(model: torch.nn.Module, forward, tokens: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
@@ -46,5 +47,7 @@ def test_compiles_in_one_graph_and_matches_eager(kind):
     flat_eager = torch.cat([g.flatten() for g in eager.values()])
     flat_compiled = torch.cat([g.flatten() for g in compiled.values()])
     assert (flat_compiled - flat_eager).norm() <= GRAD_REL * flat_eager.norm()
+    largest = max(g.norm() for g in eager.values())
     for name, grad in eager.items():
-        assert F.cosine_similarity(compiled[name].flatten(), grad.flatten(), dim=0) >= MIN_COSINE, name
+        bound = GRAD_REL if grad.norm() >= SMALL * largest else SMALL_GRAD_REL
+        assert (compiled[name] - grad).norm() <= bound * grad.norm(), name
