@@ -131,7 +131,6 @@ def test_calibration_one_tiny_case_on_cpu():
 BF16_BAND = (0.85, 1.2)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["transformer", "diff_v1", "diff_v2"])
 def test_calibration_bf16_autocast_on_cpu(kind):
     """Estimate / measured peak-RSS increase of two bf16-autocast training steps at micro-batch 4."""
