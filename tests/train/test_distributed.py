@@ -8,71 +8,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from diffsweep.config import load_config
 from diffsweep.train.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints
-from diffsweep.train.trainer import train
 from tests.helpers.tracking import mlflow_client
+from tests.helpers.training import (
+    assert_same,
+    histories,
+    only_run,
+    process_env,
+    reference_histories,
+    single,
+    tiny,
+    torchrun,
+)
 
-from ..conftest import TINY_RUN
-
-# Loss and gradient norm agree to this, relative and absolute (fp32; gloo averages the two
-# processes' gradients in another order than one process sums its micro-batches, and FSDP2 sums
-# the gradient norm shard by shard). Measured on CPU: losses within 1e-6, grad norms within 5e-5.
-REL, ABS = 1e-4, 2e-5
 GROUP_PROBE = Path(__file__).parent / "group_probe"  # a sitecustomize that counts live DDP models at teardown
-KEYS = ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "val/ar_hit_fraction")
-
-
-def _sets(dataset: Path, *extra: str) -> list[str]:
-    return [f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]
-
-
-def _env(store: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")} | {
-        "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": store}
-
-
-def torchrun(dataset: Path, *extra: str, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "diffsweep", "train", *_sets(dataset, *extra)]
-
-
-def single(dataset: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "diffsweep", "train", *_sets(dataset, *extra)]
-
-
-def _history(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    client = mlflow_client(store)
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in KEYS}
-
-
-def _reference(dataset: Path, tmp_path: Path, store: str, *extra: str) -> dict[str, list[tuple[int, float]]]:
-    """One process, in this test process: the ground truth."""
-    os.environ["MLFLOW_TRACKING_URI"] = store
-    try:
-        cfg = load_config(None, [*TINY_RUN, f"data.path={dataset}", *extra])
-        result = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
-    return _history(store, result.run_id)
-
-
-def _only_run(store: str) -> tuple[str, dict]:
-    client = mlflow_client(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
-    return run.info.run_id, run
-
-
-def assert_same(got: dict, want: dict) -> None:
-    for key in KEYS:
-        assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
-        for (step, a), (_, b) in zip(got[key], want[key]):
-            assert a == pytest.approx(b, rel=REL, abs=ABS), f"{key} at step {step}: {a} vs {b}"
 
 
 @pytest.mark.parametrize(("kind", "parallel"), [
@@ -84,24 +37,25 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
     extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160")
     probe = tmp_path / "probe"  # how many DDP models each process still held when it destroyed its group
     probe.mkdir()
-    env = _env(store) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
-                         "PYTHONPATH": os.pathsep.join([str(GROUP_PROBE), os.environ.get("PYTHONPATH", "")])}
+    env = process_env(store) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
+                                "PYTHONPATH": os.pathsep.join([str(GROUP_PROBE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     # none: the model is freed before the group is destroyed (else gloo's destructor can deadlock)
     assert {p.name: p.read_text() for p in probe.iterdir()} == {"rank0": "0", "rank1": "0"}
     assert result.stdout.count("step 6/6") == 1  # rank 0 alone prints
-    run_id, run = _only_run(store)  # rank 0 alone tracks: one MLflow run
+    run_id, run = only_run(store)  # rank 0 alone tracks: one MLflow run
     assert run.info.status == "FINISHED"
     assert run.data.metrics["train/tokens"] == 6 * 128  # the global batch, not a per-process one
-    assert_same(_history(store, run_id), _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}",
-                                                    *extra))
+    assert_same(histories(store, run_id),
+                reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *extra))
 
 
 def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path]:
     """Run ``args``, send ``sig`` once step ``at_step`` is printed; the step of the newest checkpoint."""
-    proc = subprocess.Popen(args, cwd=cwd, env=_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=cwd, env=process_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     for line in proc.stdout:
         if line.startswith(f"step {at_step}/"):
             proc.send_signal(sig)
@@ -127,18 +81,19 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_p
     if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
         shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
         assert shards == [f"__{rank}_0.distcp" for rank in range(first)]
-    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=_env(store),
+    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=process_env(store),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert _only_run(store)[0] == run_id and mlflow_client(store).get_run(run_id).info.status == "FINISHED"
-    assert_same(_history(store, run_id), _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *LONG))
+    assert only_run(store)[0] == run_id and mlflow_client(store).get_run(run_id).info.status == "FINISHED"
+    assert_same(histories(store, run_id),
+                reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *LONG))
 
 
 def test_a_global_batch_that_does_not_split_over_the_processes_is_refused(text_dataset, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = subprocess.run(torchrun(text_dataset, "train.micro_batch_size=4"), cwd=tmp_path, env=_env(store),
+    result = subprocess.run(torchrun(text_dataset, "train.micro_batch_size=4"), cwd=tmp_path, env=process_env(store),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
     assert ("error: train.micro_batch_size: 2 processes x 4 sequences per micro-batch do not divide the 4 "
@@ -158,7 +113,7 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_process
     from diffsweep.train.checkpoint import SINGLE_FILE_FORMAT
     from diffsweep.train.optim import build_optimizer
 
-    cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}"])
+    cfg = tiny(text_dataset)
     model = build_model(cfg.model)
     optimizer = build_optimizer(model, cfg.train)
     model(torch.randint(0, cfg.model.vocab_size, (2, 16))).float().logsumexp(-1).mean().backward()
@@ -171,7 +126,7 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_process
                 "run_key": run_key(cfg), "mlflow_run_id": None, "metrics_state": {"spikes": {"history": [], "count": 0}}},
                path)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = subprocess.run([*torchrun(text_dataset), "--resume", str(path)], cwd=tmp_path, env=_env(store),
+    result = subprocess.run([*torchrun(text_dataset), "--resume", str(path)], cwd=tmp_path, env=process_env(store),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
     assert (f"error: {path}: step 1 was written by an older diffsweep (optimizer state by position); resume it "
@@ -190,7 +145,7 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = torchrun(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2",
                     "train.parallel=fsdp")
-    first = subprocess.run(args, cwd=tmp_path, env=_env(store), capture_output=True, text=True, timeout=600)
+    first = subprocess.run(args, cwd=tmp_path, env=process_env(store), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = next((tmp_path / "runs").iterdir())
     previous, newest = list_checkpoints(run_dir / "checkpoints")
@@ -201,7 +156,7 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
     shard.write_bytes(bytes(data))
 
-    again = subprocess.run(args, cwd=tmp_path, env=_env(store), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(args, cwd=tmp_path, env=process_env(store), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("warning:") == 1, again.stdout
     assert f"{newest.relative_to(tmp_path)}/__1_0.distcp: corrupt (CRC-32" in again.stdout
@@ -211,6 +166,6 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     rewritten = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
     assert {k: rewritten[k] for k in ("__0_0.distcp", "__1_0.distcp")} == \
         {k: written[k] for k in ("__0_0.distcp", "__1_0.distcp")}  # the same weights, bit for bit
-    run_id, run = _only_run(store)
+    run_id, run = only_run(store)
     assert run.info.status == "FINISHED"
-    assert [s for s, _ in _history(store, run_id)["train/loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in histories(store, run_id)["train/loss"]] == [1, 2, 3, 4]

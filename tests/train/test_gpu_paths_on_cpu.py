@@ -14,13 +14,22 @@ from diffsweep.train import trainer
 from diffsweep.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from diffsweep.train.metrics import SpikeCounter
 from diffsweep.train.trainer import train
-
-from .test_distributed import KEYS, _env, _history, _only_run, _reference, torchrun
-from .test_trainer import KINDS, quiet, recorder, store, tiny  # noqa: F401 (store: the fixture)
+from tests.helpers.training import (
+    KEYS,
+    KINDS,
+    histories,
+    only_run,
+    process_env,
+    quiet,
+    recorder,
+    reference_histories,
+    tiny,
+    torchrun,
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_bf16_autocast_resume_is_bitwise_identical(kind, text_dataset, store, tmp_path):  # noqa: F811
+def test_bf16_autocast_resume_is_bitwise_identical(kind, text_dataset, store, tmp_path):
     """``train.precision=bf16`` on CPU (autocast to bfloat16, as on a GPU): an uninterrupted run
     and one resumed from its step-4 checkpoint log the same metrics after step 4, bit for bit."""
     cfg = tiny(text_dataset, f"model.attention.kind={kind}", "train.precision=bf16", "train.max_steps=8")
@@ -100,13 +109,13 @@ def test_fsdp2_bf16_on_two_processes_trains_like_one(text_dataset, tmp_path):
     store_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     extra = ("model.attention.kind=diff_v2", "train.precision=bf16", "train.max_steps=6", "train.eval_every=3",
              "train.eval_tokens=160")
-    result = subprocess.run(torchrun(text_dataset, *extra, "train.parallel=fsdp"), cwd=tmp_path, env=_env(store_uri),
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(torchrun(text_dataset, *extra, "train.parallel=fsdp"), cwd=tmp_path,
+                            env=process_env(store_uri), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_id, run = _only_run(store_uri)
+    run_id, run = only_run(store_uri)
     assert run.info.status == "FINISHED"
-    got = _history(store_uri, run_id)
-    want = _reference(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *extra)
+    got = histories(store_uri, run_id)
+    want = reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *extra)
     worst = {}
     for key in KEYS:
         assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -21,38 +20,9 @@ from diffsweep.train.optim import build_optimizer
 from diffsweep.train.run_record import RUN_FILE
 from diffsweep.train.trainer import Diverged, train
 from tests.helpers.tracking import mlflow_client
+from tests.helpers.training import KINDS, history, quiet, recorder, tiny
 
-from ..conftest import TINY_RUN
-
-if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
-
-TIMING = ("train/tokens_per_s",)  # wall-clock: the only metric allowed to differ between runs
-KINDS = ("transformer", "diff_v1", "diff_v2")
-
-
-def tiny(dataset, *extra: str):
-    return load_config(None, [*TINY_RUN, f"data.path={dataset}", *extra])
-
-
-@pytest.fixture
-def store(mlflow_store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
-    return mlflow_client(mlflow_store)
-
-
-def recorder(into: dict):
-    def callback(step, metrics):
-        into[step] = {k: v for k, v in metrics.items() if k not in TIMING}
-    return callback
-
-
-def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-
-
-def quiet(line: str) -> None:
-    pass
+# ``store`` (a client of the session's MLflow store, which training tracks to): tests/train/conftest.py
 
 
 @pytest.mark.parametrize("kind", KINDS)
