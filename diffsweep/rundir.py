@@ -45,7 +45,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
+def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
     the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
     right after cannot leave an empty file behind the rename."""
@@ -88,7 +88,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 def write_run_file(run_dir: Path, run_id: str, tracking_uri: str, run_key: str) -> None:
     """Record the run's MLflow run and store in ``run.json`` (atomically, synced)."""
     data = {"run_id": run_id, "tracking_uri": tracking_uri, "run_key": run_key}
-    _write_atomically(run_dir / RUN_FILE, json.dumps(data) + "\n", sync=True)
+    write_atomically(run_dir / RUN_FILE, json.dumps(data) + "\n", sync=True)
 
 
 def write_launch_config(run_dir: Path, config: dict[str, Any]) -> None:
@@ -113,7 +113,7 @@ def write_launch_eval(run_dir: Path, request: dict[str, Any] | None) -> None:
         (run_dir / LAUNCH_EVAL).unlink(missing_ok=True)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(run_dir / LAUNCH_EVAL, json.dumps(request) + "\n")
+    write_atomically(run_dir / LAUNCH_EVAL, json.dumps(request) + "\n")
 
 
 def read_launch_eval(run_dir: Path) -> dict[str, Any] | None:
@@ -128,7 +128,7 @@ def write_job_state(run_dir: Path, state: str, **extra: Any) -> None:
     """Record the job's state atomically (the launcher and ``status`` read it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {"state": state, "updated": now(), "host": socket.gethostname(), **extra}
-    _write_atomically(run_dir / JOB_FILE, json.dumps(record) + "\n")
+    write_atomically(run_dir / JOB_FILE, json.dumps(record) + "\n")
 
 
 def read_job_state(run_dir: Path) -> dict[str, Any] | None:

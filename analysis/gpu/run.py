@@ -38,24 +38,29 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "analysis/gpu"
 MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20  # what the device tool brings back from $OUT
 TAIL_LINES = 40
+# A stage at its limit first gets SIGINT (pytest then writes its JUnit XML of the tests run so
+# far; the benchmarks and stages.py write what they measured), this many seconds before the kill.
+GRACE_S = 15.0
+RERUN_BUDGET_S = 240  # a second command: what is left of the 15 minutes after a first of ~8
 
 
 @dataclass(frozen=True)
 class Stage:
     """One step of the kit: its command, its time cap and the least time worth starting it with
-    (GPU, CPU rehearsal), the stages it needs to have passed, and the file it writes."""
+    (GPU, CPU rehearsal), the stages it needs (a rerun includes them: a fresh machine has lost
+    what they installed), and the file it writes."""
 
     name: str
     cap_s: tuple[float, float]
     min_s: tuple[float, float]
     output: str
     needs: tuple[str, ...] = ()
-    optional: bool = False
 
 
 STAGES = (
@@ -65,17 +70,20 @@ STAGES = (
     Stage("tests", (180, 600), (60, 60), "tests.xml"),
     Stage("bench-attention", (150, 180), (45, 30), "attention.json"),
     Stage("bench-model", (120, 180), (45, 30), "model.json"),
-    Stage("train", (120, 180), (40, 30), "train.json", needs=("install",), optional=True),
-    Stage("bench-model-triton", (90, 180), (40, 30), "model.json", optional=True),
+    Stage("train", (120, 180), (40, 30), "train.json", needs=("install",)),
+    Stage("bench-model-triton", (90, 180), (40, 30), "model.json"),
 )
 BY_NAME = {s.name: s for s in STAGES}
 # Triton autotuning per stage (kernels/triton_diff.py): every config where speed is measured (the
 # smoke stage's compiles fill Triton's cache for the benchmarks), one config per kernel where only
 # correctness is (the tests set that themselves and check every config in one test; training).
+# The 1.4B model benchmarks fill ~66 of ~78 GiB on an H100: expandable segments keep the caching
+# allocator's fragmentation from ending a row early (peak allocated memory is not affected).
 STAGE_ENV = {
     "smoke": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
     "bench-attention": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
-    "bench-model-triton": {"DIFFSWEEP_TRITON_AUTOTUNE": "all"},
+    "bench-model": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "bench-model-triton": {"DIFFSWEEP_TRITON_AUTOTUNE": "all", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "train": {"DIFFSWEEP_TRITON_AUTOTUNE": "first"},
 }
 
@@ -94,15 +102,17 @@ class Result:
     tail: list[str] = field(default_factory=list)
 
 
-def command(stage: Stage, device: str, out: Path) -> list[str]:
-    """The subprocess a stage runs (from the repository root)."""
+def command(stage: Stage, device: str, out: Path, scratch: Path) -> list[str]:
+    """The subprocess a stage runs (from the repository root); ``scratch`` holds the fallback
+    install target (on every stage's PYTHONPATH) and files that must not land in ``out``."""
     py, target = sys.executable, str(out / stage.output)
     if stage.name in ("env", "install", "smoke", "train"):
-        return [py, str(KIT / "stages.py"), stage.name, "--device", device, "--out", target]
+        return [py, str(KIT / "stages.py"), stage.name, "--device", device, "--out", target,
+                "--site", str(scratch / "site")]
     if stage.name == "tests":
         workers = ["-n", "8"] if device == "cuda" else []
         return [py, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rs", "--junitxml", target,
-                "-o", "junit_logging=no", *workers]
+                "-o", "junit_logging=no", "--continue-on-collection-errors", *workers]
     if stage.name == "bench-attention":
         return [py, "-m", "diffsweep", "bench", "attention", "--device", device, "--out", target,
                 *(CPU_ATTENTION if device == "cpu" else [])]
@@ -113,7 +123,7 @@ def command(stage: Stage, device: str, out: Path) -> list[str]:
     # The fused kernel in a whole model; the Transformer beside it for the ratio. Appends its rows to
     # a second file and merges (model.json keeps the sdpa rows if this one is cut short).
     return [*base, "--backend", "triton", "--kind", "transformer", "--kind", "diff_v1", "--out",
-            str(out / ".model-triton.json")]
+            str(scratch / "model-triton.json")]
 
 
 def stage_env(device: str, site: Path, kernels_link: Path) -> dict[str, str]:
@@ -143,8 +153,8 @@ class Runner:
     """Runs stages one after another within the budget; a SIGTERM/SIGINT stops the stage running
     (its whole process group) and still writes the summary."""
 
-    def __init__(self, device: str, out: Path, budget: float, env: dict[str, str]) -> None:
-        self.device, self.out, self.budget, self.env = device, out, budget, env
+    def __init__(self, device: str, out: Path, budget: float, env: dict[str, str], scratch: Path) -> None:
+        self.device, self.out, self.budget, self.env, self.scratch = device, out, budget, env, scratch
         self.start = time.monotonic()
         self.results: list[Result] = []
         self.proc: subprocess.Popen | None = None
@@ -156,7 +166,7 @@ class Runner:
     def stop(self, signum, frame) -> None:
         self.stopping = True
         if self.proc is not None and self.proc.poll() is None:
-            _kill(self.proc)
+            _stop(self.proc, grace=5.0)
 
     def run(self, stages: list[Stage]) -> None:
         gpu = 0 if self.device == "cuda" else 1
@@ -180,27 +190,29 @@ class Runner:
         return next((r.status for r in self.results if r.name == name), None)
 
     def _run_one(self, stage: Stage, timeout: float) -> Result:
-        cmd = command(stage, self.device, self.out)
+        cmd = command(stage, self.device, self.out, self.scratch)
         print(f"== {stage.name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         start = time.monotonic()
         self.proc = proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **STAGE_ENV.get(stage.name, {})},
                                             stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True, errors="replace",
-                                            start_new_session=True)
+                                            process_group=0)
+        if self.stopping:  # a signal that came while the stage was being started
+            _stop(proc, grace=5.0)
         reader = threading.Thread(target=_pump, args=(proc, tail, stage.name), daemon=True)
         reader.start()
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=max(1.0, timeout - GRACE_S))
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            _stop(proc, grace=GRACE_S)
             timed_out = True
         reader.join(timeout=10)
         self.proc = None
         seconds = time.monotonic() - start
         if stage.name == "bench-model-triton":
-            _merge_models(self.out / "model.json", self.out / ".model-triton.json")
+            _merge_models(self.out / "model.json", self.scratch / "model-triton.json")
         if timed_out:
             return Result(stage.name, "timeout", seconds, None, f"stopped at its {timeout:.0f} s limit", list(tail))
         if self.stopping:
@@ -210,14 +222,18 @@ class Runner:
         return Result(stage.name, "failed", seconds, proc.returncode, f"exit code {proc.returncode}", list(tail))
 
     def write_summary(self) -> dict:
-        files = sorted(p for p in self.out.iterdir() if p.is_file() and not p.name.startswith("."))
-        over = [p.name for p in files if p.stat().st_size > MAX_FILE_BYTES]
+        for tmp in self.out.glob(".*.tmp"):  # a writer's temporary file left by a killed stage
+            tmp.unlink(missing_ok=True)
+        files = sorted(p for p in self.out.iterdir() if p.is_file())
+        failed = [r.name for r in self.results if r.status in ("failed", "timeout", "interrupted")]
         left = [r.name for r in self.results if r.status in ("skipped", "timeout", "interrupted")]
         summary = {
             "device": self.device, "budget_s": self.budget, "elapsed_s": round(time.monotonic() - self.start, 1),
             "ok": bool(self.results) and all(r.status == "passed" for r in self.results),
+            "failed": failed, "left": left,
             "stages": [r.__dict__ for r in self.results],
-            "files": [p.name for p in files], "files_over_limit": over,
+            "files": [p.name for p in files] + ([] if "summary.json" in {p.name for p in files} else ["summary.json"]),
+            "files_over_limit": [p.name for p in files if p.stat().st_size > MAX_FILE_BYTES],
             "rerun": rerun_command(left) if left else None,
         }
         tmp = self.out / ".summary.json.tmp"
@@ -226,8 +242,13 @@ class Runner:
         return summary
 
 
-def rerun_command(stages: list[str]) -> str:
-    return f"PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out \"$OUT\" --budget 450 --stages {','.join(stages)}"
+def rerun_command(left: list[str]) -> str:
+    """The second command: the stages left, with ``env`` (the figures need the machine they came
+    from) and what they need (a fresh machine has lost the first command's installs), in order."""
+    wanted = {"env", *left, *(need for name in left for need in BY_NAME[name].needs)}
+    names = [s.name for s in STAGES if s.name in wanted]
+    return (f"PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out \"$OUT\" --budget {RERUN_BUDGET_S} "
+            f"--stages {','.join(names)}")
 
 
 def _pump(proc: subprocess.Popen, tail: deque, name: str) -> None:
@@ -238,18 +259,26 @@ def _pump(proc: subprocess.Popen, tail: deque, name: str) -> None:
         print(f"[{name}] {line}", flush=True)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """The stage's whole process group (pytest workers, compile workers): TERM, then KILL."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGINT to the stage's leader (it writes what it has), then TERM and KILL to its whole
+    process group (pytest-xdist workers, Triton's compile workers)."""
+    steps = ((lambda: os.kill(proc.pid, signal.SIGINT), grace),
+             (lambda: os.killpg(proc.pid, signal.SIGTERM), 5.0),
+             (lambda: os.killpg(proc.pid, signal.SIGKILL), 5.0))
+    for send, wait in steps:
         try:
-            os.killpg(proc.pid, sig)
+            send()
         except ProcessLookupError:
             return
         try:
-            proc.wait(timeout=grace)
-            return
+            proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
+        try:  # the leader is gone; its group may not be
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
 
 
 def _merge_models(model: Path, triton: Path) -> None:
@@ -265,7 +294,6 @@ def _merge_models(model: Path, triton: Path) -> None:
     tmp = model.with_name(".model.json.tmp")
     tmp.write_text(json.dumps(base, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, model)
-    triton.unlink()
 
 
 def _print_table(summary: dict) -> None:
@@ -276,52 +304,60 @@ def _print_table(summary: dict) -> None:
           f"of a {summary['budget_s']:.0f} s budget; files: {', '.join(summary['files'])}")
     if summary["files_over_limit"]:
         print(f"over the device tool's 16 MiB per file (not brought back): {', '.join(summary['files_over_limit'])}")
+    if summary["failed"]:
+        print(f"failed or cut short: {', '.join(summary['failed'])} (summary.json has each one's output tail)")
     if summary["rerun"]:
-        print(f"what is left: {summary['rerun']}")
+        print(f"what is left, as a second command (fresh machine: install again): {summary['rerun']}")
 
 
-def _stages(spec: str | None) -> list[Stage]:
-    if spec is None:
-        return list(STAGES)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown or not names:
-        raise SystemExit(f"error: --stages: expected names from [{', '.join(BY_NAME)}], got '{spec}'")
-    return [s for s in STAGES if s.name in names]  # always in the kit's order
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the project's one line (exit 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _options(argv: list[str] | None) -> tuple[Path, str, float, list[Stage]]:
+    """The checked options; a bad one is one line naming it, exit 2, before anything is written."""
+    parser = _Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
+    parser.add_argument("--device", default="cuda", help="cuda (default; refused without a GPU) or cpu: the rehearsal")
+    parser.add_argument("--budget", default="450", help="seconds for all stages (default 450)")
+    parser.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(BY_NAME)}")
+    args = parser.parse_args(argv)
+    if not args.out:
+        parser.error("--out: expected an output folder (or $OUT), got none")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out: expected a folder, got the file '{args.out}'")
+    if args.device not in ("cuda", "cpu"):
+        parser.error(f"--device: expected one of [cuda, cpu], got '{args.device}'")
+    try:
+        budget = float(args.budget)
+    except ValueError:
+        budget = float("nan")
+    if not 0 < budget < float("inf"):
+        parser.error(f"--budget: expected a positive number of seconds, got '{args.budget}'")
+    if args.stages is None:
+        return out, args.device, budget, list(STAGES)
+    names = [n.strip() for n in args.stages.split(",") if n.strip()]
+    if not names or any(n not in BY_NAME for n in names):
+        parser.error(f"--stages: expected names from [{', '.join(BY_NAME)}], got '{args.stages}'")
+    return out, args.device, budget, [s for s in STAGES if s.name in names]  # always in the kit's order
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="output folder (default: $OUT)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="cuda (default; refused without a GPU) or cpu: the rehearsal")
-    parser.add_argument("--budget", type=float, default=450.0, help="seconds for all stages (default 450)")
-    parser.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(BY_NAME)}")
-    args = parser.parse_args(argv)
-    if args.out is None:
-        print("error: --out: expected an output folder (or $OUT), got none", file=sys.stderr)
-        return 2
-    if not args.budget > 0 or args.budget == float("inf"):
-        print(f"error: --budget: expected a positive number of seconds, got {args.budget}", file=sys.stderr)
-        return 2
-    try:
-        stages = _stages(args.stages)
-    except SystemExit as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    device = args.device or "cuda"
+    out, device, budget, stages = _options(argv)
     if device == "cuda" and not _cuda_visible():
         print("error: no CUDA GPU is visible; run on the GPU machine, or rehearse here with --device cpu",
               file=sys.stderr)
         return 3
-    out = args.out.resolve()
-    if out.exists() and not out.is_dir():
-        print(f"error: --out: expected a folder, got the file '{args.out}'", file=sys.stderr)
-        return 2
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="diffsweep-kit-"))
     env = stage_env(device, scratch / "site", link_kernels(scratch))
-    runner = Runner(device, out, args.budget, env)
+    runner = Runner(device, out, budget, env, scratch)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, runner.stop)
     runner.run(stages)

@@ -22,18 +22,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "analysis/gpu/requirements.txt"
 WHEELS = ROOT / ".whl"
-NAMES = ("out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam")
 
 
-def write(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def write(path: Path, facts: dict) -> None:
+    """The stage's file, through the project's one atomic writer (a killed stage leaves the last
+    complete version)."""
+    from diffsweep.rundir import write_atomically
+
+    write_atomically(path, json.dumps(facts, indent=2, default=str) + "\n")
 
 
 def _run(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
@@ -45,13 +47,13 @@ def _run(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------- env
-def env(device: str) -> dict:
+def env(device: str, facts: dict, save) -> None:
     """GPU, driver, versions and ``pip freeze``: what every figure of this run depends on."""
     import torch
 
-    facts: dict = {"ok": True, "python": sys.version.split()[0], "executable": sys.executable,
-                   "platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                   "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    facts.update({"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
+                  "cpus": os.cpu_count(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                  "cuda_available": torch.cuda.is_available()})
     try:
         import triton
 
@@ -73,36 +75,38 @@ def env(device: str) -> dict:
         facts["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
                         "memory_bytes": props.total_memory, "sms": props.multi_processor_count,
                         "cudnn": torch.backends.cudnn.version()}
-    elif device == "cuda":
-        facts["ok"], facts["error"] = False, "torch sees no CUDA device"
-    code, freeze = _run([sys.executable, "-m", "pip", "freeze", "--all"], timeout=120)
+    save()
+    code, freeze = _run([sys.executable, "-m", "pip", "freeze", "--all"], timeout=30)
     facts["pip_freeze"] = freeze.splitlines() if code == 0 else [f"pip freeze failed: {freeze[-500:]}"]
-    return facts
+    facts["ok"] = device != "cuda" or torch.cuda.is_available()
+    if not facts["ok"]:
+        facts["error"] = "torch sees no CUDA device"
 
 
 # ------------------------------------------------------------------------------------------ install
-def install(device: str, site: Path) -> dict:
+def install(device: str, site: Path, facts: dict, save) -> None:
     """The wheels in ``.whl/`` into the GPU machine's Python, offline; pip takes only what the image
     lacks or has too old. If that environment cannot be written, into ``site`` (which ``run.py``
-    puts on PYTHONPATH). On the CPU rehearsal nothing is installed (the project's environment has
-    the packages already): the wheel set is resolved for the GPU machine's Python instead."""
-    facts: dict = {"ok": False, "wheels": sorted(p.name for p in WHEELS.glob("*.whl"))}
+    puts on every stage's PYTHONPATH). On the CPU rehearsal nothing is installed (the project's
+    environment has the packages already): the wheel set is resolved for the GPU machine's Python."""
+    facts.update({"ok": False, "wheels": sorted(p.name for p in WHEELS.glob("*.whl"))})
     if not facts["wheels"]:
         facts["error"] = ".whl/ holds no wheels: run python3 analysis/gpu/prepare.py on the CPU machine and carry .whl"
-        return facts
+        return
     base = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links",
             str(WHEELS)]
     if device == "cuda":
-        code, log = _run([*base, "-r", str(REQUIREMENTS)], timeout=240)
+        code, log = _run([*base, "-r", str(REQUIREMENTS)], timeout=50)
         facts["into"] = "the interpreter's environment"
         if code != 0:
             facts["first_try"] = log[-2000:]
-            code, log = _run([*base, "--target", str(site), "-r", str(REQUIREMENTS)], timeout=240)
+            save()
+            code, log = _run([*base, "--target", str(site), "-r", str(REQUIREMENTS)], timeout=50)
             facts["into"] = str(site)
         facts["log"] = log[-4000:]
         if code != 0:
             facts["error"] = "pip install failed (see log)"
-            return facts
+            return
     else:
         sys.path.insert(0, str(ROOT / "analysis/gpu"))
         from prepare import KitError, resolve
@@ -111,7 +115,7 @@ def install(device: str, site: Path) -> dict:
             facts["would_install"] = resolve(WHEELS)
         except KitError as exc:
             facts["error"] = str(exc)
-            return facts
+            return
         facts["into"] = "nothing (CPU rehearsal: resolved for the GPU machine's Python, offline)"
     check = ("import importlib.metadata as m, mlflow, submitit, sqlalchemy, alembic; "
              "print({n: m.version(n) for n in ('mlflow-skinny', 'submitit', 'sqlalchemy', 'alembic')})")
@@ -121,22 +125,9 @@ def install(device: str, site: Path) -> dict:
     facts["ok"] = done.returncode == 0
     if not facts["ok"]:
         facts["error"] = "mlflow/submitit do not import after the install"
-    return facts
 
 
 # -------------------------------------------------------------------------------------------- smoke
-def _out_and_grads(fn, tensors, dtype, device):
-    import torch
-
-    leaves = [t.detach().to(device, dtype if t.dim() else (torch.float64 if dtype == torch.float64 else torch.float32))
-              .requires_grad_() for t in tensors]
-    out = fn(*leaves)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device, dtype)
-    out.backward(grad)
-    grads = [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
-    return [out.detach().double().cpu()] + [g.double().cpu() for g in grads]
-
-
 def _sync(device: str) -> None:
     import torch
 
@@ -144,11 +135,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def smoke(device: str) -> dict:
+def smoke(device: str, facts: dict, save) -> None:
     """The fused kernel against the fp64 reference at DIFF V1's 1.4B head shape (bf16, 8 heads of
     Q/K 128 and V 256, T = 2048), every output and gradient, with full autotuning (which also
     fills Triton's compile cache for the benchmarks); its first-call and steady times. The CPU
-    rehearsal runs a tiny shape in fp32 in Triton's interpreter."""
+    rehearsal runs a tiny shape in fp32 in Triton's interpreter. The tolerance is the tests' own
+    (``diffsweep_kernels.reference.compare``)."""
     import torch
 
     from diffsweep_kernels import reference, triton_diff
@@ -169,32 +161,28 @@ def smoke(device: str) -> dict:
     def ref(q1, k1, q2, k2, v, lam):
         return reference.diff_attention(q1, k1, q2, k2, v, lam, scale=scale, upcast=True)
 
-    facts: dict = {"shape": {"B": B, "H": H, "Hkv": Hkv, "T": T, "D": D, "Dv": Dv}, "dtype": str(dtype),
-                   "autotune_mode": triton_diff.autotune_mode()}
+    facts.update({"ok": False, "shape": {"B": B, "H": H, "Hkv": Hkv, "T": T, "D": D, "Dv": Dv}, "dtype": str(dtype),
+                  "autotune_mode": triton_diff.autotune_mode()})
     # First call: autotuning and compiling every config of the forward, then of both backward kernels.
     leaves = [t.detach().to(device, dtype if t.dim() else torch.float32).requires_grad_() for t in tensors]
     start = time.perf_counter()
     out = kernel(*leaves)
     _sync(device)
     facts["first_forward_s"] = time.perf_counter() - start
+    save()
     start = time.perf_counter()
     out.backward(torch.ones_like(out))
     _sync(device)
     facts["first_backward_s"] = time.perf_counter() - start
     facts["autotune"] = triton_diff.chosen_configs()
+    save()
 
-    truth = _out_and_grads(ref, tensors, torch.float64, device)
-    ref_low = _out_and_grads(ref, tensors, dtype, device)
-    got = _out_and_grads(kernel, tensors, dtype, device)
-    facts["errors"], ok = {}, True
-    for name, t, r, k in zip(NAMES, truth, ref_low, got):
-        floor = 16 * torch.finfo(dtype).eps * max(1.0, t.abs().max().item())
-        err, ref_err = (k - t).abs().max().item(), (r - t).abs().max().item()
-        bound = 2 * ref_err + floor
-        finite = bool(torch.isfinite(k).all())
-        facts["errors"][name] = {"err": err, "ref_err": ref_err, "bound": bound, "ok": finite and err <= bound}
-        ok &= facts["errors"][name]["ok"]
-    facts["ok"] = ok
+    truth = reference.outputs_and_grads(ref, tensors, torch.float64, device)
+    ref_low = reference.outputs_and_grads(ref, tensors, dtype, device)
+    got = reference.outputs_and_grads(kernel, tensors, dtype, device)
+    facts["errors"] = reference.compare(truth, ref_low, got, dtype)
+    facts["ok"] = all(check["ok"] for check in facts["errors"].values())
+    save()
 
     if device == "cuda":  # steady-state times (the benchmarks measure them properly, side by side)
         fwd, fwd_bwd = [], []
@@ -210,7 +198,6 @@ def smoke(device: str) -> dict:
         facts["fwd_ms"] = statistics.median(fwd[2:]) * 1e3
         facts["fwd_bwd_ms"] = statistics.median(fwd_bwd[2:]) * 1e3
         facts["peak_alloc_bytes"] = torch.cuda.max_memory_allocated()
-    return facts
 
 
 # -------------------------------------------------------------------------------------------- train
@@ -220,7 +207,6 @@ TRAIN = {  # a short real run: the fused kernel (GPU) under bf16 autocast, check
     "cpu": {"size": "tiny-3xs", "backend": "sdpa", "seq": 32, "batch_tokens": 128, "micro": 2, "steps": 12,
             "every": 3, "resume": 6},
 }
-CUDA_LOSS_TOLERANCE = 0.02  # |Δ loss| per step on a GPU, where atomics (embedding backward) may reorder sums
 
 
 def _text_dataset(root: Path) -> Path:
@@ -239,9 +225,12 @@ def _text_dataset(root: Path) -> Path:
     return root / "dataset"
 
 
-def train(device: str) -> dict:
+def train(device: str, facts: dict, save) -> None:
     """bf16 autocast training of DIFF V1: an uninterrupted run against one resumed from its
-    middle checkpoint, step by step; on a GPU the checkpoint must hold the CUDA RNG state."""
+    middle checkpoint, step by step. The step after the resume starts from the restored weights
+    and data position, so its loss must equal the uninterrupted run's exactly, on a GPU too; later steps may drift there (atomic adds in the embedding backward reorder sums), so their
+    largest difference is reported, not required to be 0. On the CPU every step must be equal.
+    On a GPU the checkpoint must hold the CUDA RNG state."""
     import torch
 
     from diffsweep.config import load_config
@@ -249,6 +238,10 @@ def train(device: str) -> dict:
     from diffsweep.train.trainer import train as run_training
 
     p = TRAIN[device]
+    facts.update({"ok": False, "kind": "diff_v1", "backend": p["backend"], "size": p["size"],
+                  "precision": "bf16 autocast", "steps": p["steps"], "resume_from_step": p["resume"],
+                  "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"})
+    save()
     work = Path(tempfile.mkdtemp(prefix="diffsweep-kit-train-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
     dataset = _text_dataset(work)
@@ -258,7 +251,7 @@ def train(device: str) -> dict:
         f"train.seq_len={p['seq']}", f"train.batch_tokens={p['batch_tokens']}", f"train.micro_batch_size={p['micro']}",
         f"train.max_steps={p['steps']}", "train.warmup_steps=10", f"train.eval_every={p['every']}",
         "train.eval_tokens=2048", f"train.checkpoint_every={p['every']}", "train.keep_checkpoints=100",
-        "train.log_every=10"])
+        "train.log_every=1"])
     full: dict[int, dict] = {}
     resumed: dict[int, dict] = {}
 
@@ -268,34 +261,34 @@ def train(device: str) -> dict:
 
     start = time.perf_counter()
     first = run_training(cfg, work / "full", experiment="kit", callbacks=(recorder(full),), echo=lambda s: None)
-    seconds = time.perf_counter() - start
+    facts.update({"status": first.status, "seconds_with_eval_and_checkpoints": time.perf_counter() - start,
+                  "loss_first": full[1]["train/loss"], "loss_last": full[p["steps"]]["train/loss"]})
+    save()
     checkpoint = checkpoint_path(work / "full" / "checkpoints", p["resume"])
-    state = load_checkpoint(checkpoint)
+    facts["cuda_rng_saved"] = bool(load_checkpoint(checkpoint)["rng"]["cuda"])
     run_training(cfg, work / "resumed", experiment="kit", resume_from=checkpoint, callbacks=(recorder(resumed),),
                  echo=lambda s: None)
     later = [s for s in sorted(full) if s > p["resume"]]
     diffs = [abs(full[s]["train/loss"] - resumed[s]["train/loss"]) for s in later if s in resumed]
-    bitwise = sorted(resumed) == later and all(full[s] == resumed[s] for s in later)
-    facts = {
-        "kind": "diff_v1", "backend": p["backend"], "size": p["size"], "precision": "bf16 autocast",
-        "device": str(torch.cuda.get_device_name(0)) if device == "cuda" else "cpu", "steps": p["steps"],
-        "resume_from_step": p["resume"], "status": first.status, "seconds": seconds,
-        "tokens_per_s": p["steps"] * p["batch_tokens"] / seconds,
-        "loss_first": full[1]["train/loss"], "loss_last": full[p["steps"]]["train/loss"],
-        "resumed_steps": sorted(resumed) == later, "bitwise": bitwise,
+    after = p["resume"] + 1
+    facts.update({
+        "resumed_steps": sorted(resumed) == later,
+        # Its loss (forward only: the same weights and batch); its gradient norm already went
+        # through the backward's atomics.
+        "first_step_after_resume_equal": after in resumed and full[after]["train/loss"] == resumed[after]["train/loss"],
+        "bitwise": sorted(resumed) == later and all(full[s] == resumed[s] for s in later),
         "max_abs_loss_diff": max(diffs) if diffs else None,
-        "cuda_rng_saved": bool(state["rng"]["cuda"]),
-    }
-    if device == "cuda":
-        facts["tolerance"] = CUDA_LOSS_TOLERANCE
-        facts["ok"] = (first.status == "finished" and facts["resumed_steps"] and facts["cuda_rng_saved"]
-                       and facts["max_abs_loss_diff"] is not None and facts["max_abs_loss_diff"] <= CUDA_LOSS_TOLERANCE
-                       and facts["loss_last"] < facts["loss_first"])
-    else:
-        facts["tolerance"] = "bitwise"
-        facts["ok"] = first.status == "finished" and bitwise and facts["loss_last"] < facts["loss_first"]
+    })
+    learns = facts["loss_last"] < facts["loss_first"]
+    exact = facts["first_step_after_resume_equal"] if device == "cuda" else facts["bitwise"]
+    facts["required"] = ("the loss of the step after the resume equal, the CUDA RNG state saved" if device == "cuda"
+                         else "every step after the resume equal")
+    facts["ok"] = (first.status == "finished" and facts["resumed_steps"] and exact and learns
+                   and (facts["cuda_rng_saved"] or device != "cuda"))
     shutil.rmtree(work, ignore_errors=True)
-    return facts
+
+
+STAGE_FUNCTIONS = {"env": env, "smoke": smoke, "train": train}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,15 +298,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "diffsweep-kit-site")
     args = parser.parse_args(argv)
-    if args.stage == "env":
-        facts = env(args.device)
-    elif args.stage == "install":
-        facts = install(args.device, args.site)
-    elif args.stage == "smoke":
-        facts = smoke(args.device)
-    else:
-        facts = train(args.device)
-    write(args.out, facts)
+    facts: dict = {"ok": False}
+
+    def save() -> None:
+        write(args.out, facts)
+
+    # A crash, or the SIGINT run.py sends at the stage's limit, still leaves what was measured
+    # and why it stopped.
+    try:
+        if args.stage == "install":
+            install(args.device, args.site, facts, save)
+        else:
+            STAGE_FUNCTIONS[args.stage](args.device, facts, save)
+    except BaseException as exc:  # noqa: BLE001 (recorded, then re-raised)
+        facts["ok"] = False
+        facts["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        facts["traceback"] = traceback.format_exc()[-8000:]
+        save()
+        raise
+    save()
     print(json.dumps({k: v for k, v in facts.items() if k not in ("pip_freeze", "log", "wheels", "would_install")},
                      default=str))
     return 0 if facts.get("ok") else 1

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diffsweep.config import ConfigError
-from diffsweep.rundir import _write_atomically
+from diffsweep.rundir import write_atomically
 
 
 def check_out(out: Path | None) -> None:
@@ -25,7 +25,7 @@ def check_out(out: Path | None) -> None:
 
 def write_result(out: Path, result: dict) -> None:
     """Replace ``out`` with ``result`` as JSON (the same text as ``--json`` prints)."""
-    _write_atomically(out, json.dumps(result, indent=2) + "\n")
+    write_atomically(out, json.dumps(result, indent=2) + "\n")
 
 
 def result_writer(out: Path | None) -> Callable[[dict], None] | None:
