@@ -126,5 +126,5 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         torch.cuda.empty_cache()
         return "out of memory"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"failed: {first}"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"failed: {type(exc).__name__}: {first}"[:500]

@@ -133,3 +133,25 @@ def test_on_a_gpu_rows_carry_peak_memory_and_the_triton_configs():
     for r in rows.values():
         if r["reason"] is None:
             assert _positive(r["peak_alloc_bytes"]) and _positive(r["compile_s"]) and _positive(r["fwd_tflops"])
+
+
+def test_a_row_whose_kernel_raises_any_error_fails_alone(monkeypatch):
+    """A kernel that raises something other than a RuntimeError (a Triton compile error, a
+    ValueError from a shape check) fails its own row with the reason; the other rows are measured."""
+    from diffsweep.config import Backend
+    from diffsweep.model.attention.backends import BACKENDS, ReferenceBackend
+
+    class Broken(ReferenceBackend):
+        def attend(self, q, k, v, *, scale):
+            raise ValueError("no kernel for these shapes\nsecond line")
+
+        def diff_attend(self, q1, k1, q2, k2, v, lam, *, scale):
+            return self.attend(q1, k1, v, scale=scale)
+
+    monkeypatch.setitem(BACKENDS, Backend.REFERENCE, Broken())
+    result = run_attention(layouts=["tiny-2xs"], seqs=[16], batch_tokens=32, reps=1, warmup=0, device="cpu",
+                           backends=["reference", "sdpa"])
+    rows = {(r["kind"], r["kernel"]): r for r in result["cases"][0]["rows"]}
+    assert rows[("diff_v1", "reference")]["reason"] == "failed: ValueError: no kernel for these shapes"
+    assert rows[("diff_v1", "reference")]["fwd_ms"] is None
+    assert rows[("diff_v1", "sdpa")]["reason"] is None and rows[("diff_v1", "sdpa")]["fwd_ms"] > 0
