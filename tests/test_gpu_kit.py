@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.gpu import skip_or_fail
+
 ROOT = Path(__file__).resolve().parents[1]
 PREPARE = ROOT / "analysis/gpu/prepare.py"
 STAGES = ["env", "install", "smoke", "tests", "bench-attention", "bench-model", "train", "bench-model-triton"]
@@ -39,10 +41,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def require_wheels() -> Path:
     wheels = ROOT / ".whl"
     if not any(wheels.glob("*.whl")):
-        reason = ".whl/ is not prepared (python3 analysis/gpu/prepare.py downloads the wheels; .ci/run does)"
-        if os.environ.get("DIFFSWEEP_REQUIRE_KIT") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail(".whl/ is not prepared (python3 analysis/gpu/prepare.py downloads the wheels; .ci/run does)",
+                     require_env="DIFFSWEEP_REQUIRE_KIT")
     return wheels
 
 

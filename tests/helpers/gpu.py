@@ -28,10 +28,11 @@ def missing_cuda() -> str | None:
     return f"needs a CUDA GPU, and torch {torch.__version__} sees none"
 
 
-def skip_or_fail(reason: str) -> None:
-    """Skip the calling test (or module) with ``reason``; fail instead under DIFFSWEEP_REQUIRE_GPU=1."""
-    if os.environ.get(REQUIRE_GPU_ENV) == "1":
-        pytest.fail(f"{reason}, and {REQUIRE_GPU_ENV}=1")
+def skip_or_fail(reason: str, require_env: str = REQUIRE_GPU_ENV) -> None:
+    """Skip the calling test (or module) with ``reason``; fail instead when ``require_env`` is 1
+    (DIFFSWEEP_REQUIRE_GPU on the GPU machine, DIFFSWEEP_REQUIRE_KIT in CI for the device kit)."""
+    if os.environ.get(require_env) == "1":
+        pytest.fail(f"{reason}, and {require_env}=1")
     pytest.skip(reason, allow_module_level=True)
 
 
