@@ -1,8 +1,10 @@
-"""File-system helpers for commands that must leave the file system as they found it when they fail."""
+"""File-system helpers for commands that must leave the file system as they found it when they fail,
+and the one atomic writer of the files the project writes."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,3 +29,16 @@ def parents_made_for(path: Path) -> Iterator[None]:
             except OSError:  # something else was put there meanwhile: keep it, and so its parents
                 break
         raise
+
+
+def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
+    the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
+    right after cannot leave an empty file behind the rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)

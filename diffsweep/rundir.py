@@ -25,13 +25,13 @@ Light on purpose: no torch, no mlflow, no diffsweep module above ``config``.
 from __future__ import annotations
 
 import json
-import os
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
+from diffsweep.fsutil import write_atomically
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
 JOB_FILE = "job.json"  # the launched job's last state
@@ -43,19 +43,6 @@ SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and d
 def now() -> str:
     """The time now, UTC, to the second (ISO 8601): how every diffsweep file stamps times."""
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
-    the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
-    right after cannot leave an empty file behind the rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_run_file(run_dir: Path) -> dict[str, str] | None:

@@ -73,6 +73,7 @@ def test_prepare_checks_the_wheels_offline_and_prints_the_command():
     facts = json.loads(done.stdout)
     assert facts["carry"] == [".whl"] and len(facts["command"]) <= 2000
     assert "analysis/gpu/run.py" in facts["command"] and "$OUT" in facts["command"]
+    assert f"   {facts['command']}\n" in (ROOT / "docs/kernels.md").read_text()  # the docs show this very command
     assert facts["total_bytes"] == facts["tree_bytes"] + facts["wheels_bytes"] <= 64 * 2**20
     installs = {d["name"].lower(): d["version"] for d in facts["installs"]}
     assert installs["mlflow-skinny"] == "3.17.2" and "submitit" in installs and "sqlalchemy" in installs

@@ -94,6 +94,7 @@ def test_require_gpu_turns_a_gpu_skip_into_a_failure_with_the_reason():
     required = _pytest("-q", "--tb=line", needs_cuda, falls_back, not_gpu, env=env | {REQUIRE_GPU_ENV: "1"})
     assert required.returncode == 1, required.stdout[-3000:]
     assert "1 passed, 2 errors" in required.stdout, required.stdout[-3000:]
-    assert required.stdout.count(f"Failed: {reason}, and {REQUIRE_GPU_ENV}=1") == 2, required.stdout[-3000:]
+    # Once per error above the summary (the summary lines may repeat it, at the terminal's width).
+    assert required.stdout.count(f"E   Failed: {reason}, and {REQUIRE_GPU_ENV}=1") == 2, required.stdout[-3000:]
     for test in (needs_cuda, falls_back):
         assert f"ERROR {test}" in required.stdout, required.stdout[-3000:]

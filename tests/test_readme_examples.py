@@ -35,7 +35,7 @@ def page_commands(page: Path) -> list[str]:
     """The commands of a page's ```bash blocks, comments and blank lines dropped."""
     out, inside = [], False
     for line in page.read_text().splitlines():
-        if line.startswith("```"):
+        if line.strip().startswith("```"):  # fences indented in a list too
             inside = line.strip() == "```bash"
             continue
         command = line.split(" # ")[0].split("  #")[0].strip()
@@ -230,6 +230,16 @@ CHECKS: dict[str, tuple] = {
          ("it needs the demo ladder trained and evaluated; tests/eval/test_probe_tables.py runs compare --probes "
           "--only on a launched, evaluated tiny sweep")),
     "diffsweep bench model": ("cheap", ["bench", "model", HELP], "minutes of CPU timing"),
+    # The device kit (docs/kernels.md): run by the named test, which says how.
+    "python3 analysis/gpu/prepare.py":
+        ("elsewhere", "tests/test_gpu_kit.py::test_prepare_checks_the_wheels_offline_and_prints_the_command",
+         "it downloads from PyPI: .ci/run runs it during set-up, the test runs it --offline"),
+    "python3 analysis/gpu/run.py --device cpu --out /tmp/kit":
+        ("elsewhere", "tests/test_gpu_kit.py::test_the_cpu_rehearsal_runs_every_stage_from_a_fresh_checkout",
+         "the rehearsal, run from a fresh copy of the checkout"),
+    'PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out "$OUT" --budget 450':
+        ("elsewhere", "tests/test_gpu_kit.py::test_prepare_checks_the_wheels_offline_and_prints_the_command",
+         "it needs the GPU machine; the test checks that prepare.py prints this very command"),
 }
 
 
@@ -319,6 +329,13 @@ def test_readme_command_runs(command, project):
     r = cli(*check[1], cwd=project, env={"COLUMNS": "200", "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"})
     assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"
     assert r.stdout.strip()
+
+
+def test_commands_checked_elsewhere_name_a_test_that_exists():
+    for command, check in CHECKS.items():
+        if check[0] == "elsewhere":
+            file, _, name = check[1].partition("::")
+            assert f"\ndef {name}(" in (ROOT / file).read_text(), f"{command}: no test {check[1]}"
 
 
 def test_readme_module_commands_parse(tmp_path):

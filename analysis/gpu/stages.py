@@ -33,7 +33,7 @@ WHEELS = ROOT / ".whl"
 def write(path: Path, facts: dict) -> None:
     """The stage's file, through the project's one atomic writer (a killed stage leaves the last
     complete version)."""
-    from diffsweep.rundir import write_atomically
+    from diffsweep.fsutil import write_atomically
 
     write_atomically(path, json.dumps(facts, indent=2, default=str) + "\n")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diffsweep.config import ConfigError
-from diffsweep.rundir import write_atomically
+from diffsweep.fsutil import write_atomically
 
 
 def check_out(out: Path | None) -> None:
