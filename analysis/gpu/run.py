@@ -324,7 +324,8 @@ def _options(argv: list[str] | None) -> tuple[Path, str, float, list[Stage]]:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
     parser.add_argument("--device", default="cuda", help="cuda (default; refused without a GPU) or cpu: the rehearsal")
     parser.add_argument("--budget", default="450", help="seconds for all stages (default 450)")
-    parser.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(BY_NAME)}")
+    parser.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(BY_NAME)} (with "
+                        "the stages they need)")
     args = parser.parse_args(argv)
     if not args.out:
         parser.error("--out: expected an output folder (or $OUT), got none")
@@ -344,7 +345,8 @@ def _options(argv: list[str] | None) -> tuple[Path, str, float, list[Stage]]:
     names = [n.strip() for n in args.stages.split(",") if n.strip()]
     if not names or any(n not in BY_NAME for n in names):
         parser.error(f"--stages: expected names from [{', '.join(BY_NAME)}], got '{args.stages}'")
-    return out, args.device, budget, [s for s in STAGES if s.name in names]  # always in the kit's order
+    wanted = {*names, *(need for name in names for need in BY_NAME[name].needs)}  # install for train
+    return out, args.device, budget, [s for s in STAGES if s.name in wanted]  # always in the kit's order
 
 
 def main(argv: list[str] | None = None) -> int:
