@@ -3,12 +3,10 @@ peak memory of one call on a GPU, and the configs Triton's autotuner chose."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import time
 from collections.abc import Callable
-from types import ModuleType
 
 import torch
 
@@ -88,37 +86,14 @@ def peak_allocated(fn: Callable[[], object], device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-# The fused DIFF V1 kernels' autotuners in ``diffsweep_kernels.triton_diff``, by the names
-# ``chosen_configs`` gives them.
-TRITON_KERNELS = {"fwd": "_fwd_kernel", "dkdv": "_dkdv_kernel", "dq": "_dq_kernel"}
-
-
-def triton_autotune(module: ModuleType | None = None) -> dict[str, str | None] | None:
-    """The config Triton's autotuner last chose for each DIFF V1 kernel (``{"fwd": "BLOCK_M=64
-    BLOCK_N=64 warps=8 stages=2", "dkdv": ..., "dq": ...}``, None for a kernel not run yet); read
-    right after a shape's first forward+backward, that shape's choice. None without Triton.
-
-    ``module`` defaults to ``diffsweep_kernels.triton_diff``: its ``chosen_configs()`` when it has
-    one, else each kernel's ``best_config`` (an attribute of Triton's ``Autotuner``, absent before
-    the first run)."""
-    if module is None:
-        try:
-            module = importlib.import_module("diffsweep_kernels.triton_diff")
-        except ImportError:
-            return None
-    chosen = getattr(module, "chosen_configs", None)
-    if callable(chosen):
-        return dict(chosen())
-    return {name: _describe_config(getattr(getattr(module, attr, None), "best_config", None))
-            for name, attr in TRITON_KERNELS.items()}
-
-
-def _describe_config(config: object) -> str | None:
-    """``triton.Config`` in one line: its block sizes, then warps and stages."""
-    if config is None:
+def triton_autotune() -> dict[str, str | None] | None:
+    """The config Triton's autotuner last chose for each DIFF V1 kernel (``triton_diff.chosen_configs``);
+    read right after a shape's first forward+backward, that shape's choice. None without Triton."""
+    try:
+        from diffsweep_kernels import triton_diff
+    except ImportError:
         return None
-    blocks = " ".join(f"{k}={v}" for k, v in getattr(config, "kwargs", {}).items())
-    return f"{blocks} warps={getattr(config, 'num_warps', '?')} stages={getattr(config, 'num_stages', '?')}".strip()
+    return triton_diff.chosen_configs()
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -89,14 +88,6 @@ def test_run_attention_reports_after_the_first_calls_and_every_round():
     for row in result["cases"][1]["rows"]:
         assert row["autotune"] is None and row["peak_alloc_bytes"] is None  # CPU
     assert json.loads(json.dumps(docs)) == docs
-
-
-def test_triton_autotune_prefers_chosen_configs_then_reads_best_config():
-    chosen = {"fwd": "BLOCK_M=64 BLOCK_N=64 warps=8 stages=2", "dkdv": None, "dq": None}
-    assert triton_autotune(SimpleNamespace(chosen_configs=lambda: chosen)) == chosen
-    config = SimpleNamespace(kwargs={"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=3)
-    module = SimpleNamespace(_fwd_kernel=SimpleNamespace(best_config=config), _dkdv_kernel=SimpleNamespace())
-    assert triton_autotune(module) == {"fwd": "BLOCK_M=128 BLOCK_N=32 warps=8 stages=3", "dkdv": None, "dq": None}
 
 
 @pytest.mark.gpu  # on CUDA when there, else in Triton's interpreter
