@@ -22,6 +22,7 @@ from diffsweep.cli import suggest as suggest_cli
 from diffsweep.cli import sweep as sweep_cli
 from diffsweep.cli import train as train_cli
 from diffsweep.cli import ui as ui_cli
+from diffsweep.cli.usage import Root
 
 app = typer.Typer(
     name="diffsweep",
@@ -29,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=Root,  # usage errors in one line; every option's value checked (diffsweep/cli/usage.py)
 )
 app.add_typer(model_cli.app, name="model")
 app.add_typer(config_cli.app, name="config")
@@ -60,5 +62,5 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (and ``python -m diffsweep``'s, named the same in messages)."""
+    app(prog_name="diffsweep")
