@@ -24,7 +24,11 @@ def compare(
     metric: Annotated[str, typer.Option("--metric", help="The MLflow metric compared: each run's final value.")]
     = "val/loss",
     baseline: Annotated[str | None, typer.Option("--baseline", help="The row the others are compared with, as "
-                                                 "printed (default: the sweep's first row).", show_default=False)]
+                                                 "printed (default: the sweep's first row). With --probes on a sweep "
+                                                 "of several sizes the default compares each size's arms with that "
+                                                 "size's arm of the first kind (e.g. its Transformer), one table per "
+                                                 "size; naming an arm puts every arm in one table against it.",
+                                                 show_default=False)]
     = None,
     level: Annotated[float, typer.Option("--level", help="Confidence level of the differences' CIs.")] = 0.95,
     probes: Annotated[bool, typer.Option("--probes", help="Compare the sweep's probe evaluations (`diffsweep eval "
@@ -34,7 +38,9 @@ def compare(
                                              "(default: each run's newest evaluated step).", show_default=False)]
     = None,
     out: Annotated[Path | None, typer.Option("--out", help="With --probes: output folder (default: "
-                                             "compare/<sweep>-probes).", show_default=False)] = None,
+                                             "compare/<sweep>-probes): new, empty, or one an earlier compare "
+                                             "--probes wrote (replaced); anything else is refused.",
+                                             show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="With --probes: do not log the comparison as an MLflow "
                                          "run.")] = False,
     only: Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex, "
@@ -111,12 +117,16 @@ def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:
     if json_out:
         print_json(result.to_dict())
         return
-    from diffsweep.sweep.probe_report import table_markdown
+    from diffsweep.sweep.probe_report import group_heading, group_markdown, sections
 
-    for t in result.tables:
-        typer.echo(f"{t.probe}: {t.spec.title}")
-        for line in table_markdown(t, result.arms, result.baseline, result.level):
-            typer.echo("  " + line)
+    for tables in sections(result.tables):
+        typer.echo(f"{tables[0].probe}: {tables[0].spec.title}")
+        for t in tables:
+            heading = group_heading(t, result)
+            if heading:
+                typer.echo(f"  {heading}")
+            for line in group_markdown(t, result):
+                typer.echo("  " + line)
         typer.echo("")
     for note in result.notes:
         typer.echo(f"note: {note}")

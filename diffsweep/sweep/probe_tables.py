@@ -4,6 +4,10 @@
 with the probe's tables as ``<table>.json`` artifacts. Here those tables are put together across
 the sweep's arms (its rows without the seed, as ``compare`` groups them: ``sweep_rows``):
 
+- which arms side by side: on a sweep of several model sizes, each size's arms with that size's
+  arm of the baseline kind (the kind of the sweep's first arm, e.g. the Transformer),
+  one table per size (``arm_groups``): a kind's effect is judged at equal size, not against the
+  smallest model. A ``baseline`` named by the caller puts every arm in one table against it;
 - which evaluation: per training run and probe, the newest evaluated step (or ``step``), and of
   evaluations of that step the one that ended last (an evaluation run again with ``--force``);
 - how a probe's table is laid out is the probe's own ``comparisons`` (``TableComparison`` in
@@ -29,17 +33,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from diffsweep.config import ConfigError
-from diffsweep.fsutil import parents_made_for
-from diffsweep.store import COMPARISON_KIND, EVAL_KIND, all_runs, ensure_experiment, retry_busy, source_tags
+from diffsweep.config import Config, ConfigError
+from diffsweep.store import EVAL_KIND, all_runs, retry_busy
 from diffsweep.sweep.compare import BEYOND, WITHIN, compare_rows, sweep_rows
 from diffsweep.sweep.expand import SweepRun
 from diffsweep.sweep.spec import SweepSpec
@@ -124,6 +125,51 @@ class ProbeTable:
     cells: tuple[Cell, ...]
     steps: dict[str, int]  # evaluation step per training run
     settings: tuple[str, ...]  # the distinct settings (JSON) of the evaluations used
+    size: str | None = None  # the model size whose arms these are (None: every arm in one table)
+    baseline: str | None = None  # the arm the differences are against
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmGroup:
+    """Arms compared in one table: ``arms`` (sweep order) against ``baseline``."""
+
+    size: str | None  # the model size they share; None: one table of every arm
+    arms: tuple[str, ...]
+    baseline: str
+
+
+def size_label(config: Config) -> str:
+    """How a run's model size is named in the tables: its preset, else its shape."""
+    m = config.model
+    return m.size or f"d_model={m.d_model}, n_layers={m.n_layers}"
+
+
+def arm_groups(arms: Sequence[str], kinds: Mapping[str, str], sizes: Mapping[str, str], evaluated: Sequence[str],
+               baseline: str | None = None) -> tuple[list[ArmGroup], list[str]]:
+    """Which arms are compared with which (pure). ``arms`` in sweep order, each arm's attention
+    kind and model size, the arms that have an evaluation (at least one). With ``baseline`` given
+    or the arms all of one size: one group of every arm against ``baseline`` (default: the first
+    evaluated arm). Otherwise one group per size with an evaluated arm (in sweep order), against
+    that size's first arm of the baseline kind, the kind of the sweep's first arm (evaluated or
+    not, so that one failed evaluation does not change the other sizes' baselines); a size without
+    an arm of that kind is compared with its own first evaluated arm, and a note says so."""
+    first = next(a for a in arms if a in evaluated)
+    if baseline is not None or len({sizes[a] for a in arms}) <= 1:
+        return [ArmGroup(size=None, arms=tuple(arms), baseline=baseline or first)], []
+    kind = kinds[arms[0]]
+    groups, notes = [], []
+    for size in dict.fromkeys(sizes[a] for a in arms):
+        members = [a for a in arms if sizes[a] == size]
+        if not any(a in evaluated for a in members):
+            continue
+        of_kind = [a for a in members if kinds[a] == kind]
+        if of_kind:
+            base = of_kind[0]
+        else:
+            base = next(a for a in members if a in evaluated)
+            notes.append(f"size {size} has no {kind} arm; its arms are compared with {base}")
+        groups.append(ArmGroup(size=size, arms=tuple(members), baseline=base))
+    return groups, notes
 
 
 def build_table(probe: str, spec: TableSpec, records: Sequence[tuple[str, EvalRecord]], arms: Sequence[str],
@@ -241,30 +287,42 @@ def choose(records: Sequence[EvalRecord], step: int | None = None) -> list[EvalR
 
 @dataclass
 class ProbeComparison:
-    """Every probe's tables for one sweep, with where they were written and logged."""
+    """Every probe's tables for one sweep, with where they were written and logged. ``groups``:
+    which arms each table compares (none given: every arm against ``baseline``); ``kinds`` and
+    ``sizes``: each arm's attention kind and model size (plot colours and markers)."""
 
     sweep: str
     experiment: str
-    baseline: str
+    baseline: str | None  # the one baseline; None when each size has its own (see ``groups``)
     level: float
     step: int | None
     arms: tuple[str, ...]
     tables: list[ProbeTable]
     notes: list[str]
+    groups: tuple[ArmGroup, ...] = ()
+    kinds: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, str] = field(default_factory=dict)
     folder: Path | None = None
     files: list[Path] = field(default_factory=list)
     mlflow_run_id: str | None = None
 
+    @property
+    def arm_groups(self) -> tuple[ArmGroup, ...]:
+        """``groups``, or one group of every arm against ``baseline``."""
+        return self.groups or (ArmGroup(size=None, arms=self.arms, baseline=self.baseline or self.arms[0]),)
+
     def to_dict(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "experiment": self.experiment, "baseline": self.baseline, "level": self.level,
                 "step": self.step, "arms": list(self.arms), "notes": self.notes,
+                "groups": [{"size": g.size, "arms": list(g.arms), "baseline": g.baseline} for g in self.arm_groups],
                 "tables": [_table_dict(t) for t in self.tables],
                 "folder": str(self.folder) if self.folder else None, "files": [str(f) for f in self.files],
                 "mlflow_run_id": self.mlflow_run_id}
 
 
 def _table_dict(t: ProbeTable) -> dict[str, Any]:
-    return {"probe": t.probe, "table": t.spec.table, "title": t.spec.title, "keys": list(t.spec.keys),
+    return {"probe": t.probe, "table": t.spec.table, "title": t.spec.title, "size": t.size, "baseline": t.baseline,
+            "keys": list(t.spec.keys),
             "steps": t.steps, "settings": [json.loads(s) for s in t.settings],
             "cells": [{"key": dict(zip(t.spec.keys, c.key, strict=True)), "value": c.value, "pooled_sd": c.pooled_sd,
                        "df": c.df,
@@ -280,11 +338,15 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
                    step: int | None = None, level: float = 0.95, out: Path | None = None,
                    log: bool = True) -> ProbeComparison:
     """Read the sweep's FINISHED evaluation runs (``diffsweep.eval.sweep`` = the sweep, of a run
-    key of ``runs``) from ``spec``'s experiment, build each probe's tables (``comparisons(probe)``),
-    write ``probes.md``, ``probes.json`` and a PNG per table into ``out`` (default
-    ``compare/<sweep>-probes``) and log them as an MLflow run of kind ``comparison``. Raises
-    ``ConfigError`` when the sweep has no evaluation (at ``step``) or ``baseline`` is no arm."""
+    key of ``runs``) from ``spec``'s experiment, build each probe's tables (``comparisons(probe)``)
+    per group of arms (``arm_groups``), write ``probes.md``, ``probes.json`` and a PNG per table
+    into ``out`` (default ``compare/<sweep>-probes``; ``probe_output.check_out`` says which folders
+    it may write, checked first) and log them as an MLflow run of kind ``comparison``. Raises
+    ``ConfigError`` when the sweep has no evaluation (at ``step``), ``baseline`` is no arm or has no
+    evaluation, or ``out`` may not be written."""
     from mlflow.tracking import MlflowClient
+
+    from diffsweep.sweep.probe_output import check_out, write_outputs
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per table read, on stderr
     rows = sweep_rows(runs)
@@ -292,6 +354,8 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     arms = [row.label for row in rows]
     if baseline is not None and baseline not in arms:
         raise ConfigError("baseline", f"expected an arm of {spec.name}: one of [{', '.join(arms)}], got {baseline!r}")
+    folder = out or Path("compare") / f"{spec.name}-probes"
+    old = check_out(folder)  # before anything is read: a folder it may not write is refused first
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found = [] if exp is None else all_runs(client, exp.experiment_id, f"tags.`diffsweep.kind` = '{EVAL_KIND}' and "
@@ -308,9 +372,13 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     if not chosen:
         have = sorted({r.step for r in records})
         raise ConfigError("step", f"no evaluation of sweep '{spec.name}' at step {step}; evaluated steps: {have}")
-    present_all = [a for a in arms if any(arm_of[r.run_key] == a for r in chosen)]
-    base = baseline or present_all[0]  # default: the sweep's first arm that was evaluated
-    notes: list[str] = []
+    evaluated = [a for a in arms if any(arm_of[r.run_key] == a for r in chosen)]
+    if baseline is not None and baseline not in evaluated:
+        raise ConfigError("baseline", f"arm {baseline} has no evaluation{'' if step is None else f' at step {step}'};"
+                          f" evaluated arms: [{', '.join(evaluated)}]")
+    kinds = {row.label: str(row.runs[0].config.model.attention.kind) for row in rows}
+    sizes = {row.label: size_label(row.runs[0].config) for row in rows}
+    groups, notes = arm_groups(arms, kinds, sizes, evaluated, baseline)
     tables = []
     with tempfile.TemporaryDirectory(prefix="diffsweep-probes-") as tmp:
         for probe in dict.fromkeys(r.probe for r in sorted(chosen, key=lambda r: r.probe)):
@@ -320,23 +388,40 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
                 notes.append(f"{probe}: no comparison table defined for this probe; left out")
                 continue
             loaded = [(arm_of[r.run_key], _with_tables(client, r, [s.table for s in specs], Path(tmp))) for r in mine]
-            if not any(arm == base for arm, _ in loaded):
-                notes.append(f"{probe}: the baseline {base} has no evaluation; differences left out")
-            for s in specs:
-                if not any(s.table in record.tables for _, record in loaded):
-                    continue  # a table the probe makes only with some settings (quantization's tasks)
-                table = build_table(probe, s, loaded, arms, base, level)
-                if len(table.settings) > 1:
-                    notes.append(f"{probe}: evaluated with {len(table.settings)} different settings; cells of one "
-                                 "key may mix them (evaluate all runs with the same --probe-set)")
-                if table.cells:
-                    tables.append(table)
-                else:
-                    notes.append(f"{probe}: table {s.table} has no rows to compare")
-    result = ProbeComparison(sweep=spec.name, experiment=spec.experiment, baseline=base, level=level,
-                             step=step, arms=tuple(arms), tables=tables, notes=notes)
-    _write_outputs(result, out or Path("compare") / f"{spec.name}-probes", uri if log else None)
+            tables += _probe_tables(probe, specs, loaded, groups, level, notes)
+    result = ProbeComparison(sweep=spec.name, experiment=spec.experiment,
+                             baseline=groups[0].baseline if len(groups) == 1 else None, level=level, step=step,
+                             arms=tuple(arms), tables=tables, notes=notes, groups=tuple(groups), kinds=kinds,
+                             sizes=sizes)
+    write_outputs(result, folder, old, uri if log else None)
     return result
+
+
+def _probe_tables(probe: str, specs: Sequence[TableSpec], loaded: Sequence[tuple[str, EvalRecord]],
+                  groups: Sequence[ArmGroup], level: float, notes: list[str]) -> list[ProbeTable]:
+    """One probe's tables, one per spec and group of arms; what is left out goes to ``notes``."""
+    out = []
+    for group in groups:
+        if not any(arm == group.baseline for arm, _ in loaded) and any(arm in group.arms for arm, _ in loaded):
+            at = "" if group.size is None else f" of size {group.size}"
+            notes.append(f"{probe}: the baseline {group.baseline}{at} has no evaluation; differences left out")
+    for s in specs:
+        if not any(s.table in record.tables for _, record in loaded):
+            continue  # a table the probe makes only with some settings (quantization's tasks)
+        if len({record.settings for _, record in loaded}) > 1:
+            notes.append(f"{probe}: evaluated with {len({r.settings for _, r in loaded})} different settings; cells "
+                         "of one key may mix them (evaluate all runs with the same --probe-set)")
+        built = []
+        for group in groups:
+            mine = [(arm, record) for arm, record in loaded if arm in group.arms]
+            if mine:
+                table = build_table(probe, s, mine, group.arms, group.baseline, level)
+                if table.cells:
+                    built.append(replace(table, size=group.size, baseline=group.baseline))
+        if not built:
+            notes.append(f"{probe}: table {s.table} has no rows to compare")
+        out += built
+    return out
 
 
 def _record(run: Any) -> EvalRecord:
@@ -360,66 +445,3 @@ def _with_tables(client: Any, record: EvalRecord, names: Sequence[str], tmp: Pat
             raise ConfigError(f"run {record.run_id}", f"cannot read its {name}.json artifact ({exc})") from exc
         tables[name] = json.loads(Path(path).read_text())
     return replace(record, tables=tables)
-
-
-def _write_outputs(result: ProbeComparison, folder: Path, uri: str | None) -> None:
-    """``probes.md``, ``probes.json`` and the plots into ``folder`` (replaced as a whole), and the
-    comparison run when ``uri`` is given."""
-    from diffsweep.sweep.probe_report import markdown, plot
-
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError("out", f"{folder} exists and is not a directory")
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    try:
-        with parents_made_for(folder):
-            try:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-                names = []
-                for t in result.tables:
-                    name = f"{t.probe}-{t.spec.table}.png" if t.probe != t.spec.table else f"{t.probe}.png"
-                    plot(t, result, tmp / name)
-                    names.append(name)
-                result.folder = folder
-                result.files = [folder / "probes.md", folder / "probes.json", *(folder / n for n in names)]
-                (tmp / "probes.md").write_text(markdown(result, names))
-                if uri is not None:
-                    result.mlflow_run_id = _log(uri, result, tmp)
-                (tmp / "probes.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
-                if folder.exists():
-                    shutil.rmtree(folder)
-                os.replace(tmp, folder)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:
-        raise ConfigError("out", f"cannot write {folder} ({exc.strerror or exc})") from None
-
-
-def _log(uri: str, result: ProbeComparison, tmp: Path) -> str:
-    """The comparison as its own MLflow run in the sweep's experiment (``diffsweep.kind`` =
-    ``comparison``: never an input to a fit), with the outputs as artifacts."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp_id = ensure_experiment(uri, result.experiment)
-    sources = sorted({r for t in result.tables for c in t.cells for a in c.arms for r in a.runs})
-    tags = source_tags() | {
-        "diffsweep.kind": COMPARISON_KIND,
-        "diffsweep.comparison.sweep": result.sweep,
-        "diffsweep.comparison.of": "probes",
-        "diffsweep.comparison.probes": ",".join(dict.fromkeys(t.probe for t in result.tables)),
-        "diffsweep.comparison.baseline": result.baseline,
-        "diffsweep.comparison.step": "newest" if result.step is None else str(result.step),
-        "diffsweep.comparison.runs": ",".join(sources)[:5000],
-    }
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    run = retry_busy(lambda: client.create_run(exp_id, run_name=f"compare probes {result.sweep} {stamp}", tags=tags))
-    run_id = run.info.run_id
-    try:
-        (tmp / "probes.json").write_text(json.dumps(result.to_dict() | {"mlflow_run_id": run_id}, indent=1) + "\n")
-        retry_busy(lambda: client.log_artifacts(run_id, str(tmp)))
-    except BaseException:
-        retry_busy(lambda: client.set_terminated(run_id, status="FAILED"))
-        raise
-    retry_busy(lambda: client.set_terminated(run_id, status="FINISHED"))
-    return run_id

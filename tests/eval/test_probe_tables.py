@@ -160,7 +160,7 @@ def test_every_probe_table_is_built_written_and_plotted(probe, index, tmp_path):
                              arms=("transformer", "diff"), tables=[table], notes=[])
     text = markdown(result, [f"{probe}.png"])
     assert f"## {probe}: {spec.title}" in text and "| diff − transformer (95% CI) |" in text
-    assert plot(table, result, tmp_path / f"{probe}.png").stat().st_size > 1000
+    assert plot([table], result, tmp_path / f"{probe}.png").stat().st_size > 1000
 
 
 def test_difference_ci_covers_the_true_difference_at_the_nominal_rate():
