@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import typer
@@ -147,11 +147,14 @@ class Root(TyperGroup):
             for param in command.params:
                 _checked(param)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+        common = {"args": args, "prog_name": prog_name, "complete_var": complete_var,
+                  "windows_expand_args": windows_expand_args, **extra}
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(standalone_mode=False, **common)
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(standalone_mode=False, **common)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
