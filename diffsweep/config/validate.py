@@ -92,7 +92,7 @@ def estimated_params(m: ModelConfig) -> int:
 
 
 def _describe_params(n: int) -> str:
-    return f"a model of about {_amount(n, ' parameters')}, {_amount(4 * n, 'B')} of fp32 weights"
+    return f"a model of about {_amount(n, ' parameters')}, {_amount(4 * n, ' bytes')} of fp32 weights"
 
 
 def _amount(n: int, unit: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 from diffsweep.config import AttentionKind, ConfigError, load_config
 from diffsweep.config.loading import MAX_ALIAS_NODES, read_yaml
 from diffsweep.config.sizes import SIZES
+from diffsweep.config.units import parse_bytes
 from diffsweep.config.validate import MAX_PARAMS, estimated_params
 from diffsweep.model import counting
 
@@ -98,7 +99,7 @@ def test_a_model_over_the_parameter_limit_is_refused():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["model.d_model=131072", "model.n_layers=4096"])
     assert info.value.key == "model" and f"over the limit of {MAX_PARAMS // 10**12}T parameters" in str(info.value)
-    assert "about 844T parameters, 3.38PB of fp32 weights" in str(info.value)
+    assert "about 844T parameters, 3.38P bytes of fp32 weights" in str(info.value)
 
 
 def test_derived_head_counts_are_bounded_too():
@@ -129,3 +130,18 @@ def test_micro_batch_tokens_are_bounded():
 
 def test_largest_seed_is_accepted():
     assert load_config(None, ["train.seed=9223372036854775807"]).train.seed == 2**63 - 1
+
+
+@pytest.mark.parametrize(("text", "expected"), [("256M", 256 * 2**20), ("1G", 2**30), ("6K", 6144), ("6kb", 6144),
+                                                ("100", 100), (" 2T ", 2 * 2**40), ("1.5K", 1536)])
+def test_a_byte_size_as_people_type_it(text, expected):
+    assert parse_bytes(text, "--shard-size") == expected
+
+
+@pytest.mark.parametrize(("text", "why"), [("nanM", "finite"), ("infG", "finite"), ("-1K", "positive"),
+                                           ("0.5", "positive"), ("1e30T", "2**63 - 1"), ("abc", "such as"),
+                                           ("", "such as"), ("M", "such as"), ("1.5X", "such as")])
+def test_a_byte_size_that_is_not_one_is_refused_naming_the_option(text, why):
+    with pytest.raises(ConfigError) as e:
+        parse_bytes(text, "--shard-size")
+    assert e.value.key == "--shard-size" and why in e.value.message and repr(text) in e.value.message
