@@ -16,7 +16,7 @@ from diffsweep.config import ConfigError
 from diffsweep.eval.probe import probe_names
 
 FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set", "launch": "--launch", "wait": "--wait",
-         "force": "--force"}
+         "force": "--force", "json": "--json"}
 
 
 @handle_errors(flags=FLAGS)
@@ -33,6 +33,8 @@ def eval_(
     force: Annotated[bool, typer.Option("--force", help="Run probes already logged for this checkpoint again.")
                      ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the evaluations as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each evaluation's notes and main "
+                                          "metrics (all of them are in its files and MLflow run).")] = False,
     out: OutOpt = None,
     only: OnlyOpt = None,
     sets: SweepSetOpt = None,
@@ -48,29 +50,31 @@ def eval_(
 ) -> None:
     """Run probes on a trained checkpoint: each is an MLflow run nested under the training run.
 
-    A probe already logged for the same checkpoint and settings is skipped (see --force). Its
-    tables and plots are the MLflow run's artifacts, also kept in RUN_DIR/eval/step_XXXXXXXX/PROBE/.
+    One line per run and probe: its headline metric, and whether it was evaluated or reused (a
+    probe already logged for the same checkpoint, settings and code; see --force). Its tables and
+    plots are the MLflow run's artifacts, also kept in RUN_DIR/eval/step_XXXXXXXX/PROBE/.
     Exit status: 0 done, 2 bad input (nothing runs), 3 a missing package or GPU.
     """
     from diffsweep.eval.probe import probe_requests
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
+    is_sweep = _check_target(target, launch=launch, wait=wait, force=force, as_json=as_json, profile=profile,
+                             executor=executor, only=only, out=out, sets=sets)
 
-    echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-    is_sweep = target.suffix in (".yaml", ".yml")
-    if (launch or profile or executor) and not is_sweep:
-        raise ConfigError("launch", "--launch, --profile and --executor are for a sweep YAML; a run directory or "
-                          "checkpoint is evaluated here")
-    if wait and not launch:
-        raise ConfigError("wait", "only with --launch (without it, evaluation runs here and the command returns "
-                          "when it is done)")
+    from diffsweep.eval.runner import Detail
+
+    plain = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+
+    def echo(line: str) -> None:
+        """The runner's lines: a note (``Detail``) or a sweep's run header only with --verbose."""
+        if verbose or not (isinstance(line, Detail) or line.startswith("== ")):
+            plain(line)
+
     if launch:
-        if force:
-            raise ConfigError("force", "not with --launch: launched jobs skip what the store already has; "
-                              "run diffsweep eval SWEEP --force here to evaluate again")
         _launch(target, requests, wait=wait, profile=profile, executor=executor, only=only, out=out, sets=sets,
                 echo=echo)
         return
+    waiting: list[str] = []
     if is_sweep:
         from diffsweep.cli.sweep import _target
         from diffsweep.launch.api import eval_sweep
@@ -78,31 +82,85 @@ def eval_(
         runs, waiting = eval_sweep(_target(target, only=only, out=out, sets=sets, executor="local"), requests,
                                    force=force, echo=echo)
         done = [e for run in runs for e in run.evaluations]
-        echo(f"evaluated {len(runs)} finished runs" + (f"; {len(waiting)} not finished yet (run this again once "
-                                                        "they are)" if waiting else ""))
+        num_runs = len(runs)
     else:
         from diffsweep.eval.loading import load_trained
         from diffsweep.eval.runner import evaluate
 
         trained = load_trained(target)
-        echo(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
-             f"on {trained.device}")
+        plain(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
+              f"on {trained.device}")
         done = evaluate(trained, requests, force=force, echo=echo)
+        num_runs = 1
+    if verbose:
+        for e in done:
+            _details(e, plain)
+    else:  # each distinct note once (the same note on every run of a sweep is one line)
+        for note in dict.fromkeys(n for e in done for n in e.notes):
+            plain(f"note: {note}")
+    plain(counts(done, num_runs, waiting))
     if as_json:
-        typer.echo(json.dumps([{"probe": e.probe, "settings": e.settings, "step": e.step, "ran": e.ran,
+        typer.echo(json.dumps([{"run": e.run_name, "probe": e.probe, "settings": e.settings, "step": e.step,
+                                "ran": e.ran, "headline": e.headline, "value": e.value, "code": e.code,
+                                "logged": e.logged, "capped": e.capped, "notes": e.notes,
                                 "mlflow_run_id": e.mlflow_run_id, "seconds": e.seconds,
                                 "out_dir": str(e.out_dir) if e.out_dir else None,
                                 "metrics": e.result.metrics if e.result else None,
                                 "tables": e.result.tables if e.result else None} for e in done], indent=1))
+
+
+def _check_target(target: Path, *, launch: bool, wait: bool, force: bool, as_json: bool, **sweep_only: Any) -> bool:
+    """Whether ``target`` is a sweep YAML (else a run directory or checkpoint), after refusing the
+    options that do not go with it or with each other: the one place TARGET, --launch, --wait,
+    --force with --launch, --json with --launch and the sweep-only options are validated."""
+    is_sweep = target.suffix in (".yaml", ".yml")
+    if not target.exists():
+        raise ConfigError(str(target), "not found; expected a run directory, a checkpoint (step_XXXXXXXX) or a "
+                          "sweep YAML")
+    if not is_sweep and not target.is_dir() and target.suffix != ".pt":
+        raise ConfigError(str(target), "is a file that is not a sweep YAML; expected a run directory, a checkpoint "
+                          "(step_XXXXXXXX) or a sweep YAML")
+    if (launch or sweep_only["profile"] or sweep_only["executor"]) and not is_sweep:
+        raise ConfigError("launch", "--launch, --profile and --executor are for a sweep YAML; a run directory or "
+                          "checkpoint is evaluated here")
+    given = [f"--{k}" if k != "sets" else "--set" for k in ("only", "out", "sets") if sweep_only[k]]
+    if given and not is_sweep:
+        raise ConfigError(given[0], "is for a sweep YAML; a run directory or checkpoint is evaluated as it is")
+    if wait and not launch:
+        raise ConfigError("wait", "only with --launch (without it, evaluation runs here and the command returns "
+                          "when it is done)")
+    if launch and force:
+        raise ConfigError("force", "not with --launch: launched jobs skip what the store already has; "
+                          "run diffsweep eval SWEEP --force here to evaluate again")
+    if launch and as_json:
+        raise ConfigError("json", "not with --launch (it prints what was submitted, and with --wait what each job "
+                          "evaluated); run diffsweep eval SWEEP --json here once they are done")
+    return is_sweep
+
+
+def counts(done: list[Any], num_runs: int, waiting: list[str]) -> str:
+    """The closing line: how many evaluations were asked for, evaluated, reused and capped."""
+    ran = sum(e.ran for e in done)
+    capped = sum(bool(e.capped) for e in done)
+    line = (f"{len(done)} evaluation{'s' if len(done) != 1 else ''} of {num_runs} finished "
+            f"run{'s' if num_runs != 1 else ''}: {ran} evaluated, {len(done) - ran} reused")
+    if capped:
+        line += f", {capped} with a setting capped by the data"
+    if waiting:
+        line += f"; {len(waiting)} run{'s' if len(waiting) != 1 else ''} not finished yet (run this again once they are)"
+    return line
+
+
+def _details(e: Any, echo: Callable[[str], None]) -> None:
+    """--verbose: an evaluation's main metrics (up to 24) and where its files are."""
+    if e.result is None:
         return
-    for e in done:
-        if e.result is None:
-            continue
-        shown = {k: v for k, v in e.result.metrics.items() if k.count("/") <= 2 and "layer_" not in k}
-        for name, value in list(shown.items())[:24]:
-            typer.echo(f"  {name} = {value:.6g}")
-        if e.out_dir is not None:
-            typer.echo(f"  files: {e.out_dir}")
+    echo(f"{e.run_name} step {e.step} {e.probe}:")
+    shown = {k: v for k, v in e.result.metrics.items() if k.count("/") <= 2 and "layer_" not in k}
+    for name, value in list(shown.items())[:24]:
+        echo(f"  {name} = {value:.6g}")
+    if e.out_dir is not None:
+        echo(f"  files: {e.out_dir}")
 
 
 def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], None], **choices: Any) -> None:

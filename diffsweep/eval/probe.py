@@ -75,13 +75,32 @@ class ProbeResult:
     (a curve over an index, e.g. NLL by position, goes in ``series``: name -> {step: value},
     logged as one metric over steps). ``tables``: name -> rows (dicts of plain values), written as
     ``<name>.json`` and read by ``diffsweep compare``. ``files``: plots and other files the probe
-    wrote into ``EvalContext.out_dir``. ``notes``: lines for the user (e.g. a kernel fallback)."""
+    wrote into ``EvalContext.out_dir``. ``notes``: lines for the user (e.g. a kernel fallback).
+    ``capped``: settings the data could not give in full (setting -> ``Capped``), said in the
+    summary line and logged as parameters."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     series: dict[str, dict[int, float]] = field(default_factory=dict)
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    capped: dict[str, Capped] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A setting the data capped: ``asked`` for, ``used`` instead, and ``why`` (e.g. "the validation
+    split has 140,801 tokens")."""
+
+    asked: Any
+    used: Any
+    why: str
+
+    def __str__(self) -> str:
+        def show(v: Any) -> str:
+            return f"{v:,}" if isinstance(v, int) else str(v)
+
+        return f"{show(self.asked)} asked, {show(self.used)} used ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -105,18 +124,26 @@ class TableComparison:
 
 
 class Probe(ABC):
-    """Base class of probes. Subclasses set ``name``, ``summary``, ``cites`` and ``Settings``, and
-    define ``run``; ``check`` refuses settings that cannot work with a run's config before anything
-    runs (e.g. a context longer than the model's)."""
+    """Base class of probes. Subclasses set ``name``, ``summary``, ``cites``, ``headline`` and
+    ``Settings``, and define ``run``; ``check`` refuses settings that cannot work with a run's config
+    before anything runs (e.g. a context longer than the model's) and is the one place each setting's
+    value is validated (its type is the decoder's)."""
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for ``diffsweep eval --help`` and the docs
     cites: ClassVar[str]  # the paper's table/figure/section it reproduces
+    # The metric that sums up a result in ``diffsweep eval``'s one line per evaluation; ``str.format``
+    # fields are the settings' (e.g. ``needle/N{needles}_R{queries}/accuracy``); see ``headline_metric``.
+    headline: ClassVar[str] = ""
     Settings: ClassVar[type] = NoSettings
     comparisons: ClassVar[tuple[TableComparison, ...]] = ()  # its tables in ``diffsweep compare --probes``
 
     def check(self, settings: Any, config: Config) -> None:  # noqa: B027 (optional: a probe that any run can take)
         """Raise ``ConfigError`` (key ``<probe>.<setting>``) if ``settings`` cannot run on ``config``."""
+
+    def headline_metric(self, settings: Any) -> str:
+        """The name of the metric that sums up a result with ``settings`` (``headline`` filled in)."""
+        return self.headline.format(**settings_dict(settings)) if self.headline else ""
 
     @abstractmethod
     def run(self, ctx: EvalContext, settings: Any) -> ProbeResult:

@@ -8,9 +8,16 @@ UI lists a run's evaluations beneath it, and tagged with what it measured:
 - ``diffsweep.eval.source_run`` (the training run's id), ``.step`` (the checkpoint's step),
   ``.checkpoint`` (its path), ``.probe``, ``.settings`` (JSON), ``.run_key`` (the training
   config's key), ``.sweep`` and ``.run_name`` (copied from the training run, for ``compare``);
-- ``diffsweep.eval.key``: a digest of the run key, step, probe, settings and the probe's code.
-  An evaluation whose key already has a FINISHED run is skipped (``force`` runs it again), so
-  evaluating a sweep twice evaluates only what is new.
+- ``diffsweep.eval.key``: a digest of everything the result depends on (``diffsweep.eval.identity``:
+  the checkpoint, data, device, probe, settings and the package's code, ``diffsweep.eval.code``).
+  An evaluation whose key already has a FINISHED run is reused, not run again (``force`` runs it
+  again), and the line says so with the code and time it was logged; evaluating a sweep twice
+  evaluates only what is new or what changed code would compute differently;
+- ``diffsweep.eval.capped``: the settings the data capped (JSON: setting -> what was used instead),
+  also logged as parameters ``PROBE.SETTING.used``.
+
+Each evaluation is said in one line (``Evaluation.line``: run, step, probe, its headline metric,
+evaluated or reused, what was capped); the notes and details are ``Detail`` lines.
 
 Metrics are logged at the checkpoint's step (evaluations of successive checkpoints form a curve);
 a probe's ``series`` are logged with their own index as the step. Tables (``<name>.json``) and
@@ -20,19 +27,18 @@ checkpoints when the run directory is known.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from diffsweep.eval.identity import code_digest, eval_key
 from diffsweep.eval.loading import Trained
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, settings_dict
 from diffsweep.store import EVAL_KIND, check_tracking, ensure_experiment, retry_busy, source_tags, tracking_uri
@@ -41,9 +47,16 @@ from diffsweep.train.run_record import run_tracking_uri
 DEFAULT_EXPERIMENT = "diffsweep"  # where a checkpoint whose training run is not in the store is evaluated
 
 
+class Detail(str):
+    """A line ``evaluate`` echoes that only ``diffsweep eval --verbose`` shows (a probe's note)."""
+
+
 @dataclass
 class Evaluation:
-    """One probe on one checkpoint: ``ran`` (False: an earlier run had it, ``result`` is None)."""
+    """One probe on one checkpoint: ``ran`` (False: reused from the MLflow run ``mlflow_run_id``,
+    logged at ``logged`` by code ``code``; ``result`` is None). ``headline``: the probe's headline
+    metric and ``value`` its value (None if the result has none); ``capped``: setting -> what the
+    data capped it to (``Capped`` as text); ``notes``: the probe's and the loading's notes."""
 
     probe: str
     settings: dict[str, Any]
@@ -53,15 +66,25 @@ class Evaluation:
     result: ProbeResult | None
     seconds: float
     out_dir: Path | None
+    run_name: str = ""
+    headline: str = ""
+    value: float | None = None
+    code: str = ""
+    logged: str = ""
+    capped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
-
-def eval_key(trained: Trained, probe: Probe, settings: Any) -> str:
-    """The identity of an evaluation: the training config's key, the step, the probe, its settings
-    and its code (its module's source: a changed probe measures anew)."""
-    h = hashlib.sha256()
-    h.update(json.dumps([trained.run_key, trained.step, probe.name, settings_dict(settings)], sort_keys=True).encode())
-    h.update(inspect.getsource(sys.modules[type(probe).__module__]).encode())  # the probe's module
-    return h.hexdigest()[:32]
+    def line(self) -> str:
+        """The one line that says this evaluation: run, step, probe, headline, evaluated or reused."""
+        value = f"{self.value:.6g}" if self.value is not None else "(not measured)"
+        head = f"{self.run_name} step {self.step} {self.probe}: {self.headline or 'result'} = {value}"
+        if self.ran:
+            how = f"evaluated in {self.seconds:.1f} s (MLflow run {self.mlflow_run_id})"
+        else:  # the key holds the code digest: a reused result was computed by this same code
+            how = (f"reused: logged {self.logged or 'at an unknown time'} by this same code ({self.code}) "
+                   f"(MLflow run {self.mlflow_run_id}; --force evaluates again)")
+        capped = "".join(f"; capped {self.probe}.{k}: {v}" for k, v in self.capped.items())
+        return f"{head}; {how}{capped}"
 
 
 def store_of(trained: Trained) -> str:
@@ -85,19 +108,46 @@ def evaluate(trained: Trained, probes: list[tuple[Probe, Any]], *, uri: str | No
     source = _training_run(client, trained)
     exp_id = source.info.experiment_id if source is not None else ensure_experiment(uri, DEFAULT_EXPERIMENT)
     for note in trained.notes:
-        echo(f"note: {note}")
+        echo(Detail(f"note: {note}"))
+    train_name = (source.data.tags.get("mlflow.runName") if source is not None else None) or _run_name(trained)
     done = []
     for probe, settings in probes:
-        key = eval_key(trained, probe, settings)
+        code = code_digest(probe)
+        key = eval_key(trained, probe, settings, code)
         query = f"tags.`diffsweep.eval.key` = '{key}' and attributes.status = 'FINISHED'"
         same = retry_busy(partial(client.search_runs, [exp_id], query, max_results=1))
         if same and not force:
-            echo(f"{probe.name}: step {trained.step} already evaluated (MLflow run {same[0].info.run_id}); skipped")
-            done.append(Evaluation(probe.name, settings_dict(settings), trained.step, same[0].info.run_id, False,
-                                   None, 0.0, None))
-            continue
-        done.append(_run_one(client, exp_id, source, trained, probe, settings, key, echo))
+            e = _reused(same[0], trained, probe, settings, train_name, code)
+        else:
+            e = _run_one(client, exp_id, source, trained, probe, settings, key, code, train_name, echo)
+        e.notes[:0] = trained.notes
+        echo(e.line())
+        done.append(e)
     return done
+
+
+def _run_name(trained: Trained) -> str:
+    """The run's name where the store does not have it: its directory's name."""
+    return trained.run_dir.name if trained.run_dir is not None else trained.checkpoint.parent.parent.name
+
+
+def _reused(run: Any, trained: Trained, probe: Probe, settings: Any, train_name: str, code: str) -> Evaluation:
+    """The evaluation an earlier MLflow run ``run`` logged, as this command reports it."""
+    tags = run.data.tags
+    headline = probe.headline_metric(settings)
+    ended = run.info.end_time or run.info.start_time
+    logged = datetime.fromtimestamp(ended / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC") if ended else ""
+    try:
+        capped = {str(k): str(v) for k, v in json.loads(tags.get("diffsweep.eval.capped", "{}")).items()}
+    except (json.JSONDecodeError, AttributeError):  # a tag edited by hand: said as unknown, not trusted
+        capped = {"?": "the run's diffsweep.eval.capped tag is unreadable"}
+    out_dir = None
+    if trained.run_dir is not None:
+        kept = trained.run_dir / "eval" / f"step_{trained.step:08d}" / probe.name
+        out_dir = kept if kept.is_dir() else None
+    return Evaluation(probe.name, settings_dict(settings), trained.step, run.info.run_id, False, None, 0.0, out_dir,
+                      run_name=train_name, headline=headline, value=run.data.metrics.get(headline),
+                      code=tags.get("diffsweep.eval.code", code), logged=logged, capped=capped)
 
 
 def _training_run(client: Any, trained: Trained) -> Any:
@@ -113,15 +163,15 @@ def _training_run(client: Any, trained: Trained) -> Any:
 
 
 def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Probe, settings: Any, key: str,
-             echo: Callable[[str], None]) -> Evaluation:
+             code: str, train_name: str, echo: Callable[[str], None]) -> Evaluation:
     from mlflow.entities import Metric, Param
 
     source_tags_ = source.data.tags if source is not None else {}
-    train_name = source_tags_.get("mlflow.runName") or trained.checkpoint.parent.parent.name
     plain = settings_dict(settings)
     tags = source_tags() | {
         "diffsweep.kind": EVAL_KIND,
         "diffsweep.eval.key": key,
+        "diffsweep.eval.code": code,
         "diffsweep.eval.probe": probe.name,
         "diffsweep.eval.settings": json.dumps(plain, sort_keys=True),
         "diffsweep.eval.step": str(trained.step),
@@ -155,6 +205,10 @@ def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Pro
             metrics += [Metric(k, float(v), now, int(i)) for k, curve in result.series.items() for i, v in curve.items()]
             params = [Param(f"{probe.name}.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in plain.items()]
             params += [Param("step", str(trained.step)), Param("probe", probe.name)]
+            params += [Param(f"{probe.name}.{k}.used", json.dumps(c.used)) for k, c in result.capped.items()]
+            capped = {k: str(c) for k, c in result.capped.items()}
+            if capped:
+                retry_busy(lambda: client.set_tag(run_id, "diffsweep.eval.capped", json.dumps(capped)))
             for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
                 retry_busy(partial(client.log_batch, run_id, metrics=metrics[i: i + 1000],
                                    params=params if i == 0 else []))
@@ -169,9 +223,12 @@ def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Pro
             raise
     retry_busy(lambda: client.set_terminated(run_id, status="FINISHED"))
     for note in result.notes:
-        echo(f"{probe.name}: note: {note}")
-    echo(f"{probe.name}: step {trained.step} evaluated in {seconds:.1f} s (MLflow run {run_id})")
-    return Evaluation(probe.name, plain, trained.step, run_id, True, result, seconds, kept)
+        echo(Detail(f"{probe.name}: note: {note}"))
+    headline = probe.headline_metric(settings)
+    ended = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return Evaluation(probe.name, plain, trained.step, run_id, True, result, seconds, kept, run_name=train_name,
+                      headline=headline, value=result.metrics.get(headline), code=code, logged=ended,
+                      capped=capped, notes=[f"{probe.name}: {note}" for note in result.notes])
 
 
 def _keep(out_dir: Path, trained: Trained, probe: str) -> Path | None:

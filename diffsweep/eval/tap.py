@@ -11,9 +11,11 @@ Definitions, for one call with q ``(B, H, T, D)``, k ``(B, Hkv, T, D)``, v ``(B,
   ``repeat_interleave`` (GQA, contiguous groups). Query t sees keys s ≤ t (the *causal positions*,
   ``causal[t, s]``); the other positions are masked and are not logits of the model.
 - *quantizing* to ``bits`` (2..15) is dynamic post-training absmax quantization, symmetric and
-  signed, per (batch, head) slice: ``scale = max |logit| over its causal positions / (2^(bits-1) − 1)``,
-  ``logit ← round(logit / scale) · scale`` (``torch.round``: halves to even; a slice of zeros stays
-  zero). The attention is then ``softmax(quantized logits, causal) @ V`` in fp32 (the *explicit
+  signed, one scale per group of logits (``Granularity``: ``tensor``, one per sequence over all
+  heads; ``head``, one per sequence and head; ``row``, one per query row of a head):
+  ``scale = max |logit| over the group's causal positions / (2^(bits-1) − 1)``,
+  ``logit ← round(logit / scale) · scale`` (``torch.round``: halves to even; a group of zeros stays
+  zero). Groups never span sequences of a batch, so results do not depend on the micro-batch. The attention is then ``softmax(quantized logits, causal) @ V`` in fp32 (the *explicit
   path*), cast back to q's dtype; DIFF V1's two maps are each quantized and combined in fp32 as
   ``A1 V − λ A2 V`` (``AttentionBackend.diff_attend``'s semantics).
 - ``bits=None`` or 16 (the unquantized model, the paper's 16-bit baseline) computes the output
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from enum import StrEnum
 
 import torch
 
@@ -55,12 +58,24 @@ def attention_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
         return (upcast(q) @ upcast(k).transpose(-1, -2)) * scale
 
 
-def quantize_logits(logits: torch.Tensor, causal: torch.Tensor, bits: int) -> torch.Tensor:
-    """Absmax-quantize ``logits`` ``(B, H, T, T)`` to signed ``bits``, one scale per (batch, head)
-    slice from its causal positions (see the module docstring); masked positions are quantized with
+class Granularity(StrEnum):
+    """Which logits share one quantization scale (the paper, §3.7, does not say; docs/eval.md)."""
+
+    TENSOR = "tensor"  # all heads of one sequence (one map of DIFF V1): (B, 1, 1, 1) scales
+    HEAD = "head"  # one head of one sequence: (B, H, 1, 1)
+    ROW = "row"  # one query row of one head: (B, H, T, 1)
+
+
+_REDUCED = {Granularity.TENSOR: (1, 2, 3), Granularity.HEAD: (2, 3), Granularity.ROW: (3,)}  # dims a scale spans
+
+
+def quantize_logits(logits: torch.Tensor, causal: torch.Tensor, bits: int,
+                    granularity: Granularity = Granularity.HEAD) -> torch.Tensor:
+    """Absmax-quantize ``logits`` ``(B, H, T, T)`` to signed ``bits``, one scale per ``granularity``
+    group from its causal positions (see the module docstring); masked positions are quantized with
     the same scale and stay meaningless."""
     levels = 2 ** (bits - 1) - 1
-    absmax = logits.abs().masked_fill(~causal, 0).amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+    absmax = logits.abs().masked_fill(~causal, 0).amax(dim=_REDUCED[granularity], keepdim=True)
     scale = absmax / levels
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero slice stays zero
     return torch.round(logits / safe) * safe
@@ -72,15 +87,16 @@ def quantizes(bits: int | None) -> bool:
 
 
 class Tap(AttentionBackend):
-    """``inner`` with its logits shown to ``observer`` and, when ``bits`` < 16, quantized (then the
-    explicit fp32 path computes the attention instead of ``inner``). ``layer`` is 1-based."""
+    """``inner`` with its logits shown to ``observer`` and, when ``bits`` < 16, quantized with one
+    scale per ``granularity`` group (then the explicit fp32 path computes the attention instead of
+    ``inner``). ``layer`` is 1-based."""
 
     def __init__(self, inner: AttentionBackend, layer: int, observer: Observer | None = None,
-                 bits: int | None = None) -> None:
+                 bits: int | None = None, granularity: Granularity = Granularity.HEAD) -> None:
         if bits is not None and not 2 <= bits <= UNQUANTIZED:
             raise ValueError(f"bits must be in 2..{UNQUANTIZED} (or None), got {bits}")
         self.inner, self.name, self.layer = inner, inner.name, layer
-        self.observer, self.bits = observer, bits
+        self.observer, self.bits, self.granularity = observer, bits, Granularity(granularity)
 
     def _logits(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         logits, causal = attention_logits(q, k, scale), causal_mask(q.shape[2], q.device)
@@ -91,7 +107,7 @@ class Tap(AttentionBackend):
     def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Quantized attention ``(B, H, T, Dv)`` in fp32 (not cast back)."""
         logits, causal = self._logits(q, k, scale)
-        logits = quantize_logits(logits, causal, self.bits).masked_fill_(~causal, float("-inf"))  # a fresh tensor
+        logits = quantize_logits(logits, causal, self.bits, self.granularity).masked_fill_(~causal, float("-inf"))  # a fresh tensor
         v = upcast(v.repeat_interleave(q.shape[1] // v.shape[1], dim=1))
         with torch.autocast(q.device.type, enabled=False):
             return torch.softmax(logits, dim=-1) @ v
@@ -114,12 +130,13 @@ class Tap(AttentionBackend):
 
 
 @contextlib.contextmanager
-def tapped(model: LanguageModel, observer: Observer | None = None, bits: int | None = None) -> Iterator[list[Tap]]:
+def tapped(model: LanguageModel, observer: Observer | None = None, bits: int | None = None,
+           granularity: Granularity = Granularity.HEAD) -> Iterator[list[Tap]]:
     """Every block's ``attention.backend`` replaced by a ``Tap`` of it (block i is layer i + 1)
     inside the ``with``; the original backends are back afterwards, also after an exception."""
     attentions = [block.attention for block in model.blocks()]
     originals = [a.backend for a in attentions]
-    taps = [Tap(inner, layer, observer, bits) for layer, inner in enumerate(originals, start=1)]
+    taps = [Tap(inner, layer, observer, bits, granularity) for layer, inner in enumerate(originals, start=1)]
     try:
         for attention, tap in zip(attentions, taps, strict=True):
             attention.backend = tap

@@ -110,7 +110,9 @@ def test_settings_are_checked(tmp_path):
     ctx = context("transformer", tmp_path)
     probe = get_probe("attention_focus")
     for items, key in [({"context": SEQ + 1}, "attention_focus.context"), ({"depths": [120]}, "attention_focus.depths"),
-                       ({"needles": 0}, "attention_focus.needles"), ({"samples": 0}, "attention_focus.samples")]:
+                       ({"needles": 0}, "attention_focus.needles"), ({"samples": 0}, "attention_focus.samples"),
+                       ({"batch": 0}, "attention_focus.batch"), ({"context": -5}, "attention_focus.context"),
+                       ({"depths": []}, "attention_focus.depths")]:
         with pytest.raises(ConfigError) as caught:
             probe.check(parse_settings(probe, items), ctx.config)
         assert caught.value.key == key

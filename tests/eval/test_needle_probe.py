@@ -13,7 +13,7 @@ from diffsweep.config import ConfigError, load_config
 from diffsweep.data.tokenizers import BytesTokenizer
 from diffsweep.eval.needles import needle_prompts
 from diffsweep.eval.probe import EvalContext, get_probe, parse_settings
-from diffsweep.eval.probes.needle import _answered, greedy
+from diffsweep.eval.probes.needle import NeedleSettings, _answered, greedy, heat_map_figure
 from diffsweep.model.transformer import build_model
 
 TEXT = "\n".join(pydoc_data.topics.topics.values())[:30000]
@@ -134,3 +134,26 @@ def test_longer_context_runs_with_a_note(tmp_path):
     (note,) = result.notes
     assert note == "needle: context 300 with its answer is longer than the trained 256 tokens (RoPE extrapolation)"
     assert 0.0 <= result.metrics["needle/N1_R1/accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("num_contexts", [1, 2, 8])
+def test_the_heat_map_title_lies_within_the_figure(num_contexts):
+    """The longest kind name on the narrowest map (one context): the title, laid out as the probe
+    saves it (``save_figure``'s tight layout), is inside the figure's box."""
+    import matplotlib.pyplot as plt
+
+    rows = [{"context": 100 * (c + 1), "depth": d, "accuracy": 0.5} for c in range(num_contexts)
+            for d in (0.0, 50.0, 100.0)]
+    fig = heat_map_figure(rows, "Differential Transformer V2 (DIFF V2)", NeedleSettings(samples=50))
+    try:
+        fig.tight_layout()
+        fig.canvas.draw()
+        (title,) = [t for t in (fig._suptitle, *(ax.title for ax in fig.axes)) if t is not None and t.get_text()]
+        assert "Differential Transformer V2" in title.get_text()
+        box, figure = title.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+        assert figure.x0 <= box.x0 and box.x1 <= figure.x1 and figure.y0 <= box.y0 and box.y1 <= figure.y1, \
+            (box, figure)
+        for ax in fig.axes:  # and the title covers no plot
+            assert not box.overlaps(ax.get_window_extent(fig.canvas.get_renderer())), ax
+    finally:
+        plt.close(fig)

@@ -74,3 +74,50 @@ def test_settings_checked():
         with pytest.raises(ConfigError) as err:
             probe.check(parse_settings(probe, items), config)
         assert err.value.key == key
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "row"])
+def test_16_bits_is_the_untouched_model_at_every_granularity(granularity, tmp_path):
+    """Only the quantized widths depend on the granularity; 16 bits stays bit for bit the model's
+    own loss, and the granularity is in every table row."""
+    ctx = context("diff_v2", tmp_path)
+    probe = get_probe("quantization")
+    settings = parse_settings(probe, {"bits": [16, 4], "tokens": WINDOWS * SEQ, "micro_batch": MICRO,
+                                      "granularity": granularity})
+    result = probe.run(ctx, settings)
+    rows = {row["bits"]: row for row in result.tables["quantization"]}
+    assert rows[16]["val_loss"] == plain_loss(ctx)
+    assert {row["granularity"] for row in rows.values()} == {granularity}
+    assert probe.headline_metric(settings) == "quantization/bits_04/val_loss" in result.metrics
+
+
+def test_the_granularity_changes_the_4_bit_loss(tmp_path):
+    ctx = context("transformer", tmp_path)
+    probe = get_probe("quantization")
+    loss = {}
+    for granularity in ("tensor", "head", "row"):
+        settings = parse_settings(probe, {"bits": [4], "tokens": WINDOWS * SEQ, "micro_batch": MICRO,
+                                          "granularity": granularity})
+        loss[granularity] = probe.run(ctx, settings).metrics["quantization/bits_04/val_loss"]
+    assert len(set(loss.values())) == 3, loss
+
+
+def test_granularity_is_a_closed_choice():
+    probe = get_probe("quantization")
+    assert parse_settings(probe, {}).granularity.value == "head"  # the default docs/eval.md justifies
+    with pytest.raises(ConfigError) as err:
+        parse_settings(probe, {"granularity": "channel"})
+    assert err.value.key == "quantization.granularity"
+    assert all(name in err.value.message for name in ("tensor", "head", "row")), err.value.message
+
+
+def test_capped_by_a_short_validation_split(tmp_path):
+    """More tokens than the split holds: the probe uses what there is and says so."""
+    ctx = context("transformer", tmp_path)
+    probe = get_probe("quantization")
+    result = probe.run(ctx, parse_settings(probe, {"bits": [8], "tokens": 10 * WINDOWS * SEQ, "micro_batch": MICRO}))
+    capped = result.capped["tokens"]
+    assert (capped.asked, capped.used) == (10 * WINDOWS * SEQ, WINDOWS * SEQ)
+    assert str(capped).startswith(f"{10 * WINDOWS * SEQ:,} asked, {WINDOWS * SEQ:,} used (the validation split has")
+    exact = probe.run(ctx, parse_settings(probe, {"bits": [8], "tokens": WINDOWS * SEQ, "micro_batch": MICRO}))
+    assert exact.capped == {}

@@ -13,7 +13,7 @@ import torch
 from diffsweep.config import ConfigError
 from diffsweep.data.dataset import val_starts, windows
 from diffsweep.eval.loading import find_checkpoint, load_trained
-from diffsweep.eval.probe import Probe, ProbeResult, parse_settings, probe_requests
+from diffsweep.eval.probe import Probe, ProbeResult, get_probe, parse_settings, probe_requests
 from diffsweep.eval.runner import evaluate
 from diffsweep.train.probes import token_losses
 from tests.helpers.tracking import mlflow_client
@@ -32,6 +32,7 @@ class ValLoss(Probe):
     summary = "validation loss"
     cites = "-"
     Settings = LossSettings
+    headline = "test/val_loss"
 
     def run(self, ctx, settings):
         starts = val_starts(len(ctx.val_tokens), ctx.config.train.seq_len, settings.tokens)
@@ -88,7 +89,8 @@ def test_evaluations_are_runs_nested_under_the_training_run_and_are_not_repeated
     assert (e.out_dir / "loss.json").is_file() and e.out_dir == trained_run.absolute() / "eval/step_00000008/val_loss_test"
 
     again = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, echo=lines.append)
-    assert not again[0].ran and again[0].mlflow_run_id == e.mlflow_run_id and "skipped" in lines[-1]
+    assert not again[0].ran and again[0].mlflow_run_id == e.mlflow_run_id and "reused" in lines[-1]
+    assert again[0].value == e.value == e.result.metrics["test/val_loss"] and again[0].code == e.code
     other = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 64}))], uri=mlflow_store, echo=lines.append)
     assert other[0].ran and other[0].mlflow_run_id != e.mlflow_run_id  # other settings, another evaluation
     forced = evaluate(trained, [(probe, parse_settings(probe, {"tokens": 128}))], uri=mlflow_store, force=True,
@@ -198,4 +200,108 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
         assert run.info.status == "FINISHED" and run.data.tags["diffsweep.eval.probe"] == e["probe"]
     again = cli(*args, cwd=tmp_path, env=env)
     assert again.returncode == 0 and not any(e["ran"] for e in json.loads(again.stdout))
-    assert again.stderr.count("already evaluated") == 6
+    assert again.stderr.count("reused: logged") == 6
+    assert "6 evaluations of 1 finished run: 0 evaluated, 6 reused" in again.stderr
+
+
+def test_a_change_in_the_code_evaluates_again_and_unchanged_code_is_reused(trained_run, mlflow_store, monkeypatch):
+    """The key holds the package's code digest: with other code (a dependency of the probe edited,
+    here its digest changed) the evaluation runs again; with this code it is reused, and the line
+    says from which code and when it was logged."""
+    from diffsweep.eval import identity
+
+    trained = load_trained(trained_run / "checkpoints" / "step_00000006")
+    probe = ValLoss()
+    settings = parse_settings(probe, {"tokens": 128})
+    lines: list[str] = []
+    (first,) = evaluate(trained, [(probe, settings)], uri=mlflow_store, echo=lines.append)
+    assert first.ran and first.code == identity.code_digest(probe)
+    assert mlflow_client(mlflow_store).get_run(first.mlflow_run_id).data.tags["diffsweep.eval.code"] == first.code
+    (same,) = evaluate(trained, [(probe, settings)], uri=mlflow_store, echo=lines.append)
+    assert not same.ran and same.mlflow_run_id == first.mlflow_run_id
+    assert lines[-1].startswith(f"{same.run_name} step 6 val_loss_test: test/val_loss = {first.value:.6g}; reused: "
+                                f"logged {first.logged[:10]}")
+    assert f"by this same code ({first.code})" in lines[-1] and first.mlflow_run_id in lines[-1]
+
+    monkeypatch.setattr(identity, "package_code", lambda start=(): "0123456789abcdef")  # e.g. eval/tap.py edited
+    (changed,) = evaluate(trained, [(probe, settings)], uri=mlflow_store, echo=lines.append)
+    assert changed.ran and changed.mlflow_run_id != first.mlflow_run_id and changed.code != first.code
+    assert "evaluated in" in lines[-1]
+    monkeypatch.undo()
+    (back,) = evaluate(trained, [(probe, settings)], uri=mlflow_store, echo=lines.append)
+    assert not back.ran and back.mlflow_run_id == first.mlflow_run_id  # the result this code logged
+
+
+@pytest.mark.parametrize("probe_name", ["outliers", "quantization", "needle", "nll_position", "attention_focus"])
+def test_the_code_digest_covers_what_the_probe_uses(probe_name, tmp_path, monkeypatch):
+    """A copy of the packages: editing a module the probe reaches only through others (eval/tap.py,
+    eval/needles.py, the validation windows of data/dataset.py, the token-loss helpers of
+    train/probes.py, the model, an attention kind named only by its registry's string, the Triton
+    kernels) changes its digest; a module it never reaches (the CLI) and touching nothing do not."""
+    import shutil
+
+    from diffsweep.eval import identity
+
+    roots = identity._package_roots()
+    copies = {name: tmp_path / name for name in roots}
+    for name, root in roots.items():
+        shutil.copytree(root, copies[name], ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "_package_roots", lambda: copies)
+    probe = get_probe(probe_name)
+
+    def digest() -> str:
+        identity.code_modules.cache_clear()
+        return identity.code_digest(probe)
+
+    try:
+        before = digest()
+        assert digest() == before
+        for module, changes in [("diffsweep/eval/tap.py", True), ("diffsweep/eval/needles.py", True),
+                                ("diffsweep/data/dataset.py", True), ("diffsweep/train/probes.py", True),
+                                ("diffsweep/model/transformer.py", True), ("diffsweep/model/attention/diff_v1.py", True),
+                                ("diffsweep_kernels/triton_diff.py", True), ("diffsweep/cli/eval.py", False)]:
+            path = tmp_path / module
+            text = path.read_text()
+            path.write_text(text + "\n# edited\n")
+            assert (digest() != before) is changes, module
+            path.write_text(text)
+        assert digest() == before
+    finally:
+        identity.code_modules.cache_clear()
+
+
+@dataclass(frozen=True)
+class CapSettings:
+    tokens: int = 1_000_000_000
+
+
+class CappedProbe(ValLoss):
+    """Asks for more validation tokens than the split has, as outliers' 409,600 on a small split."""
+
+    name = "capped_test"
+    Settings = CapSettings
+
+    def run(self, ctx, settings):
+        from diffsweep.eval.probes.outliers import validation_windows
+
+        result = ProbeResult()
+        data = validation_windows(ctx, settings.tokens, result)
+        result.metrics["test/val_loss"] = float(token_losses(ctx.model, data[:1]).double().mean())
+        return result
+
+
+def test_a_setting_capped_by_the_data_is_said_and_logged(trained_run, mlflow_store):
+    trained = load_trained(trained_run / "checkpoints" / "step_00000010")
+    probe = CappedProbe()
+    lines: list[str] = []
+    (e,) = evaluate(trained, [(probe, CapSettings())], uri=mlflow_store, echo=lines.append)
+    used = (len(trained.dataset.split("val")) - 1) // 128 * 128
+    assert e.capped == {"tokens": f"1,000,000,000 asked, {used:,} used (the validation split has "
+                                  f"{len(trained.dataset.split('val')):,} tokens: {used // 128} windows of 128)"}
+    assert f"; capped capped_test.tokens: 1,000,000,000 asked, {used:,} used" in lines[-1]
+    run = mlflow_client(mlflow_store).get_run(e.mlflow_run_id)
+    assert run.data.params["capped_test.tokens"] == "1000000000" and run.data.params["capped_test.tokens.used"] == \
+        str(used)
+    assert json.loads(run.data.tags["diffsweep.eval.capped"]) == e.capped
+    (again,) = evaluate(trained, [(probe, CapSettings())], uri=mlflow_store, echo=lines.append)
+    assert not again.ran and again.capped == e.capped and "; capped capped_test.tokens" in lines[-1]

@@ -68,9 +68,12 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     # evaluating the sweep here: what the jobs evaluated is skipped, new settings are evaluated run by run
     r = cli("eval", str(sweep), "--probe", "outliers", "--probe", "nll_position", "--probe-set", "outliers.tokens=64",
             "--probe-set", "nll_position.documents=3", "--json", cwd=tmp_path, env=store)
-    assert r.returncode == 0 and "evaluated 2 finished runs" in r.stderr, r.stderr
+    assert r.returncode == 0 and "4 evaluations of 2 finished runs: 2 evaluated, 2 reused" in r.stderr, r.stderr
     done = json.loads(r.stdout)
     assert [(e["probe"], e["ran"]) for e in done] == [("outliers", False), ("nll_position", True)] * 2
+    for e in done:  # one line each, naming the run, the probe, its headline and how it came
+        line = f"{e['run']} step 4 {e['probe']}: {e['headline']} = {e['value']:.6g}; "
+        assert line + ("evaluated in" if e["ran"] else "reused: logged") in r.stderr, r.stderr
     client = mlflow_client(store["MLFLOW_TRACKING_URI"])
     tags = client.get_run(done[1]["mlflow_run_id"]).data.tags
     assert tags["diffsweep.eval.sweep"] == "t" and tags["mlflow.parentRunId"] == tags["diffsweep.eval.source_run"]
@@ -93,7 +96,8 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
     # a new row, not launched: reported as not finished, nothing evaluated
     sweep.write_text(sweep.read_text().replace("[transformer, diff_v1]", "[transformer, diff_v1, diff_v2]"))
     r = cli("eval", str(sweep), "--probe", "outliers", "--only", "diff_v2", cwd=tmp_path, env=store)
-    assert r.returncode == 0 and "evaluated 0 finished runs; 1 not finished yet" in r.stdout, r.stdout
+    assert r.returncode == 0 and "0 evaluations of 0 finished runs: 0 evaluated, 0 reused; 1 run not finished yet" \
+        in r.stdout, r.stdout
 
 
 @pytest.mark.slurm

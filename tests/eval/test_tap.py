@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffsweep.config import load_config
-from diffsweep.eval.tap import Tap, causal_mask, quantize_logits, replacement_note, tapped
+from diffsweep.eval.tap import Granularity, Tap, causal_mask, quantize_logits, replacement_note, tapped
 from diffsweep.model.transformer import build_model
 from tests.eval.tiny import KINDS
 
@@ -54,6 +54,52 @@ def test_quantize_hand_made():
     q2 = quantize_logits(logits, causal, bits=2)
     assert q2[0, 0].tolist()[1] == [-0.0, 3.0] and q2[0, 0, 0, 0] == 3.0  # -1.4/3 -> -0; 2.5/3 -> 1
     assert q2[1, 1, 1].tolist() == [0.0, 6.0]
+
+
+def direct_quantize(logits: torch.Tensor, bits: int, granularity: str) -> torch.Tensor:
+    """This file's own absmax quantizer, one group at a time in plain Python loops: a group is one
+    sequence (tensor), one head of a sequence (head) or one query row of a head (row); its scale is
+    the largest |logit| at the group's causal positions (s <= t) over 2^(bits-1) - 1."""
+    levels = 2 ** (bits - 1) - 1
+    num_b, num_h, num_t, _ = logits.shape
+    out = torch.empty_like(logits)
+
+    def group_max(b: int, hs: range, ts: range) -> float:
+        return max(abs(float(logits[b, h, t, s])) for h in hs for t in ts for s in range(t + 1))
+
+    for b in range(num_b):
+        for h in range(num_h):
+            for t in range(num_t):
+                hs = range(num_h) if granularity == "tensor" else range(h, h + 1)
+                ts = range(t, t + 1) if granularity == "row" else range(num_t)
+                scale = group_max(b, hs, ts) / levels or 1.0  # a group of zeros stays zero
+                for s in range(num_t):
+                    out[b, h, t, s] = round(float(logits[b, h, t, s]) / scale) * scale
+    return out
+
+
+@pytest.mark.parametrize("granularity", list(Granularity))
+def test_each_granularity_against_a_direct_computation(granularity):
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 4.0, 0.2],
+                                                                                        dtype=torch.float64)[:, None, None]
+    logits[1, 2] = 0.0  # an all-zero head
+    causal = causal_mask(5, torch.device("cpu"))
+    for bits in (2, 4, 8):
+        got = quantize_logits(logits, causal, bits, granularity)
+        want = direct_quantize(logits, bits, granularity.value)
+        assert torch.allclose(got[..., causal], want[..., causal], rtol=1e-12, atol=0), (granularity, bits)
+
+
+def test_granularities_differ_where_the_scales_do():
+    """One large head: per tensor it coarsens the small heads' grid, per head or row it does not."""
+    causal = causal_mask(2, torch.device("cpu"))
+    logits = torch.tensor([[[[0.3, 0.0], [0.2, 0.1]], [[30.0, 0.0], [-20.0, 10.0]]]])  # (1, 2, 2, 2)
+    per_tensor = quantize_logits(logits, causal, 4, Granularity.TENSOR)  # scale 30 / 7: head 0 rounds to 0
+    per_head = quantize_logits(logits, causal, 4, Granularity.HEAD)  # head 0's scale 0.3 / 7
+    per_row = quantize_logits(logits, causal, 4, Granularity.ROW)  # row 1 of head 1: scale 20 / 7
+    assert per_tensor[0, 0].abs().sum() == 0 and per_head[0, 0, 0, 0] == pytest.approx(0.3)
+    assert per_head[0, 1, 1, 1] == pytest.approx(30 / 7 * 2) and per_row[0, 1, 1, 1] == pytest.approx(20 / 7 * 4)
 
 
 def test_bits_out_of_range_refused():

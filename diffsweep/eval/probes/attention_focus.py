@@ -51,22 +51,26 @@ class AttentionFocusProbe(Probe):
     summary = "attention the answer prompt pays to the answer needle vs the rest of the context"
     cites = "Table 3, §3.4"
     Settings = FocusSettings
+    headline = "attention_focus/answer"
     comparisons = (TableComparison(table="attention_focus", title="Table 3: attention to the answer and to noise by "
                                    "answer depth (mean: over depths)", keys=("context", "needles", "depth"),
                                    values=("answer", "noise"), mean_over="depth"),)
 
     def check(self, settings: FocusSettings, config: Config) -> None:
+        if settings.context < 0:
+            raise ConfigError(f"{self.name}.context", f"expected a length in tokens (0: train.seq_len = "
+                              f"{config.train.seq_len}), got {settings.context}")
         context = settings.context or config.train.seq_len
         if context > config.train.seq_len:
             raise ConfigError(f"{self.name}.context", f"{context} tokens is longer than the model's training "
                               f"length ({config.train.seq_len})")
         if settings.needles < 1:
             raise ConfigError(f"{self.name}.needles", f"expected at least 1, got {settings.needles}")
-        for depth in settings.depths:
-            if not 0 <= depth <= 100:
-                raise ConfigError(f"{self.name}.depths", f"expected percentages in [0, 100], got {depth}")
-        if settings.samples < 1 or settings.batch < 1:
-            raise ConfigError(f"{self.name}.samples", "samples and batch must be at least 1")
+        if not settings.depths or any(not 0 <= d <= 100 for d in settings.depths):
+            raise ConfigError(f"{self.name}.depths", f"expected percentages in [0, 100], got {list(settings.depths)}")
+        for key in ("samples", "batch"):
+            if getattr(settings, key) < 1:
+                raise ConfigError(f"{self.name}.{key}", f"expected a positive integer, got {getattr(settings, key)}")
 
     @torch.no_grad()
     def run(self, ctx: EvalContext, settings: FocusSettings) -> ProbeResult:

@@ -226,6 +226,7 @@ class IclProbe(Probe):
     summary = "many-shot in-context classification accuracy and its spread under demonstration order permutations"
     cites = "Fig. 6, Fig. 7, §3.5"
     Settings: ClassVar[type] = IclSettings
+    headline = "icl/robust/mean"
     comparisons = (
         TableComparison(table="icl_curve", title="Fig. 6: in-context classification accuracy by demonstrations "
                         "(mean over demonstration sets)", keys=("shots",), values=("accuracy",), x="shots", log_x=True),

@@ -90,6 +90,7 @@ class NeedleProbe(Probe):
     summary = "multi-needle retrieval accuracy by context length and answer depth (LWM / Gemini 1.5 protocol)"
     cites = "Table 2, Fig. 5, §3.3"
     Settings: ClassVar[type] = NeedleSettings
+    headline = "needle/N{needles}_R{queries}/accuracy"
     comparisons = (TableComparison(table="needle", title="Table 2 / Fig. 5: multi-needle retrieval accuracy by "
                                    "context and answer depth (mean: over depths)",
                                    keys=("needles", "queries", "context", "depth"), values=("accuracy",),
@@ -162,7 +163,15 @@ class NeedleProbe(Probe):
 
 def heat_map(rows: list[dict[str, Any]], path: Path, title: str, settings: NeedleSettings) -> Path:
     """Fig. 5's picture: accuracy by answer depth (rows) and context length (columns), with the
-    mean over depths as the bottom row."""
+    mean over depths as the bottom row (``heat_map_figure``), written to ``path``."""
+    return save_figure(heat_map_figure(rows, title, settings), path)
+
+
+def heat_map_figure(rows: list[dict[str, Any]], title: str, settings: NeedleSettings) -> Any:
+    """The heat map's figure; its title is wrapped to the figure's width (a single context makes a
+    narrow figure that a one-line title would overflow)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +182,8 @@ def heat_map(rows: list[dict[str, Any]], path: Path, title: str, settings: Needl
     cell = {(r["context"], r["depth"]): r["accuracy"] for r in rows}
     grid = [[cell[c, d] for c in lengths] for d in depths]
     grid.append([sum(cell[c, d] for d in depths) / len(depths) for c in lengths])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.45 * len(grid)))
+    width = max(4.0, 1.2 + 0.9 * len(lengths))  # inches: room for the colour bar and the labels
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.45 * len(grid)))
     image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
     for y, line in enumerate(grid):
         for x, value in enumerate(line):
@@ -183,7 +193,9 @@ def heat_map(rows: list[dict[str, Any]], path: Path, title: str, settings: Needl
     ax.set_yticks(range(len(grid)), [f"{d:g}%" for d in depths] + ["avg"])
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("answer needle depth")
-    ax.set_title(f"{title}: N={settings.needles}, R={settings.queries}, {settings.samples} samples per cell",
-                 fontsize="medium")
     fig.colorbar(image, ax=ax, label="accuracy")
-    return save_figure(fig, path)
+    text = f"{title}: N={settings.needles}, R={settings.queries}, {settings.samples} samples per cell"
+    # ~0.55 em per character of the medium (10 pt) font, over the figure's width less a margin
+    per_line = max(12, int((width - 0.4) * 72 / (0.55 * 10)))
+    fig.suptitle("\n".join(textwrap.wrap(text, per_line)), fontsize="medium")
+    return fig

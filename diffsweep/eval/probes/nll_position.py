@@ -28,7 +28,7 @@ import torch
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.kinds import display_color, display_name
 from diffsweep.data.dataset import val_starts, windows
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison, save_figure
+from diffsweep.eval.probe import Capped, EvalContext, Probe, ProbeResult, TableComparison, save_figure
 from diffsweep.model.transformer import LanguageModel
 from diffsweep.train.probes import token_losses
 
@@ -72,6 +72,7 @@ class NllPositionProbe(Probe):
     summary = "cumulative average NLL of the validation tokens by position (long-context modelling)"
     cites = "Fig. 4, §3.2"
     Settings: ClassVar[type] = NllPositionSettings
+    headline = "nll_position/mean"
     comparisons = (TableComparison(table="nll_position", title="Fig. 4: cumulative average NLL of positions 1..t",
                                    keys=("position",), values=("cumulative",), x="position", log_x=True),)
 
@@ -90,10 +91,14 @@ class NllPositionProbe(Probe):
         if len(ctx.val_tokens) < length + 1:
             raise ConfigError("nll_position.context", f"the validation split has {len(ctx.val_tokens)} tokens, "
                               f"fewer than one window of {length} + 1")
+        result = ProbeResult()
+        available = (len(ctx.val_tokens) - 1) // length  # windows the split holds (as val_starts counts them)
+        if available < settings.documents:
+            result.capped["documents"] = Capped(settings.documents, available, f"the validation split has "
+                                                f"{len(ctx.val_tokens):,} tokens: {available} windows of {length}")
         per_position = position_nll(ctx, settings, length)
         cumulative = np.cumsum(per_position) / np.arange(1, length + 1)
         positions = range(1, length + 1)
-        result = ProbeResult()
         result.series["nll_position/per_position"] = dict(zip(positions, per_position.tolist(), strict=True))
         result.series["nll_position/cumulative"] = dict(zip(positions, cumulative.tolist(), strict=True))
         result.metrics["nll_position/mean"] = float(cumulative[-1])

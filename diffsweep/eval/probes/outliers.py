@@ -33,7 +33,7 @@ import torch
 
 from diffsweep.config import Config, ConfigError
 from diffsweep.data.dataset import val_starts, windows
-from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
+from diffsweep.eval.probe import Capped, EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.eval.tap import tapped
 
 TOPS = (1, 2, 3, 10, 100)  # Table 5's columns
@@ -102,11 +102,15 @@ def check_counts(probe: str, settings: Any) -> None:
             raise ConfigError(f"{probe}.{key}", f"expected a positive integer, got {getattr(settings, key)}")
 
 
-def validation_windows(ctx: EvalContext, tokens: int) -> torch.Tensor:
+def validation_windows(ctx: EvalContext, tokens: int, result: ProbeResult | None = None) -> torch.Tensor:
     """The validation windows ``(N, seq_len + 1)`` covering ``tokens`` predicted tokens (at least one):
-    the same windows the trainer evaluates on (``val_starts``), at the run's ``train.seq_len``."""
-    seq_len = ctx.config.train.seq_len
-    starts = val_starts(len(ctx.val_tokens), seq_len, tokens)
+    the same windows the trainer evaluates on (``val_starts``), at the run's ``train.seq_len``. When
+    the split is too short for ``tokens``, says so in ``result.capped["tokens"]``."""
+    seq_len, length = ctx.config.train.seq_len, len(ctx.val_tokens)
+    starts = val_starts(length, seq_len, tokens)
+    if result is not None and (length - 1) // seq_len * seq_len < tokens:  # the data limits it, not the rounding
+        result.capped["tokens"] = Capped(tokens, len(starts) * seq_len, f"the validation split has {length:,} "
+                                         f"tokens: {len(starts)} windows of {seq_len}")
     return torch.from_numpy(windows(ctx.val_tokens, starts, seq_len))
 
 
@@ -115,6 +119,7 @@ class OutliersProbe(Probe):
     summary = "top-k and median |attention logit| and |hidden state|, per layer (0.4M validation tokens)"
     cites = "Table 5, §3.6"
     Settings = OutliersSettings
+    headline = "outliers/attn_logit/top1"
     comparisons = (TableComparison(table="outliers", title="Table 5: largest (top1) and median activation over all "
                                    "layers", keys=("what",), values=("top1", "median"), where=(("layer", "all"),)),)
 
@@ -134,7 +139,8 @@ class OutliersProbe(Probe):
                 stats["hidden"][index].add(output)
             return hook
 
-        data = validation_windows(ctx, settings.tokens)
+        result = ProbeResult()
+        data = validation_windows(ctx, settings.tokens, result)
         handles = [block.register_forward_hook(hidden_hook(i)) for i, block in enumerate(blocks)]
         try:
             with tapped(ctx.model, observer=observe):
@@ -146,7 +152,7 @@ class OutliersProbe(Probe):
                 handle.remove()
 
         seq_len = data.shape[1] - 1
-        result = ProbeResult(notes=[f"{len(data)} validation windows of {seq_len} tokens ({len(data) * seq_len} tokens)"])
+        result.notes.append(f"{len(data)} validation windows of {seq_len} tokens ({len(data) * seq_len:,} tokens)")
         rows: list[dict[str, Any]] = []
         for what in WHATS:
             for layer, part in [("all", AbsStats.union(stats[what])), *enumerate(stats[what], start=1)]:

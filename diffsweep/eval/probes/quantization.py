@@ -4,8 +4,11 @@ quantized to fewer bits.
 For each bit width b, the validation loss (mean next-token cross-entropy over the validation
 windows: non-overlapping, from the start of the split, the run's ``train.seq_len`` tokens each,
 ``tokens`` predicted tokens in all and at least one window) of the model whose attention logits are
-absmax-quantized to b signed bits per (batch, head) slice (``diffsweep.eval.tap``: every layer,
-both maps of DIFF V1, all 2h query heads of DIFF V2). 16 bits is the unquantized model, computed
+absmax-quantized to b signed bits, one scale per ``granularity`` group (``tensor``: all heads of a
+sequence; ``head``: one head of a sequence, the default; ``row``: one query row of a head;
+``diffsweep.eval.tap``: every layer, both maps of DIFF V1, all 2h query heads of DIFF V2). The paper
+does not say which granularity it used, and it changes the 4-bit result: docs/eval.md says why
+``head`` is the default. 16 bits is the unquantized model, computed
 by the run's own backend under its autocast (the paper's 16-bit baseline), and is always evaluated:
 ``delta`` is each width's loss minus its loss. The paper quantizes without any calibration or
 fine-tuning (dynamic post-training quantization), as here.
@@ -18,7 +21,7 @@ probe's numbers exactly.
 
 Metrics: ``quantization/bits_XX/val_loss``, and with tasks ``quantization/bits_XX/TASK/METRIC``
 (and ``quantization/bits_XX/downstream_average``); table ``quantization``: rows ``{bits, val_loss,
-delta}``, widest first; with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
+delta, granularity}``, widest first; with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
 value, stderr, delta}`` (``delta``: the value minus its 16-bit value).
 """
 
@@ -32,7 +35,7 @@ from diffsweep.config import Config, ConfigError
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, TableComparison
 from diffsweep.eval.probes.downstream import DownstreamProbe, DownstreamSettings, evaluate_tasks
 from diffsweep.eval.probes.outliers import check_counts, validation_windows
-from diffsweep.eval.tap import UNQUANTIZED, replacement_note, tapped
+from diffsweep.eval.tap import UNQUANTIZED, Granularity, replacement_note, tapped
 from diffsweep.train.probes import token_losses
 
 
@@ -42,11 +45,12 @@ class QuantizationSettings:
     validation tokens; ``micro_batch``: windows (or lm-eval requests) per forward (bounds the
     ``(B, H, T, T)`` logits the explicit path holds); ``tasks``: lm-eval tasks also evaluated at
     each width (none: validation loss only), with ``include_path`` and ``limit`` as for the
-    ``downstream`` probe."""
+    ``downstream`` probe; ``granularity``: which logits share one scale (tensor, head, row)."""
 
     bits: tuple[int, ...] = (16, 8, 6, 4)
     tokens: int = 65_536
     micro_batch: int = 8
+    granularity: Granularity = Granularity.HEAD
     tasks: tuple[str, ...] = ()
     include_path: str = ""
     limit: int = 0
@@ -83,17 +87,23 @@ class QuantizationProbe(Probe):
                 raise ConfigError(exc.key.replace("downstream.", f"{self.name}.", 1).replace(
                     f"{self.name}.batch", f"{self.name}.micro_batch"), exc.message) from None
 
+    def headline_metric(self, settings: QuantizationSettings) -> str:
+        """The validation loss at the narrowest width asked for (where quantization matters most)."""
+        return f"quantization/bits_{min(settings.bits):02d}/val_loss"
+
     @torch.no_grad()
     def run(self, ctx: EvalContext, settings: QuantizationSettings) -> ProbeResult:
-        data = validation_windows(ctx, settings.tokens)
-        widths = sorted(set(settings.bits) | {UNQUANTIZED}, reverse=True)
-        losses = {bits: validation_loss(ctx, data, settings.micro_batch, bits) for bits in widths}
         result = ProbeResult()
+        data = validation_windows(ctx, settings.tokens, result)
+        widths = sorted(set(settings.bits) | {UNQUANTIZED}, reverse=True)
+        losses = {bits: validation_loss(ctx, data, settings.micro_batch, bits, settings.granularity)
+                  for bits in widths}
         note = replacement_note(ctx.model, widths)
         if note is not None:
             result.notes.append(note)
         base = losses[UNQUANTIZED]
-        result.tables["quantization"] = [{"bits": b, "val_loss": loss, "delta": loss - base} for b, loss in losses.items()]
+        result.tables["quantization"] = [{"bits": b, "val_loss": loss, "delta": loss - base,
+                                          "granularity": settings.granularity.value} for b, loss in losses.items()]
         result.metrics = {f"quantization/bits_{b:02d}/val_loss": loss for b, loss in losses.items()}
         if settings.tasks:
             downstream(ctx, settings, widths, result)
@@ -105,7 +115,7 @@ def downstream(ctx: EvalContext, settings: QuantizationSettings, widths: list[in
     into ``result``: metrics and the ``quantization_downstream`` table."""
     by_width = {}
     for bits in widths:
-        with tapped(ctx.model, bits=bits):
+        with tapped(ctx.model, bits=bits, granularity=settings.granularity):
             by_width[bits] = evaluate_tasks(ctx, settings.downstream())
     base = {(r["task"], r["metric"]): r["value"] for r in by_width[UNQUANTIZED].tables.get("downstream", [])}
     rows = result.tables["quantization_downstream"] = []
@@ -118,11 +128,13 @@ def downstream(ctx: EvalContext, settings: QuantizationSettings, widths: list[in
     result.notes += sorted({note for found in by_width.values() for note in found.notes})
 
 
-def validation_loss(ctx: EvalContext, data: torch.Tensor, micro_batch: int, bits: int) -> float:
-    """Mean ``token_losses`` over windows ``data`` ``(N, T + 1)``, logits quantized to ``bits``
-    (summed in fp64 micro-batch by micro-batch, then divided by the number of targets)."""
+def validation_loss(ctx: EvalContext, data: torch.Tensor, micro_batch: int, bits: int,
+                    granularity: Granularity = Granularity.HEAD) -> float:
+    """Mean ``token_losses`` over windows ``data`` ``(N, T + 1)``, logits quantized to ``bits`` with
+    one scale per ``granularity`` group (summed in fp64 micro-batch by micro-batch, then divided by
+    the number of targets)."""
     total, count = 0.0, 0
-    with tapped(ctx.model, bits=bits):
+    with tapped(ctx.model, bits=bits, granularity=granularity):
         for batch in data.split(micro_batch):
             with ctx.autocast():
                 losses = token_losses(ctx.model, batch.to(ctx.device))
