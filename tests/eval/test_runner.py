@@ -181,6 +181,11 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
     r = cli(*args, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     done = {e["probe"]: e for e in json.loads(r.stdout)}
+    assert r.stderr.splitlines()[-1] == "6 evaluations of 1 finished run: 6 evaluated, 0 reused", r.stderr
+    for e in done.values():  # one line each: run, step, probe, headline, how
+        assert e["run"] and e["headline"] and e["value"] is not None, e
+        assert f"{e['run']} step 12 {e['probe']}: {e['headline']} = {e['value']:.6g}; evaluated in" in r.stderr
+    assert "outliers/attn_logit/layer_01" not in r.stderr  # the details are in the files and MLflow
     assert list(done) == ["outliers", "quantization", "nll_position", "needle", "attention_focus", "icl"]
     assert all(e["ran"] and e["step"] == 12 for e in done.values())
     assert done["outliers"]["metrics"]["outliers/attn_logit/top1"] > 0
@@ -202,6 +207,11 @@ def test_every_probe_through_the_cli_on_a_trained_run(trained_run, tmp_path, mlf
     assert again.returncode == 0 and not any(e["ran"] for e in json.loads(again.stdout))
     assert again.stderr.count("reused: logged") == 6
     assert "6 evaluations of 1 finished run: 0 evaluated, 6 reused" in again.stderr
+    verbose = cli("eval", str(trained_run), "--probe", "nll_position", "--probe-set", "nll_position.documents=4",
+                  "--force", "--verbose", cwd=tmp_path, env=env)
+    assert verbose.returncode == 0, verbose.stderr
+    assert "  nll_position/mean = " in verbose.stdout and "  files: " in verbose.stdout, verbose.stdout
+    assert verbose.stdout.splitlines()[-1] == "1 evaluation of 1 finished run: 1 evaluated, 0 reused"
 
 
 def test_a_change_in_the_code_evaluates_again_and_unchanged_code_is_reused(trained_run, mlflow_store, monkeypatch):
