@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from diffsweep.cli.common import JsonOpt, choice, fail, handle_errors, name_choice, print_json
-from diffsweep.config import TokenizerKind
+from diffsweep.config import ConfigWarning, TokenizerKind
 from diffsweep.launch.scheduler import scheduler_names
 
 app = typer.Typer(help="Prepare token datasets.", no_args_is_help=True)
 
 DEMO_OUT = Path("data/demo")
+DEFAULT_VOCAB = 4096  # of a trained bpe
 
 
 @app.command("fetch-demo")
@@ -36,7 +39,7 @@ def fetch_demo(
 @handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction", "text_field": "--text-field",
                       "max_tokens": "--max-tokens", "sample": "--sample", "workers": "--workers",
                       "shard_size": "--shard-size", "val_split": "--val-split", "tasks": "--tasks",
-                      "executor": "--executor", "force": "--force"})
+                      "executor": "--executor", "force": "--force", "out": "--out"})
 def prepare(
     inputs: Annotated[list[str] | None, typer.Argument(
         help="Text files (.txt/.md/.rst: one document each), JSONL (.jsonl/.ndjson, also .gz/.zst: one per "
@@ -46,7 +49,8 @@ def prepare(
     out: Annotated[Path | None, typer.Option("--out", help="Dataset directory to create (default: data/demo "
                                              "with --demo).", show_default=False)] = None,
     tokenizer: Annotated[TokenizerKind, choice(TokenizerKind, "--tokenizer", "Tokenizer.")] = TokenizerKind.BPE,
-    vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of a trained bpe.")] = 4096,
+    vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="Vocabulary of a trained bpe (257 to "
+                                                   "1,048,576; default 4096).", show_default=False)] = None,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of the tokens (--val-split tail) "
                                                 "or of the documents (document) kept for validation.")] = 0.05,
     val_split: Annotated[str, typer.Option("--val-split", help="tail: the last --val-fraction of every document "
@@ -116,8 +120,10 @@ def prepare(
         fail("--launch applies to INPUTS, not to --demo")
     elif workers is not None:
         fail("--workers: does not apply with --launch (use --tasks)")
-    if out.exists() and not force and not launch:  # a launch may be done already: it says so
-        fail(f"{out}: already exists (pass --force to replace it)")
+    if vocab_size is not None and tokenizer is not TokenizerKind.BPE:
+        warnings.warn(ConfigWarning(f"--vocab-size: ignored; only the bpe tokenizer is trained ({tokenizer.value} "
+                                    "has a fixed vocabulary)"), stacklevel=1)
+    vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
     if demo and (sample is not None or hf_config is not None):
         fail("--sample and --config apply to INPUTS, not to --demo")
     documents: list[Document] | Corpus
@@ -197,14 +203,18 @@ def parse_size(text: str, flag: str) -> int:
     """``256M`` -> bytes (suffixes K, M, G, T: powers of 1024), or the one-line error naming ``flag``."""
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     number, unit = text.strip().rstrip("Bb"), ""
-    if number[-1:].upper() in units:
+    if number and number[-1].upper() in units:
         number, unit = number[:-1], number[-1].upper()
     try:
         size = float(number) * units[unit]
     except ValueError:
+        size = math.nan
+    if not math.isfinite(size):  # also nan and inf, which float() reads
         fail(f"{flag}: expected a size such as 256M or 1G, got {text!r}")
     if size < 1:
         fail(f"{flag}: expected a positive size, got {text!r}")
+    if size > 2**50:
+        fail(f"{flag}: expected a size of at most 1024T, got {text!r}")
     return int(size)
 
 

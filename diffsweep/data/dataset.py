@@ -11,6 +11,8 @@ resumed run reads exactly what the uninterrupted run would have read.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from diffsweep.config import ConfigError, TokenizerKind
 FORMAT = "diffsweep-tokens/1"
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
+VAL_SPLITS = ("tail", "document")  # how --val-split cuts the documents (see ``prepare``)
+# Every name ``data prepare`` leaves in a dataset folder: --force replaces a folder of these only.
+WRITTEN = re.compile(r"meta\.json|tokenizer\.json|(train|val)(-\d{5})?\.bin")
 
 
 @dataclass(frozen=True)
@@ -141,15 +146,49 @@ def open_dataset(path: str | Path, key: str = "data.path") -> TokenDataset:
     return TokenDataset(path, meta, arrays)
 
 
+def check_replaceable(path: Path) -> None:
+    """What ``--force`` may replace: a folder ``data prepare`` wrote, its ``meta.json`` a valid
+    dataset metadata file, holding nothing else than what ``data prepare`` writes. Anything else is a
+    ``ConfigError`` naming it: a user's folder or file is never deleted."""
+    why = None
+    if not path.is_dir():
+        why = "it is not a folder"
+    elif not (path / META_FILE).is_file():
+        why = f"it has no {META_FILE}"
+    else:
+        try:
+            read_meta(path / META_FILE)
+        except ConfigError as exc:
+            why = f"{exc}"
+        else:
+            foreign = sorted(p.name for p in path.iterdir()
+                             if not WRITTEN.fullmatch(p.name) or p.is_symlink() or not p.is_file())
+            if foreign:
+                why = f"it holds {foreign[0]!r}, which `data prepare` does not write"
+    if why is not None:
+        raise ConfigError(str(path), f"--force replaces only a dataset made by `diffsweep data prepare`, and {why}; "
+                          "move it away yourself or choose another --out (nothing was deleted)")
+
+
 def read_meta(meta_path: Path) -> DatasetMeta:
+    """The dataset metadata in ``meta_path``, every field checked (the file may have been edited or
+    damaged): a ``ConfigError`` naming the file and the field otherwise."""
+    from diffsweep.config.decode import decode
+
     try:
-        raw = json.loads(meta_path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
-        if raw.pop("format", None) != FORMAT:
-            raise ValueError(f"format is not {FORMAT!r}")
-        raw["tokenizer"] = TokenizerKind(raw["tokenizer"])
-        meta = DatasetMeta(**raw)
+        raw = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(str(meta_path), f"not a valid dataset metadata file (expected a JSON object, got "
+                                          f"{type(raw).__name__})")
+    if raw.get("format") != FORMAT:
+        raise ConfigError(str(meta_path), f"not a valid dataset metadata file (format is not {FORMAT!r})")
+    try:
+        try:
+            meta = decode(DatasetMeta, {k: v for k, v in raw.items() if k != "format"}, source=str(meta_path))
+        except ConfigError as exc:  # keyed "FILE: field": the file is the key, as for the checks below
+            raise ValueError(f"{exc.key.removeprefix(f'{meta_path}: ')}: {exc.message}") from None
         # What open_dataset relies on, checked here so a bad file is one error naming it.
         if meta.dtype not in ("uint16", "uint32"):
             raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {meta.dtype!r}")
@@ -169,10 +208,29 @@ def read_meta(meta_path: Path) -> DatasetMeta:
             for name in SPLITS:
                 if sum(s["tokens"][name] for s in meta.shards) != meta.tokens[name]:
                     raise ValueError(f"tokens.{name}: {meta.tokens[name]} is not the sum of its shards' tokens")
-        if not isinstance(meta.vocab_size, int) or meta.vocab_size < 1:
+            for i, shard in enumerate(meta.shards):
+                if "documents" in shard and not _count(shard["documents"]):
+                    raise ValueError(f"shards[{i}].documents: expected a document count, got {shard['documents']!r}")
+                digests = shard.get("sha256")
+                if digests is not None and not (isinstance(digests, dict) and all(
+                        isinstance(digests.get(n), str) for n in SPLITS)):
+                    raise ValueError(f"shards[{i}].sha256: expected train and val sha256 strings, got {digests!r}")
+        if meta.vocab_size < 1:
             raise ValueError(f"vocab_size: expected a positive integer, got {meta.vocab_size!r}")
+        if meta.eos_id is not None and not 0 <= meta.eos_id < meta.vocab_size:
+            raise ValueError(f"eos_id: expected a token id below vocab_size {meta.vocab_size}, got {meta.eos_id!r}")
+        if not _count(meta.num_documents):
+            raise ValueError(f"num_documents: expected a document count, got {meta.num_documents!r}")
+        if not (math.isfinite(meta.val_fraction) and 0 < meta.val_fraction < 1):
+            raise ValueError(f"val_fraction: expected a value in (0, 1), got {meta.val_fraction!r}")
+        if meta.val_split not in VAL_SPLITS:
+            raise ValueError(f"val_split: expected one of {', '.join(VAL_SPLITS)}, got {meta.val_split!r}")
+        if meta.max_tokens is not None and meta.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected a positive number of tokens, got {meta.max_tokens!r}")
+        if meta.sample is not None and not 0 < meta.sample <= 1:
+            raise ValueError(f"sample: expected a fraction in (0, 1], got {meta.sample!r}")
         return meta
-    except (ValueError, TypeError, KeyError) as exc:
+    except ValueError as exc:
         raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({exc})") from exc
 
 

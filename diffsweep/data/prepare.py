@@ -44,21 +44,22 @@ from typing import Any
 import numpy as np
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
-from diffsweep.data.dataset import META_FILE, SPLITS, DatasetMeta, shard_file
+from diffsweep.data.dataset import META_FILE, SPLITS, VAL_SPLITS, DatasetMeta, check_replaceable, shard_file
 from diffsweep.data.sources import (
     Corpus,
     Document,
     Source,
+    check_text,
     combine_hashes,
     from_recipe,
     keep,
     plan_shards,
     sha256_file,
 )
-from diffsweep.data.tokenizers import Tokenizer, load_tokenizer, new_tokenizer
+from diffsweep.data.tokenizers import Tokenizer, has_eos, load_tokenizer, new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
-__all__ = ["Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
+__all__ = ["VAL_SPLITS", "Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
 # Wraps a stream of progress increments (bytes of text; for shards written by workers, of each
 # finished shard's files), given the total when known, to show a progress bar.
 Progress = Callable[[Iterable[int], int | None], Iterable[int]]
@@ -66,7 +67,6 @@ Progress = Callable[[Iterable[int], int | None], Iterable[int]]
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = "diffsweep-prepare-plan/1"
 SHARD_SIZE = 256 * 2**20  # bytes of input per shard (default of --shard-size)
-VAL_SPLITS = ("tail", "document")
 
 
 class _Listed:
@@ -82,6 +82,7 @@ class _Listed:
         for doc in documents:  # an empty file would still make a dataset: of end-of-document tokens only
             if not doc.text.strip():
                 raise ConfigError(doc.name, "no text (empty or only whitespace)")
+            check_text(doc.name, doc.text)
         self._documents = documents
         self._files = sorted({d.source for d in documents})
         self._described: list[dict[str, Any]] | None = None
@@ -130,8 +131,7 @@ def prepare(
     dataset is 1 or 2 tokens short). ``workers`` processes write the shards (a list of documents is
     one shard, written here).
     """
-    if out.exists() and not force:
-        raise ConfigError(str(out), "already exists (pass --force to replace it)")
+    check_out(out, input_paths(documents), force=force)
     if workers < 1:
         raise ConfigError("workers", f"expected at least 1 worker, got {workers}")
     try:
@@ -153,6 +153,48 @@ def prepare(
         raise ConfigError(str(out), f"cannot write it ({exc.strerror or exc})") from None
 
 
+def input_paths(documents: Sequence[Document] | Corpus) -> list[Path]:
+    """The paths the corpus is read from: each INPUT given (a file, or a directory searched) and
+    each file found, or the files of documents given as a list."""
+    if isinstance(documents, Sequence):
+        return sorted({d.source for d in documents})
+    paths: list[Path] = []
+    for source in documents.sources:
+        for path in (source.given, getattr(source, "path", None)):
+            if path is not None and path not in paths:
+                paths.append(path)
+    return paths
+
+
+def check_out(out: Path, inputs: Iterable[Path], *, force: bool) -> None:
+    """The one check of ``--out`` and ``--force`` (``data prepare``, with or without ``--launch``):
+    ``out`` is not, holds no and lies in no input (symlinks resolved), and it does not exist, or
+    ``force`` is given and it is a dataset ``data prepare`` wrote (``check_replaceable``)."""
+    check_apart(out, inputs, "out")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise ConfigError(str(out), "already exists (pass --force to replace it)")
+        check_replaceable(out)
+
+
+def check_apart(path: Path, inputs: Iterable[Path], key: str) -> None:
+    """Refuse a folder to write (``key``) that is, contains or lies inside one of ``inputs``:
+    writing or replacing it would overwrite or delete the corpus."""
+    target = path.resolve()
+    for given in inputs:
+        real = given.resolve()
+        if target == real:
+            where = "is"
+        elif target in real.parents:
+            where = "contains"
+        elif real in target.parents:
+            where = "lies inside"
+        else:
+            continue
+        raise ConfigError(key, f"{path} {where} the input {given}: the dataset must go to a folder apart from its "
+                          "inputs (nothing was written or deleted)")
+
+
 # --- step 1: the plan ------------------------------------------------------------------------------
 
 
@@ -163,8 +205,12 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
         raise ConfigError("val_fraction", f"expected a value in (0, 1), got {val_fraction}")
     if val_split not in VAL_SPLITS:
         raise ConfigError("val_split", f"expected one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ConfigError("max_tokens", f"expected a positive number of tokens, got {max_tokens}")
+    # The first document must fit: one token and the end-of-document token of each part it writes.
+    smallest = 1 + (0 if not has_eos(tokenizer) else 1 if val_split == "document" else 2)
+    if max_tokens is not None and max_tokens < smallest:
+        raise ConfigError("max_tokens", f"expected at least {smallest} token{'s' if smallest > 1 else ''} with the {tokenizer.value} tokenizer "
+                          f"and --val-split {val_split} (a document's first token and its end-of-document tokens), "
+                          f"got {max_tokens}")
     corpus: _Listed | Corpus
     shards: list[list[Source]]
     listed: list[dict[str, Any]] | None
@@ -216,13 +262,21 @@ def shard_record(staging: Path, index: int) -> dict[str, Any] | None:
     """The record of a finished shard (None when it is not done, or its files do not match it)."""
     try:
         record = json.loads((staging / _record_name(index)).read_text())
-    except (OSError, ValueError):
-        return None
-    for split in SPLITS:
-        file = staging / shard_file(split, index)
-        if not file.is_file() or file.stat().st_size != record["tokens"][split] * record["itemsize"]:
+        for split in SPLITS:
+            file = staging / shard_file(split, index)
+            count, itemsize = record["tokens"][split], record["itemsize"]
+            if not (_count(count) and itemsize in (2, 4) and file.is_file() and file.stat().st_size == count * itemsize):
+                return None
+        if not (_count(record["documents"]) and isinstance(record["sources"], list)
+                and isinstance(record["identity"], list) and isinstance(record["sha256"], dict)):
             return None
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or damaged: the shard is written again
+        return None
     return record
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def write_shard(staging: Path, index: int, *, budget: int | None = None, documents: Iterable[Document] | None = None,
@@ -383,8 +437,10 @@ def _in_order(staging: Path, indices: list[int], workers: int, budget: int | Non
 def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
     """Check the shards, cut at ``max_tokens``, write ``meta.json`` and move the dataset into place."""
     plan = read_plan(staging)
-    if out.exists() and not force:
-        raise ConfigError(str(out), "already exists (pass --force to replace it)")
+    if out.exists() or out.is_symlink():  # checked again now: it may have appeared since ``prepare`` began
+        if not force:
+            raise ConfigError(str(out), "already exists (pass --force to replace it)")
+        check_replaceable(out)
     budget = plan["max_tokens"]
     records: list[dict[str, Any]] = []
     written = 0
@@ -403,7 +459,7 @@ def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
             written += sum(record["tokens"].values())
         records.append(record)
     meta = _meta(plan, records, staging)
-    if not meta.num_documents:
+    if not meta.num_documents:  # max_tokens always leaves room for one (``stage``)
         raise ConfigError("sample", f"kept none of the documents (fraction {plan['sample']}, seed {plan['seed']})")
     write_json(staging / META_FILE, meta.to_json())
     for i in range(len(plan["shards"])):
@@ -514,8 +570,9 @@ def _check_writable(out: Path) -> None:
 
 
 def _replace_dir(staging: Path, out: Path) -> None:
-    """Move the finished ``staging`` directory to ``out``, replacing an old one only at the end."""
-    if out.exists():
+    """Move the finished ``staging`` directory to ``out``, replacing an old one only at the end
+    (a dataset, checked by ``check_replaceable`` before; a symlink is replaced, not its target)."""
+    if out.exists() or out.is_symlink():
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
         os.replace(out, old / out.name)
         os.replace(staging, out)

@@ -16,9 +16,12 @@ suffixes below, recursively and sorted) or one per Hugging Face dataset:
 
 A row whose text is empty or only whitespace is skipped (web corpora have them; they would only
 add end-of-document tokens); a source with no document with text is refused. A bad row (not JSON,
-not UTF-8, no such field, a text that is no string) is one ``ConfigError`` keyed ``FILE:ROW``
-(rows count from 1; a JSONL row is its line number). A corrupt compressed or Parquet file is an
-error naming the file; a missing optional package or a dataset not in the cache is
+not UTF-8, no such field, a text that is no string, a text holding a lone surrogate such as the
+JSON escape ``"\\ud800"``, which no UTF-8 text can hold) is one ``ConfigError`` keyed ``FILE:ROW``
+(rows count from 1; a JSONL row is its line number): refused, never replaced, whatever the
+tokenizer. A corrupt compressed or Parquet file is an error naming the file; so is a compressed
+file cut short (``.gz``, or a ``.zst`` ending inside any of its frames: "truncated"), never a
+shorter corpus. A missing optional package or a dataset not in the cache is
 ``EnvironmentUnavailable``.
 
 Sources count the documents they yielded on their last pass (``describe()``, for ``meta.json``)
@@ -77,6 +80,7 @@ class Source(ABC):
     name: str  # the path or dataset name, as errors and meta.json show it
     format: str
     count: int = 0  # documents yielded by the last pass
+    given: Path | None = None  # the INPUT path it was found under (a file, or a directory searched)
 
     @abstractmethod
     def _read(self) -> Iterator[Document]:
@@ -146,6 +150,7 @@ class FileSource(Source):
             raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(has) or 'nothing'})")
         if not isinstance(value, str):
             raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+        check_text(key, value)
         return value if value.strip() else None
 
 
@@ -171,22 +176,28 @@ class JsonlFile(FileSource):
         if self.name.endswith(".gz"):
             return gzip.open(self.path, "rb")
         if self.name.endswith(".zst"):
-            zstd = optional_module("zstandard", "a .zst file")
-            return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(open(self.path, "rb"), closefd=True))
+            return io.BufferedReader(_ZstdFrames(self.path, optional_module("zstandard", "a .zst file")))
         return open(self.path, "rb")
 
     def _read(self) -> Iterator[Document]:
-        errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+        errors: tuple[type[BaseException], ...] = (OSError, zlib.error)
+        compressed = self.name.endswith((".gz", ".zst"))
         if self.name.endswith(".zst"):
             errors += (optional_module("zstandard", "a .zst file").ZstdError,)
+        if compressed and self.path.stat().st_size == 0:
+            raise ConfigError(self.name, "empty file (0 bytes): no compressed data in it")
         try:
             with self._open() as f:
                 for row, line in enumerate(f, start=1):
                     text = self._row(row, line)
                     if text is not None:
                         yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
+        except EOFError as exc:  # gzip's and _ZstdFrames' "ends inside the compressed data"
+            raise ConfigError(self.name, f"truncated: the compressed data ends before its end marker ({_one_line(exc)}); "
+                              "the file is cut short or still being written") from exc
         except errors as exc:
             raise ConfigError(self.name, f"cannot read it ({_one_line(exc)})") from exc
+
 
     def _row(self, row: int, line: bytes) -> str | None:
         key = f"{self.name}:{row}"
@@ -204,6 +215,44 @@ class JsonlFile(FileSource):
             raise ConfigError(key, f"not a JSON object (it is {_json_type(obj)})")
         return self.row_text(row, obj.get(self.text_field, _MISSING), obj)
 
+
+class _ZstdFrames(io.RawIOBase):
+    """A ``.zst`` file decompressed: all its frames in order (as ``zstd -d`` reads concatenated
+    frames), and ``EOFError`` when the file ends inside a frame. ``zstandard``'s own stream reader
+    ends quietly there, which would make a cut-short file a shorter corpus."""
+
+    def __init__(self, path: Path, zstd: Any) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._zstd = zstd.ZstdDecompressor()
+        self._frame: Any = None  # the decompressor of the frame being read (None: between frames)
+        self._input = b""  # compressed bytes read, not yet given to a frame
+        self._output = b""  # decompressed bytes not yet returned
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._output:
+            if not self._input:
+                self._input = self._file.read(1 << 16)
+                if not self._input:
+                    if self._frame is not None:
+                        raise EOFError("the file ends inside a zstd frame")
+                    return 0
+            if self._frame is None:
+                self._frame = self._zstd.decompressobj()
+            self._output = self._frame.decompress(self._input)
+            self._input = b""
+            if self._frame.eof:
+                self._input, self._frame = self._frame.unused_data, None
+        n = min(len(buffer), len(self._output))
+        buffer[:n] = self._output[:n]
+        self._output = self._output[n:]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 class ParquetFile(FileSource):
     """A Parquet file's ``text_field`` column, read in batches of rows."""
@@ -268,9 +317,13 @@ class HfDataset(Source):
         datasets = optional_module("datasets", "a Hugging Face dataset")
         if self.path is not None:
             try:
+                _check_saved(self.path, self.split)
                 loaded = datasets.load_from_disk(str(self.path))
-            except (OSError, ValueError) as exc:  # FileNotFoundError: not a saved dataset
-                raise ConfigError(self.name, f"not a readable saved dataset ({_one_line(exc)})") from exc
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (datasets raises many kinds on a damaged folder)
+                raise ConfigError(self.name, f"not a readable saved dataset (its state.json, dataset_info.json or "
+                                  f".arrow files are damaged: {type(exc).__name__}: {_one_line(exc)})") from exc
             if isinstance(loaded, datasets.DatasetDict):
                 if self.split not in loaded:
                     raise ConfigError(self.name, f"no split {self.split!r} (it has: {', '.join(loaded)})")
@@ -318,6 +371,7 @@ class HfDataset(Source):
                     raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(columns)})")
                 if not isinstance(value, str):
                     raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+                check_text(key, value)
                 if value.strip():
                     self._content = (self._content + row_hash(row, value)) % 2**256
                     yield Document(name=key, text=value, source=Path(self.name))
@@ -350,13 +404,17 @@ def open_sources(inputs: Sequence[str | Path], *, text_field: str = "text", spli
     for given in inputs:
         path = Path(given)
         if path.is_dir():
-            sources.extend(_directory(path, text_field, split, config))
+            found = _directory(path, text_field, split, config)
         elif path.is_file():
-            sources.append(_file(path, text_field))
+            found = [_file(path, text_field)]
         elif _looks_like_a_path(str(given)):
             raise ConfigError(str(given), "no such file or directory")
         else:
             sources.append(HfDataset(str(given), path=None, config=config, split=split, text_field=text_field))
+            continue
+        for source in found:
+            source.given = path
+        sources.extend(found)
     return sources
 
 
@@ -384,6 +442,34 @@ def _directory(path: Path, text_field: str, split: str, config: str | None) -> l
     if not found:
         raise ConfigError(str(path), f"no {'/'.join(KNOWN_SUFFIXES)} files in this directory")
     return [_file(p, text_field) for p in found]
+
+
+def _check_saved(path: Path, split: str) -> None:
+    """The JSON files of a ``save_to_disk`` folder that ``datasets`` reads without checking (a
+    damaged one is a ``KeyError`` deep inside it): each error names the file."""
+    if (path / HF_SAVED_DICT).is_file():
+        splits = _json_file(path / HF_SAVED_DICT).get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise ConfigError(str(path / HF_SAVED_DICT), f"splits: expected a list of split names, got {splits!r}")
+        if split not in splits:
+            raise ConfigError(str(path), f"no split {split!r} (it has: {', '.join(splits)})")
+        path = path / split
+    state = _json_file(path / HF_SAVED[0])
+    files = state.get("_data_files")
+    if not isinstance(files, list) or not files or not all(
+            isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files):
+        raise ConfigError(str(path / HF_SAVED[0]), f"_data_files: expected a list of {{'filename': ...}}, got {files!r}")
+    _json_file(path / HF_SAVED[1])
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(path), f"not a readable JSON file ({_one_line(exc)})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), f"expected a JSON object, got {_json_type(data)}")
+    return data
 
 
 def from_recipe(recipe: dict[str, Any]) -> Source:
@@ -445,6 +531,19 @@ class Corpus:
                     yield doc
         if not kept:
             raise ConfigError("sample", f"kept none of the documents (fraction {self.sample}, seed {self.seed})")
+
+
+def check_text(key: str, text: str) -> None:
+    """Refuse a text that UTF-8 cannot encode: a lone surrogate (``"\\ud800"`` in JSON decodes to one;
+    a file read as UTF-8 never holds one). Refused rather than replaced, the same for every
+    tokenizer (``bytes`` and ``bpe`` cannot encode it; ``cl100k_base`` would replace it silently)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(key, f"the text holds a lone surrogate {text[exc.start]!a} at character {exc.start} "
+                          "(an unpaired \\ud800-\\udfff escape): not text UTF-8 can encode") from None
 
 
 def row_hash(row: int, text: str) -> int:

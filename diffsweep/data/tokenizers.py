@@ -19,6 +19,9 @@ from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 
 BPE_FILE = "tokenizer.json"  # a trained BPE, saved in the dataset directory
 EOT = "<|endoftext|>"  # GPT-style end-of-document token (bpe: id 0; cl100k_base: 100257)
+# The largest bpe vocabulary trained: 4x the largest vocabularies in use (~256K). HF tokenizers
+# reserves ~70 bytes per entry up front, so a typo such as 10**10 aborts the process unbounded.
+MAX_BPE_VOCAB = 2**20
 
 
 class Tokenizer(ABC):
@@ -27,6 +30,7 @@ class Tokenizer(ABC):
     kind: TokenizerKind
     vocab_size: int
     eos_id: int | None
+    has_eos: bool = True  # known before it is made (``eos_id`` may come from a trained vocabulary)
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -48,6 +52,7 @@ class BytesTokenizer(Tokenizer):
     kind = TokenizerKind.BYTES
     vocab_size = 256
     eos_id = None  # 256 ids are all bytes; documents stay separated by their own newlines
+    has_eos = False
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -108,8 +113,9 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HfTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
-        if vocab_size < 256 + 1:
-            raise ConfigError("vocab_size", f"a byte-level BPE needs at least 257 tokens, got {vocab_size}")
+        if not 256 + 1 <= vocab_size <= MAX_BPE_VOCAB:
+            raise ConfigError("vocab_size", f"expected a byte-level BPE vocabulary of 257 to {MAX_BPE_VOCAB:,} tokens, "
+                              f"got {vocab_size}")
         tok = HfTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -154,11 +160,18 @@ def new_tokenizer(kind: TokenizerKind, texts: Callable[[], Iterable[str]], vocab
     return _NEW[kind](texts, vocab_size)
 
 
+def has_eos(kind: TokenizerKind) -> bool:
+    """Whether the tokenizer ``kind`` ends every document with an end-of-document token."""
+    return _CLASSES[kind].has_eos
+
+
 def load_tokenizer(kind: TokenizerKind, directory: Path) -> Tokenizer:
     """The tokenizer a prepared dataset in ``directory`` was made with."""
     return _LOAD[kind](directory)
 
 
+_CLASSES: dict[TokenizerKind, type[Tokenizer]] = {
+    TokenizerKind.BYTES: BytesTokenizer, TokenizerKind.CL100K_BASE: Cl100kTokenizer, TokenizerKind.BPE: BpeTokenizer}
 # One registry per use: making a tokenizer for ``data prepare``, and loading a dataset's.
 _NEW: dict[TokenizerKind, Callable[[Callable[[], Iterable[str]], int], Tokenizer]] = {
     TokenizerKind.BYTES: lambda texts, vocab_size: BytesTokenizer(),

@@ -23,6 +23,7 @@ settings are refused unless ``force``, which discards the launch folder and star
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -38,8 +39,18 @@ from typing import Any
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError, ConfigWarning, EnvironmentUnavailable, TokenizerKind
-from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
-from diffsweep.data.prepare import PLAN_FILE, finish, read_plan, shard_record, stage, write_json, write_shards
+from diffsweep.data.dataset import META_FILE, DatasetMeta, check_replaceable, read_meta
+from diffsweep.data.prepare import (
+    PLAN_FILE,
+    check_apart,
+    finish,
+    input_paths,
+    read_plan,
+    shard_record,
+    stage,
+    write_json,
+    write_shards,
+)
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
 from diffsweep.launch.plan import cpu_count
@@ -55,6 +66,10 @@ STAGING = "staging"
 FINISHED_FILE = "finished.json"
 LOCK_FILE = "launch.lock"  # held by a launch or cancel
 FINISH_LOCK = "finish.lock"  # held by the task that finishes the dataset
+JOBS, CODE = "jobs", "code"  # submitit's folders, the code snapshot
+# Everything a launch writes in its folder (with write_json's temporary ``.NAME.PID`` files):
+# --force discards a folder of these only.
+WRITTEN = (LAUNCH_FILE, STAGING, FINISHED_FILE, LOCK_FILE, FINISH_LOCK, JOBS, CODE)
 MAX_TASKS = 16  # default array size on a cluster (fewer when there are fewer shards)
 # How the request's keys read in an error (the flags of `data prepare` that set them).
 _SETTINGS = {"tokenizer": "--tokenizer", "vocab_size": "--vocab-size", "val_fraction": "--val-fraction",
@@ -178,6 +193,11 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
         raise ConfigError("tasks", f"expected at least 1 task, got {tasks}")
     out = out.absolute()
     folder = launch_folder(out)
+    inputs = input_paths(corpus)
+    check_apart(out, inputs, "out")
+    check_apart(folder, inputs, "out")  # its launch folder, .OUT.prepare, is replaced by --force
+    if force and (out.exists() or out.is_symlink()):
+        check_replaceable(out)
     request = request_of(corpus, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
                          max_tokens=max_tokens, shard_size=shard_size)
     record = read_record(folder)
@@ -271,7 +291,7 @@ def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], pr
     calls: list[Callable[[], Any]] = [PrepareTask(str(folder), str(out), tuple(record["tasks"][t]["shards"]),
                                                   bool(record["replace"]), workers) for t in todo]
     attempts = scheduler.submit_tasks(TaskArray(calls=calls, resources=resources, profile=profile,
-                                                folder=folder / "jobs", job_name=f"prepare-{out.name}",
+                                                folder=folder / JOBS, job_name=f"prepare-{out.name}",
                                                 code_dir=code_dir))
     for t, a in zip(todo, attempts):
         a.profile, a.resources = profile.name, asdict(resources)
@@ -336,9 +356,39 @@ def read_record(folder: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError) as exc:
         raise ConfigError(str(folder / LAUNCH_FILE), f"not a readable launch record ({exc})") from None
-    if record.get("format") != FORMAT:
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ConfigError(str(folder / LAUNCH_FILE), f"format is not {FORMAT!r}")
+    _check_record(record, folder / LAUNCH_FILE)
     return record
+
+
+def _check_record(record: dict[str, Any], path: Path) -> None:
+    """What the launch code reads from a launch record, checked (the file may have been edited or
+    damaged): a ``ConfigError`` naming the file and the field."""
+    def bad(key: str, expected: str, value: Any) -> ConfigError:
+        return ConfigError(str(path), f"{key}: expected {expected}, got {value!r}")
+
+    for key, kind, expected in (("request", dict, "an object"), ("tasks", list, "a list of tasks"),
+                                ("replace", bool, "true or false"), ("out", str, "a path")):
+        if not isinstance(record.get(key), kind):
+            raise bad(key, expected, record.get(key))
+    for key in ("profile", "executor"):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            raise bad(key, "a name or null", record[key])
+    fields = {f.name for f in dataclasses.fields(Attempt)}
+    for t, task in enumerate(record["tasks"]):
+        shards = task.get("shards") if isinstance(task, dict) else None
+        if not isinstance(shards, list) or not shards or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in shards):
+            raise bad(f"tasks[{t}].shards", "a list of shard numbers", shards)
+        attempts = task.get("attempts")
+        if not isinstance(attempts, list) or not all(
+                isinstance(a, dict) and {"executor", "submitted", "code_dir", "folder"} <= set(a) <= fields for a in attempts):
+            raise bad(f"tasks[{t}].attempts", "a list of submissions", attempts)
+        for a in attempts:
+            if not isinstance(a["executor"], str) or not isinstance(a["folder"], str) or not (
+                    a.get("job_id") is None or isinstance(a["job_id"], str)):
+                raise bad(f"tasks[{t}].attempts", "submissions with an executor, job_id and folder", a)
 
 
 def require_record(out: Path) -> tuple[Path, dict[str, Any]]:
@@ -505,7 +555,12 @@ def _locked(folder: Path, out: Path, what: str) -> Iterator[None]:
 
 
 def _discard(folder: Path) -> None:
-    """Empty the launch folder (its lock, held by the caller, stays)."""
+    """Empty the launch folder (its lock, held by the caller, stays), if it holds only what a launch
+    writes: a folder of the user's that happens to have its name is refused, never emptied."""
+    foreign = sorted(c.name for c in folder.iterdir() if c.name not in WRITTEN and not _temporary(c.name))
+    if foreign:
+        raise ConfigError(str(folder), f"holds {foreign[0]!r}, which a launched prepare does not write: not a launch "
+                          "folder of diffsweep; move it away yourself (nothing was deleted)")
     for child in folder.iterdir():
         if child.name == LOCK_FILE:
             continue
@@ -513,6 +568,11 @@ def _discard(folder: Path) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
+
+
+def _temporary(name: str) -> bool:
+    """A temporary file of ``write_json`` (``.launch.json.PID``), left by a process killed while writing."""
+    return any(name.startswith(f".{written}.") and name.rsplit(".", 1)[-1].isdigit() for written in WRITTEN)
 
 
 def _span(indices: list[int]) -> str:

@@ -197,28 +197,39 @@ def test_existing_out_dir_is_not_clobbered(tmp_path):
 
 
 def test_force_replaces(tmp_path):
-    """--force replaces the old directory entirely and leaves no staging or old copies behind."""
+    """--force replaces an old dataset entirely and leaves no staging or old copies behind; a file in
+    it that ``prepare`` did not write makes it no dataset to replace (the file is kept)."""
     out = tmp_path / "ds"
     prepare(_docs(1), out, TokenizerKind.BYTES)
-    (out / "stale.txt").write_text("old")
     meta = prepare(_docs(2), out, TokenizerKind.BYTES, force=True)
-    assert not (out / "stale.txt").exists()
     assert open_dataset(out).meta == meta and meta.num_documents == 2
     assert _siblings(out) == []
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds 'notes.txt'"):
+        prepare(_docs(1), out, TokenizerKind.BYTES, force=True)
+    assert (out / "notes.txt").read_text() == "mine" and open_dataset(out).meta == meta
 
 
-def test_failure_midway_leaves_nothing(tmp_path):
-    """A failure after tokenizing started (a document that cannot be encoded) removes the staging
-    directory, creates no output, and with --force keeps the old dataset intact."""
-    bad = Document("bad", "ok text \udc80 lone surrogate", Path(pydoc_data.topics.__file__))
+def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
+    """A failure after tokenizing started (the tokenizer fails on the last document) removes the
+    staging directory, creates no output, and with --force keeps the old dataset intact."""
+    from diffsweep.data.tokenizers import BytesTokenizer
+
+    def encode(self, text):
+        if text.startswith("bad"):
+            raise RuntimeError("the tokenizer failed")
+        return list(text.encode())
+
+    monkeypatch.setattr(BytesTokenizer, "encode", encode)
+    bad = Document("bad", "bad text", Path(pydoc_data.topics.__file__))
     out = tmp_path / "ds"
-    with pytest.raises(UnicodeEncodeError):
+    with pytest.raises(RuntimeError):
         prepare([*_docs(), bad], out, TokenizerKind.BYTES)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
     old = prepare(_docs(1), out, TokenizerKind.BYTES)
-    with pytest.raises(UnicodeEncodeError):
+    with pytest.raises(RuntimeError):
         prepare([*_docs(), bad], out, TokenizerKind.BYTES, force=True)
     assert open_dataset(out).meta == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

@@ -86,5 +86,5 @@ def test_an_interrupted_prepare_removes_the_parent_folders_it_made(tmp_path):
 
 def test_a_library_call_with_an_empty_document_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match=r"^blank: no text"):
-        prepare([Document("blank", "   ", tmp_path)], tmp_path / "n" / "ds", TokenizerKind.BYTES)
+        prepare([Document("blank", "   ", tmp_path / "blank.txt")], tmp_path / "n" / "ds", TokenizerKind.BYTES)
     assert list(tmp_path.iterdir()) == []

@@ -197,7 +197,7 @@ BAD = {
     "only-empty-texts": ("c.jsonl", _rows(b'{"text": ""}', b'{"text": "  \\n"}', b""), ["c.jsonl"], 2,
                          "c.jsonl: no documents with text"),
     "empty-file": ("c.jsonl", b"", ["c.jsonl"], 2, "c.jsonl: no documents with text"),
-    "corrupt-gz": ("c.jsonl.gz", gzip.compress(_rows(GOOD) * 50)[:30], ["c.jsonl.gz"], 2, "c.jsonl.gz: cannot read it"),
+    "corrupt-gz": ("c.jsonl.gz", gzip.compress(_rows(GOOD) * 50)[:30], ["c.jsonl.gz"], 2, "c.jsonl.gz: truncated"),
     "not-gz": ("c.jsonl.gz", _rows(GOOD), ["c.jsonl.gz"], 2, "c.jsonl.gz: cannot read it"),
     "corrupt-zst": ("c.jsonl.zst", b"\x28\xb5\x2f\xfd garbage", ["c.jsonl.zst"], 2, "c.jsonl.zst: cannot read it"),
     "corrupt-parquet": ("c.parquet", b"PAR1 not really", ["c.parquet"], 2, "c.parquet: not a readable Parquet file"),
@@ -208,7 +208,7 @@ BAD = {
     "missing-file": ("other.txt", b"x", ["c.jsonl"], 2, "c.jsonl: no such file or directory"),
     "missing-dir": ("other.txt", b"x", ["corpus/"], 2, "corpus/: no such file or directory"),
     "missing-nested": ("other.txt", b"x", ["my/own/corpus"], 2, "my/own/corpus: no such file or directory"),
-    "bad-max-tokens": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--max-tokens", "0"], 2, "--max-tokens: expected a positive"),
+    "bad-max-tokens": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--max-tokens", "0"], 2, "--max-tokens: expected at least 1 token "),
     "bad-sample": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--sample", "1.5"], 2, "--sample: expected a fraction in (0, 1]"),
     "sample-keeps-none": ("c.jsonl", _rows(GOOD), ["c.jsonl", "--sample", "1e-9"], 2, "--sample: kept none of the documents"),
 }
