@@ -224,10 +224,29 @@ def existing_store(uri: str) -> str:
     return uri
 
 
+MAX_EXPERIMENT_NAME = 500  # MLflow's limit (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH)
+
+
+def check_experiment_name(name: object, key: str = "experiment") -> str:
+    """An MLflow experiment name a user gave (``train --experiment``, a sweep's ``experiment:``),
+    checked before any store exists: a non-empty string of at most 500 characters, not only
+    spaces, without control characters (a newline or NUL cannot be typed back in the UI's search).
+    Returns it; a ``ConfigError`` on ``key`` otherwise."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(key, f"expected a non-empty experiment name, got {name!r}")
+    if len(name) > MAX_EXPERIMENT_NAME:
+        raise ConfigError(key, f"expected an experiment name of at most {MAX_EXPERIMENT_NAME} characters, got "
+                          f"{len(name)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError(key, f"expected an experiment name without control characters, got {name!r}")
+    return name
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The id of experiment ``name`` in ``uri``, created (with the store) if needed. Safe when
     several processes ask at once: under the store's lock for SQLite, else the loser of a
     creation race reads the winner's."""
+    check_experiment_name(name)
     init_store(uri)
     if uri.startswith("sqlite:"):
         with _store_lock(_sqlite_path(uri), exclusive=True):

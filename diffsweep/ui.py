@@ -106,13 +106,62 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return True
-            raise UiError(f"cannot bind --host {host} --port {port}: {exc.strerror}", code=2) from None
+            if exc.errno == errno.EACCES:
+                raise UiError(f"--port: port {port} needs privileges here ({exc.strerror}); pick one above 1023",
+                              code=2) from None
+            raise UiError(f"--host: cannot bind {host} port {port} ({exc.strerror}); expected a host name or address "
+                          "of this machine", code=2) from None
     return False
 
 
+def check_bind(host: str, port: int) -> None:
+    """``--host`` and ``--port`` of ``ui`` and ``server``, checked before anything is created or
+    started: a host name or address of this machine (not empty: that would bind every interface
+    unasked), a port in 1-65535 that is free there. A ``UiError`` (exit 2) naming the option."""
+    if not host.strip():
+        raise UiError(f"--host: expected a host name or address of this machine (0.0.0.0: every interface), "
+                      f"got {host!r}", code=2)
+    if not 1 <= port <= 65535:  # (a bool or float never gets here: the CLI parses an int)
+        raise UiError(f"--port: expected a port in [1, 65535], got {port}", code=2)
+    if port_in_use(host, port):
+        raise port_error(host, port)
+
+
+def check_artifacts(destination: str) -> None:
+    """``server --artifacts-destination``: a URI with a scheme other than ``file:`` (s3://...) is
+    the object store's business; a local path must be a folder, or a path one can be made at (its
+    nearest existing parent a writable folder), so the server can store what jobs upload."""
+    if not destination.strip():
+        raise UiError("--artifacts-destination: expected a directory or an s3://... URI, got ''", code=2)
+    scheme = destination.split("://", 1)[0].lower() if "://" in destination else ""
+    if scheme not in ("", "file"):
+        return
+    path = Path(urllib.parse.urlparse(destination).path if scheme else destination).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under {existing}, which is a file"
+        raise UiError(f"--artifacts-destination: {path} {where}; expected a directory (or s3://...)", code=2)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UiError(f"--artifacts-destination: cannot write in {existing}; expected a writable directory", code=2)
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first."""
+    return [p for p in path.absolute().parents if not p.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders (deepest first) that this process made and that are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def port_error(host: str, port: int) -> UiError:
-    return UiError(f"port {port} on {host} is already in use (another MLflow server?); pick a free one with --port",
-                   code=2)
+    return UiError(f"--port: port {port} on {host} is already in use (another MLflow server?); pick a free one "
+                   "with --port", code=2)
 
 
 def get_json(url: str, timeout: float = 10.0) -> dict:
@@ -347,19 +396,29 @@ def run_server(store_uri: str | None = None, *, artifacts: str | None = None, ho
     from diffsweep.config import ConfigError
     from diffsweep.store import KEY, check_tracking, network_filesystem_here
 
+    # Everything the user gave is checked before anything is created (the data folder, the store).
+    host = socket.gethostname() if host is None else host
+    check_bind(host, port)
+    if artifacts is not None:
+        check_artifacts(artifacts)
+    created = None
     if store_uri is None:
+        created = _missing_parents(data_dir() / "mlflow.db")
         data_dir().mkdir(parents=True, exist_ok=True)
         store_uri = f"sqlite:///{data_dir() / 'mlflow.db'}"
-    if is_remote(store_uri):
-        raise ConfigError(KEY, f"{store_uri} is a tracking server already; give the database it should serve")
-    check_tracking(store_uri)
+    try:
+        if is_remote(store_uri):
+            raise ConfigError(KEY, f"{store_uri} is a tracking server already; give the database it should serve")
+        check_tracking(store_uri)
+    except BaseException:
+        _remove_empty(created or [])
+        raise
     db = sqlite_path(store_uri)
     if artifacts is None:
         artifacts = str((db.parent if db is not None else data_dir()) / "mlartifacts")
     if db is not None and (kind := network_filesystem_here(db)) is not None:
         warn(f"note: {db} is on a network file system ({kind}); this server is its only writer, which SQLite "
              "handles, but a local disk is faster (--backend-store-uri sqlite:////LOCAL/DISK/mlflow.db)")
-    host = host or socket.gethostname()
     name = socket.gethostname() if host in ("0.0.0.0", "", "::") else url_host(host)
     if _loopback(name):
         warn(f"note: {name} is a loopback address here, so only jobs on this machine reach the server; "
@@ -425,14 +484,17 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
     is started. Raises ``UiError`` when the store, port or server is unusable, and ``ConfigError``
     (naming ``MLFLOW_TRACKING_URI``) when the store is no usable tracking store.
     """
-    from diffsweep.store import check_tracking
+    from diffsweep.store import check_experiment_name, check_tracking
 
+    if experiment is not None:
+        check_experiment_name(experiment)
     if is_remote(store_uri):
         check_tracking(store_uri)  # answers within seconds, or the reason it does not
         base = store_uri.rstrip("/")
         echo(_banner(f"MLflow UI: {base}  (MLFLOW_TRACKING_URI is a server already; nothing to start)",
                      _links(base, experiment)))
         return
+    check_bind(host, port)
     check_store(store_uri)
     check_tracking(store_uri)
     server = UiServer(store_uri, host, port)

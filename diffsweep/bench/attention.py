@@ -61,6 +61,7 @@ from diffsweep.config import (
     load_config,
 )
 from diffsweep.config.kinds import kind_spec
+from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
 from diffsweep.model.layers import Rotary
 from diffsweep.model.transformer import attention_call, attention_module
@@ -73,6 +74,7 @@ FLOP_CONVENTION = (
 
 GPU_LAYOUTS, GPU_SEQS, GPU_BATCH_TOKENS = ("1.4B", "3B"), (2048, 4096), 16_384
 CPU_LAYOUTS, CPU_SEQS, CPU_BATCH_TOKENS = ("tiny-l",), (256, 512), 2_048
+MAX_ROUNDS = 1_000_000  # timed or warm-up rounds: a benchmark, not a training run
 
 
 def layout_models(size: str) -> dict[AttentionKind, ModelConfig]:
@@ -332,15 +334,17 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     for name in layouts or ():
         if name not in SIZES:
             raise ConfigError("layouts", f"expected a size preset, one of [{', '.join(SIZES)}], got '{name}'")
+    # The limits a run's config has (train.seq_len; one batch through a layer is a micro-batch).
     for s in seqs or ():
-        if s < 1:
-            raise ConfigError("seqs", f"expected a positive sequence length, got {s}")
-    if batch_tokens is not None and batch_tokens < 1:
-        raise ConfigError("batch_tokens", f"expected a positive number of tokens, got {batch_tokens}")
-    if reps < 1:
-        raise ConfigError("reps", f"expected at least 1 timed repetition, got {reps}")
-    if warmup < 0:
-        raise ConfigError("warmup", f"expected 0 or more warm-up rounds, got {warmup}")
+        if not 1 <= s <= MAX_SEQ_LEN:
+            raise ConfigError("seqs", f"expected a sequence length in [1, {MAX_SEQ_LEN:,}], got {s}")
+    if batch_tokens is not None and not 1 <= batch_tokens <= MAX_MICRO_BATCH_TOKENS:
+        raise ConfigError("batch_tokens", f"expected a number of tokens in [1, {MAX_MICRO_BATCH_TOKENS:,}], "
+                          f"got {batch_tokens}")
+    if not 1 <= reps <= MAX_ROUNDS:
+        raise ConfigError("reps", f"expected 1 to {MAX_ROUNDS:,} timed repetitions, got {reps}")
+    if not 0 <= warmup <= MAX_ROUNDS:
+        raise ConfigError("warmup", f"expected 0 to {MAX_ROUNDS:,} warm-up rounds, got {warmup}")
     chosen = tuple(_backend(name) for name in backends) if backends else tuple(Backend)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

@@ -17,6 +17,7 @@ on a GPU the peak allocated memory of the kind's steps beside the planner's esti
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -45,6 +46,7 @@ from diffsweep.config import (
     Precision,
     load_config,
 )
+from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model import counting
 from diffsweep.model.memory import GIB, estimate_memory
 from diffsweep.model.transformer import build_model
@@ -81,6 +83,7 @@ class ModelRow(TypedDict):
 
 GPU_DEFAULTS: _Defaults = {"size": "1.4B", "seq": 2048, "micro_batch": 4, "steps": 10, "warmup": 3}
 CPU_DEFAULTS: _Defaults = {"size": "tiny-m", "seq": 256, "micro_batch": 8, "steps": 10, "warmup": 2}
+MAX_STEPS = 1_000_000  # timed or warm-up steps: a benchmark, not a training run
 GPU_MEMORY_DEFAULT = 80 * GIB  # estimate_memory's GPU size where there is none (it only sets ``fits``)
 
 PEAK_MEMORY = {
@@ -154,10 +157,10 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     except ValueError:
         raise ConfigError("backend", f"expected one of [{', '.join(b.value for b in Backend)}], "
                           f"got '{backend}'") from None
-    for flag, value, least in (("seq", seq, 1), ("micro_batch", micro_batch, 1), ("steps", steps, 1),
-                               ("warmup", warmup, 0)):
-        if value is not None and value < least:
-            raise ConfigError(flag, f"expected an integer >= {least}, got {value}")
+    for flag, value, least, most in (("seq", seq, 1, MAX_SEQ_LEN), ("micro_batch", micro_batch, 1, MAX_MICRO_BATCH_TOKENS),
+                                     ("steps", steps, 1, MAX_STEPS), ("warmup", warmup, 0, MAX_STEPS)):
+        if value is not None and not least <= value <= most:
+            raise ConfigError(flag, f"expected an integer in [{least}, {most:,}], got {value}")
     if compile_model and warmup == 0:
         raise ConfigError("warmup", "with --compile, at least 1 warm-up step (the first step compiles)")
     dev = resolve_device(device)
@@ -165,9 +168,19 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     d = GPU_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS
     size, seq, micro_batch = size or d["size"], seq or d["seq"], micro_batch or d["micro_batch"]
     steps, warmup = steps or d["steps"], d["warmup"] if warmup is None else warmup
+    if seq * micro_batch > MAX_MICRO_BATCH_TOKENS:  # the limit a run's config has (train.micro_batch_size)
+        raise ConfigError("micro_batch" if micro_batch > 1 else "seq", f"{micro_batch} sequences of {seq:,} tokens "
+                          f"is over the limit of {MAX_MICRO_BATCH_TOKENS:,} tokens per step")
     baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
     gpu = dev.type == "cuda"
     gpu_memory = torch.cuda.get_device_properties(dev).total_memory if gpu else GPU_MEMORY_DEFAULT
+    configs = {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
+                                        f"model.attention.backend={backend_name.value}"])
+               for kind in dict.fromkeys(chosen)}
+    estimates = {kind: estimate_memory(_estimate_config(cfg, seq, micro_batch, torch_dtype), world_size=1,
+                                       gpu_memory_bytes=gpu_memory, device=dev.type, micro_batch_size=micro_batch,
+                                       activation_checkpointing=False) for kind, cfg in configs.items()}
+    _check_memory(estimates, gpu_memory if gpu else _host_memory(), dev.type, seq, micro_batch)
     header = {
         "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "size": size, "seq": seq,
         "micro_batch": micro_batch, "tokens_per_step": micro_batch * seq, "steps": steps, "warmup": warmup,
@@ -178,12 +191,8 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
 
     rows: list[ModelRow] = []
     report(_result(header, rows, baseline, complete=False))
-    for kind in dict.fromkeys(chosen):
-        cfg = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
-                                 f"model.attention.backend={backend_name.value}"])
-        estimate = estimate_memory(_estimate_config(cfg, seq, micro_batch, torch_dtype), world_size=1,
-                                   gpu_memory_bytes=gpu_memory, device=dev.type, micro_batch_size=micro_batch,
-                                   activation_checkpointing=False)
+    for kind, cfg in configs.items():
+        estimate = estimates[kind]
         row: ModelRow = {"kind": kind.value, "backend": backend_name.value, "params": counting.num_params(cfg.model),
                "non_embedding_params": counting.num_non_embedding_params(cfg.model), "reason": None,
                "ms_per_step": None, "tokens_per_s": None, "ratio": None, "compile_s": None, "autotune": None,
@@ -210,6 +219,28 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
         rows.append(row)
         report(_result(header, rows, baseline, complete=False))
     return _result(header, rows, baseline, complete=True)
+
+
+def _host_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(estimates: dict, memory: int | None, device: str, seq: int, micro_batch: int) -> None:
+    """Refuse a shape that cannot run on this device for any kind: what the planner's estimate
+    counts as live at once even without gradients (estimate less overhead and gradients, a lower
+    bound of each step's peak) over the device's memory. A shape that fits one kind runs: the
+    others' rows say "out of memory"."""
+    if memory is None:
+        return
+    need = min(e.total - e.overhead - e.grads for e in estimates.values())
+    if need > memory:
+        raise ConfigError("seq", f"T={seq:,} with micro-batch {micro_batch} needs at least {need / 1e9:,.1f} GB "
+                          f"per step (the planner's estimate), more than this {device}'s {memory / 1e9:,.1f} GB; "
+                          "expected a smaller --seq or --micro-batch")
 
 
 def _result(header: dict, rows: list[ModelRow], baseline: AttentionKind, *, complete: bool) -> dict:

@@ -18,9 +18,25 @@ from diffsweep.fsutil import write_atomically
 
 
 def check_out(out: Path | None) -> None:
-    """``--out`` must name a file in an existing folder (checked before the benchmark runs)."""
-    if out is not None and (out.is_dir() or not out.parent.is_dir()):
+    """``--out`` must name a file in an existing folder (checked before the benchmark runs): a new
+    file, or an earlier benchmark's results (``is_result``), never another file of the user's."""
+    if out is None:
+        return
+    if not str(out).strip() or out.is_dir() or not out.parent.is_dir():
         raise ConfigError("out", f"expected a file in an existing folder, got '{out}'")
+    if out.exists() and out.stat().st_size and not is_result(out):  # (an empty file holds nothing to lose)
+        raise ConfigError("out", f"{out} exists and is not a diffsweep benchmark's results; expected a new file "
+                          "(or one an earlier `diffsweep bench --out` wrote, which is replaced)")
+
+
+def is_result(path: Path) -> bool:
+    """Whether ``path`` is a file this module wrote: a JSON object with ``complete`` and ``rows``
+    (bench model) or ``cases`` (bench attention)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "complete" in data and ("rows" in data or "cases" in data)
 
 
 def write_result(out: Path, result: dict) -> None:

@@ -17,7 +17,7 @@ EXIT_FAILED = 1  # a check failed (2: bad input, as every command)
 EXIT_INTERRUPTED = 130  # Ctrl-C: the jobs doctor submitted were cancelled (as train's 130)
 
 
-@handle_errors(flags={"timeout_s": "--timeout"})
+@handle_errors(flags={"timeout_s": "--timeout", "out": "--out"})
 def doctor(
     profile: Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
                                                 "YAML path (default: Slurm's if a controller answers).",

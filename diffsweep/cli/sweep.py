@@ -53,7 +53,8 @@ AuditOpt = Annotated[float, typer.Option("--audit-threshold", min=0.0, max=0.99,
                                          "and seeds: any difference).")]
 # The library's fields at fault, as the flags that set them (the store's experiment: the sweep's, as before).
 FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "--budget", "attempt": "--attempt",
-         "experiment": "--experiment", "strict": "--strict", "audit_threshold": "--audit-threshold"}
+         "experiment": "--experiment", "strict": "--strict", "audit_threshold": "--audit-threshold",
+         "max_parallel": "--max-parallel", "retries": "--retries"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 WAIT_EVERY_S = 30.0  # launch --wait, printing plain lines: how often it repeats the summary without a change
 EXIT_INTERRUPTED = 130  # launch --wait's Ctrl-C (as train's and doctor's)
@@ -212,8 +213,9 @@ def plan(
     Then the arm audit: each kind's runs against the baseline's of the same size (parameters,
     FLOPs/token, tokens, batch, lr schedule, seeds), with the setting that matches a difference.
     """
-    from diffsweep.launch.api import audit_plan, plan_sweep
+    from diffsweep.launch.api import audit_plan, check_launch_options, plan_sweep
 
+    check_launch_options(budget=budget, audit_threshold=audit_threshold)
     p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
     _warn(p)
     audit = audit_plan(p, audit_threshold)

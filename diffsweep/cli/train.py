@@ -18,7 +18,7 @@ ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from th
                                                 "directory; default: the run's newest, if any).", show_default=False)]
 
 
-@handle_errors(flags={"experiment": "--experiment"})  # the store's field at fault, as the flag that sets it
+@handle_errors(flags={"experiment": "--experiment", "out": "--out"})  # the store's field at fault, as the flag that sets it
 def train(
     config: ConfigArg = None,
     size: SizeOpt = None,
@@ -33,6 +33,10 @@ def train(
     Exit status: 0 finished, 2 bad input, 3 missing GPU/package, 4 diverged, 75 preempted by
     SIGUSR2/SIGTERM after saving a checkpoint (run the same command again to continue).
     """
+    from diffsweep.store import check_experiment_name
+
+    check_experiment_name(experiment)  # before the store (which the run creates) exists
+    _check_out(out)
     cfg = cli_config(config, size, arch, set_)  # before importing torch: bad input fails in a blink
 
     from diffsweep.config.identity import run_name
@@ -59,3 +63,13 @@ def train(
         typer.echo("view the runs: diffsweep ui  (then open http://127.0.0.1:5000)")
     else:
         typer.echo(f"view the runs at {uri}")
+
+
+def _check_out(out: Path) -> None:
+    """``--out``: a folder for run directories, or a path where one can be made (no file on the way)."""
+    from diffsweep.config import ConfigError
+
+    blocking = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "is a file" if blocking == out else f"lies under {blocking}, which is a file"
+        raise ConfigError("out", f"{out} {where}; expected a folder for run directories")

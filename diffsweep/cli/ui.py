@@ -15,7 +15,7 @@ ExperimentOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 
 
-@handle_errors
+@handle_errors(flags={"experiment": "--experiment"})
 def ui(host: HostOpt = "127.0.0.1", port: PortOpt = 5000, experiment: ExperimentOpt = None) -> None:
     """Browse the runs: start the MLflow UI on this project's store until Ctrl-C.
 

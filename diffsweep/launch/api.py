@@ -147,7 +147,29 @@ def check_eval(plan: SweepPlan) -> None:
 def audit_plan(plan: SweepPlan, threshold: float = DEFAULT_THRESHOLD) -> Audit:
     """The matched-arm audit (``diffsweep.sweep.audit``) of the plan's runs: each kind's runs
     against the baseline's of the same size and other axes."""
+    check_threshold(threshold)
     return audit_runs([r.run for r in plan.runs], threshold)
+
+
+def check_threshold(threshold: float) -> None:
+    """The arm audit's threshold (``audit_threshold``): a relative difference in [0, 0.99]
+    (``not (a <= x <= b)`` also refuses NaN)."""
+    if not (0.0 <= threshold <= 0.99):
+        raise ConfigError("audit_threshold", f"expected a relative difference in [0, 0.99], got {threshold}")
+
+
+def check_launch_options(*, budget: float | None = None, max_parallel: int | None = None,
+                         retries: int | None = None, audit_threshold: float = DEFAULT_THRESHOLD) -> None:
+    """The numbers a launch (or plan) is given, checked before anything is read, locked or created:
+    ``budget`` a finite number of GPU-hours >= 0 (NaN compares false with everything, so a bound
+    is written ``not (x >= 0)``), ``max_parallel`` at least 1, ``retries`` at least 0."""
+    if budget is not None and not (0.0 <= budget < float("inf")):
+        raise ConfigError("budget", f"expected a finite number of GPU-hours >= 0, got {budget}")
+    if max_parallel is not None and not max_parallel >= 1:
+        raise ConfigError("max_parallel", f"expected at least 1 run at once, got {max_parallel}")
+    if retries is not None and not retries >= 0:
+        raise ConfigError("retries", f"expected 0 or more retries, got {retries}")
+    check_threshold(audit_threshold)
 
 
 def refuse_mismatched(audit: Audit) -> None:
@@ -209,6 +231,7 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
     (``ConfigError``, nothing submitted). ``warn`` gets a warning when jobs on other machines would
     write an SQLite store on a network file system (``diffsweep.store.shared_store_warning``), in a
     dry run too."""
+    check_launch_options(budget=budget, max_parallel=max_parallel, retries=retries, audit_threshold=audit_threshold)
     with launch_lock(target.output_dir()):
         reconciled = [] if dry_run else reconcile_sweep(target, warn)  # died unreported: failed, retryable
         if on_reconciled is not None and not dry_run:

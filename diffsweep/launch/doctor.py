@@ -165,6 +165,7 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
     """Run the checks of ``profile`` (``echo`` gets each as it completes). ``out``: the runs
     directory whose file system is checked (doctor's files go under ``out/.doctor``). On Ctrl-C,
     the jobs it submitted are cancelled and ``DoctorInterrupted`` raised (its files are kept)."""
+    check_doctor_options(out, timeout_s)
     report = DoctorReport(profile=profile.name, executor=profile.executor)
 
     def add(check: Check) -> bool:
@@ -173,6 +174,7 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
         return check.ok
 
     suite = SUITES.get(profile.executor)
+    created = [p for p in (out.absolute(), *out.absolute().parents) if not p.exists()]  # deepest first
     work = _workdir(out, add)
     if work is None:
         return report
@@ -191,18 +193,36 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
             with _sigint_ignored():
                 cancelled, problem = cancel_submitted()
                 if not any(work.iterdir()):  # else kept, as on failure
-                    _remove_workdir(work)
+                    _remove_workdir(work, created)
             raise DoctorInterrupted(cancelled, problem) from None
     if report.ok or not any(work.iterdir()):  # kept when a job's logs may say why it failed
-        _remove_workdir(work)
+        _remove_workdir(work, created)
         report.workdir = None
     return report
 
 
-def _remove_workdir(work: Path) -> None:
+def _remove_workdir(work: Path, created: list[Path]) -> None:
+    """Remove doctor's own folder, then ``.doctor`` and the folders doctor made above it (``created``,
+    deepest first) while they are empty: a passing doctor leaves the runs directory as it found it."""
     shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()  # .doctor, unless another doctor run is using it
+    for folder in [work.parent, *created]:
+        try:
+            folder.rmdir()  # .doctor, unless another doctor run is using it
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
+
+
+def check_doctor_options(out: Path, timeout_s: float) -> None:
+    """``--out`` a folder (or a path where one can be made: no file on the way) and ``--timeout`` a
+    finite number of seconds >= 1 (``not (x >= 1)`` also refuses NaN), before anything is created."""
+    if not (1.0 <= timeout_s < float("inf")):
+        raise ConfigError("timeout_s", f"expected a finite number of seconds >= 1, got {timeout_s}")
+    blocking = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "is a file" if blocking == out.absolute() else f"lies under {blocking}, which is a file"
+        raise ConfigError("out", f"{out} {where}; expected a runs directory")
 
 
 def slurm_suite(profile: Profile, work: Path, add: Callable[[Check], bool], *, preempt: bool,

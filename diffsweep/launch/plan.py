@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffsweep.config import ConfigError
-from diffsweep.launch.ledger import Entry, Ledger, read_ledger
+from diffsweep.launch.ledger import LEDGER_FILE, LOCK_FILE, Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, Profile, load_profile, pick_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_resources
 from diffsweep.launch.scheduler import get_scheduler
@@ -104,7 +104,31 @@ def output_dir(spec: SweepSpec, out: Path | None) -> Path:
         _refuse_former_default(spec, path)
     if path.exists() and not path.is_dir():
         raise ConfigError(key, f"{path} exists and is not a directory; expected a sweep output directory")
+    _refuse_foreign(path, key)
     return path
+
+
+# What diffsweep writes in a sweep output directory (the ledger, its lock and temporary file, the
+# launch lock, code snapshots, job files, logs, run directories, the local queue's markers).
+SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, f".{LEDGER_FILE}.tmp", ".launch.lock", "code", "jobs",
+                                "logs", "runs"})
+
+
+def _refuse_foreign(path: Path, key: str) -> None:
+    """An existing folder with no ledger that holds anything diffsweep does not write there (a
+    user's folder, a dataset, a checkout) is not made a sweep output: launching would mix run
+    directories and job files into it. Refused, before anything is read, locked or created."""
+    if not path.is_dir() or (path / LEDGER_FILE).exists():
+        return
+    try:
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in SWEEP_OUTPUT_NAMES
+                         and not (p.name.startswith(".queue-") and p.name.endswith(".closed")))
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path} ({exc.strerror}); expected a sweep output directory") from None
+    if foreign:
+        raise ConfigError(key, f"{path} holds files that are not a sweep's ({', '.join(foreign[:3])}"
+                          f"{', ...' if len(foreign) > 3 else ''}); expected a sweep output directory (one with "
+                          "ledger.json), an empty folder or a new path")
 
 
 def _refuse_former_default(spec: SweepSpec, path: Path) -> None:

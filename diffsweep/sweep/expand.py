@@ -338,7 +338,11 @@ def _unique_names(runs: list[SweepRun]) -> None:
 
 
 def only_pattern(only: str | None) -> re.Pattern[str]:
-    """``--only``: a regular expression searched in run names and keys (None: every run)."""
+    """``--only``: a regular expression searched in run names and keys (None: every run). An empty
+    one is refused: it would select every run (``cancel --only "$UNSET"`` would cancel them all)."""
+    if only is not None and not only.strip():
+        raise ConfigError("only", f"expected a regular expression matching run names or keys, got {only!r} "
+                          "(leave out --only for every run)")
     try:
         return re.compile(only or "")
     except re.error as exc:

@@ -174,6 +174,20 @@ def _directory(path: Path) -> Path:
     return path.absolute().parent.resolve()
 
 
+def _check_base(path: Path, where: str) -> None:
+    """``base:`` names a run config YAML: its top-level keys are the run config's sections. A sweep
+    file there (a common slip: ``extends`` composes sweeps) is named as such."""
+    raw = read_yaml(path)
+    sections = [f.name for f in dataclasses.fields(Config)]
+    foreign = [k for k in raw if k not in sections]
+    if not foreign:
+        return
+    sweep_keys = [k for k in foreign if k in TOP_KEYS]
+    what = (f"{path} is a sweep file (it has {', '.join(map(repr, sweep_keys[:3]))}; a sweep builds on another "
+            "with extends:)" if sweep_keys else f"{path} has the key {foreign[0]!r}")
+    raise ConfigError(f"{where}: base", f"{what}; expected a run config YAML (keys {', '.join(sections)})")
+
+
 def _absolute(value: str, directory: Path) -> str:
     return value if os.path.isabs(value) else os.path.normpath(directory / value)
 
@@ -237,7 +251,9 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
             raise ConfigError(f"{where}: base", f"expected a path to a run config YAML, got {base!r}")
         out["base"] = _absolute(base, directory)
         if not Path(out["base"]).is_file():
-            raise ConfigError(f"{where}: base", f"run config {out['base']} not found")
+            found = "is not a file" if Path(out["base"]).exists() else "not found"
+            raise ConfigError(f"{where}: base", f"run config {out['base']} {found}; expected a run config YAML")
+        _check_base(Path(out["base"]), where)
 
     out["set"] = settings = _mapping(raw.get("set"), f"{where}: set")
     for key in settings:
