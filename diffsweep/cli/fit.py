@@ -14,7 +14,6 @@ from diffsweep.config import ConfigError
 from diffsweep.scaling.choices import Axis, Count, Form, Holdout, Objective, TokenPoints
 from diffsweep.scaling.schema import CSV_SCHEMA
 
-MAX_NOISE_SD = 1.0  # sd of log loss: a factor e of run-to-run scatter is no longer noise around a law
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
@@ -90,20 +89,15 @@ def fit(
     from diffsweep.scaling.pipeline import run_fit
     from diffsweep.scaling.report import print_terminal
 
-    if boot < 50:
-        raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
-    if not 0.5 <= level < 1:
-        raise ConfigError("--level", f"expected a confidence level in [0.5, 1), got {level}")
-    if noise_sd is not None and not 0 < noise_sd <= MAX_NOISE_SD:
-        raise ConfigError("--noise-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {noise_sd}")
-    if run_sd is not None and not 0 < run_sd <= MAX_NOISE_SD:
-        raise ConfigError("--run-sd", f"expected a positive sd of log loss up to {MAX_NOISE_SD:g}, got {run_sd}")
-    request = FitRequest(
-        baseline=baseline, candidates=tuple(candidate or ()), axis=axis, form=form, objective=objective, count=count,
-        at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e, holdout=holdout is Holdout.LARGEST,
-        token_points=token_points, n_boot=boot, level=level, seed=seed, noise_sd=noise_sd, run_sd=run_sd)
+    flags = FLAGS | _sweep_keys(sweep, experiment, sweep_name)
+    with flag_keys(flags):  # every number is checked by FitRequest (diffsweep/scaling/request.py)
+        request = FitRequest(
+            baseline=baseline, candidates=tuple(candidate or ()), axis=axis, form=form, objective=objective,
+            count=count, at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
+            holdout=holdout is Holdout.LARGEST, token_points=token_points, n_boot=boot, level=level, seed=seed,
+            noise_sd=noise_sd, run_sd=run_sd)
     source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
-    with flag_keys(FLAGS):
+    with flag_keys(flags):
         outcome = run_fit(source, request, out, log=not no_log)
     if json_out:
         print_json(outcome.result | {"outputs": {k: str(v) for k, v in outcome.files.items()},
@@ -115,6 +109,14 @@ def fit(
         reused = ", the earlier run of this identical fit" if outcome.mlflow_run_reused else ""
         outputs["MLflow fit run"] = f"{outcome.mlflow_run_id} (browse: diffsweep ui{reused})"
     print_terminal(outcome.result, outputs)
+
+
+def _sweep_keys(sweep: Path | None, experiment: str | None, sweep_name: str | None) -> dict[str, str]:
+    """With a sweep file, the experiment and sweep name come from it unless a flag gives them: an
+    error about them names the file, not a flag the user did not type."""
+    if sweep is None:
+        return {}
+    return ({} if experiment else {"experiment": str(sweep)}) | ({} if sweep_name else {"sweep": str(sweep)})
 
 
 def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, where: list[str] | None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,7 +16,8 @@ from diffsweep.config import ConfigError
 # says otherwise: slurm/profiles/h100-example.yaml (989 dense bf16 TFLOP/s at an assumed 40% MFU).
 DEFAULT_PEAK_TFLOPS, DEFAULT_MFU = 989.0, 0.40
 
-FLAGS = {"candidates": "--candidate", "at": "--at", "sizes": "--sizes", "budget": "--budget",
+FLAGS = {"candidates": "--candidate", "at": "--at", "sizes": "--sizes", "budget": "--budget", "n_boot": "--boot",
+         "seed": "--seed",
          "points": "SWEEP_OR_FIT", "shared_e": "SWEEP_OR_FIT", "noise_sd": "SWEEP_OR_FIT", "baseline": "SWEEP_OR_FIT",
          "experiment": "--experiment", "only": "--launch", "profile": "--profile"}
 
@@ -59,24 +60,27 @@ def suggest(
     from diffsweep.scaling import suggest as sg
     from diffsweep.scaling.points import x_column
 
+    # --boot and --seed: FitRequest (diffsweep/scaling/request.py); --at, --sizes: parse_amount
     if draws < 8:
         raise ConfigError("--draws", f"expected at least 8 simulated outcomes, got {draws}")
-    if boot < 50:
-        raise ConfigError("--boot", f"expected at least 50 bootstrap draws, got {boot}")
-    if budget is not None and not budget > 0:
+    if budget is not None and not (math.isfinite(budget) and budget > 0):  # NaN fails both
         raise ConfigError("--budget", f"expected a positive number of GPU-hours, got {budget}")
     if max_runs < 1:
         raise ConfigError("--max-runs", f"expected at least 1 run, got {max_runs}")
+    if top < 1:
+        raise ConfigError("--top", f"expected at least 1 row, got {top}")
     if launch and budget is None:
         raise ConfigError("--launch", "submits the runs chosen within a budget; give --budget GPU-hours")
     if launch and source.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError("--launch", "submits a sweep's planned runs; give the sweep YAML, not a fit folder or CSV")
     ref = parse_amount(at, "--at") if at is not None else None
     extra_sizes = [parse_amount(s, "--sizes") for part in sizes or () for s in part.split(",") if s.strip()]
-    points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
-    if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
-        request = replace(request, at=(ref,))
+    flags = FLAGS | ({} if experiment else {"experiment": str(source)}) | {"sweep": str(source)}
+    with flag_keys(flags):
+        points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
     with flag_keys(FLAGS):
+        if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
+            request = replace(request, at=(ref,))
         design, result = sg.design_from_points(points, request, candidate, ref, draws)
         assert result.points is not None
         pool = list(planned_runs(design, rate))
@@ -185,18 +189,13 @@ def _inputs(source: Path, boot: int, seed: int, experiment: str | None, profile:
     """The points, the fit request, a label, the planned-run candidates (a function of the design
     and the GPU rate) and the FLOPs one GPU-hour buys."""
     from diffsweep.scaling.analysis import FitRequest
+    from diffsweep.scaling.folder import read_fit
     from diffsweep.scaling.table import from_csv
 
     rate = _rate(profile)
-    if source.is_dir():
-        fit_json, points_csv = source / "fit.json", source / "points.csv"
-        if not fit_json.is_file() or not points_csv.is_file():
-            raise ConfigError("SWEEP_OR_FIT", f"{source} is not a fit folder (expected fit.json and points.csv in it)")
-        try:
-            saved = json.loads(fit_json.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError("SWEEP_OR_FIT", f"cannot read {fit_json} ({exc})") from None
-        return from_csv(points_csv), _request(saved, boot, seed), str(source), _no_planned, rate
+    if source.is_dir():  # every field read back is checked (diffsweep/scaling/folder.py)
+        points, saved = read_fit(source)
+        return points, saved.request(boot, seed), str(source), _no_planned, rate
     if not source.exists():
         raise ConfigError("SWEEP_OR_FIT", f"{source}: no such file or folder")
     if source.suffix.lower() == ".csv":
@@ -219,24 +218,6 @@ def _rate(profile: str | None) -> float:
 
     gpu = load_profile(profile).gpu
     return gpu.peak_tflops * 1e12 * gpu.mfu * 3600
-
-
-def _request(saved: dict, boot: int, seed: int):
-    """The fit request a fit.json was made with (its law, counting, baseline, noise, level)."""
-    from diffsweep.scaling.analysis import FitRequest
-    from diffsweep.scaling.choices import Axis, Count, Objective
-
-    try:
-        noise = saved["noise"]
-        return FitRequest(
-            baseline=saved["baseline"], candidates=tuple(saved["candidates"]),
-            axis={"N": Axis.N, "D": Axis.D}.get(saved["axis"], Axis.AUTO), form=saved["form"],
-            objective=Objective(saved["objective"]), count=Count(saved["count"]), shared_e=bool(saved["shared_e"]),
-            n_boot=boot, level=float(saved["level"]), seed=seed,
-            noise_sd=float(noise["sd"]) if noise["source"] == "given" else None)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError("SWEEP_OR_FIT", f"fit.json lacks what suggest needs ({exc!r}); refit with diffsweep fit") \
-            from None
 
 
 def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, profile: str | None):

@@ -11,7 +11,7 @@ to its flags.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from diffsweep.scaling.choices import Axis, Count, Form, TokenPoints
 from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
 from diffsweep.scaling.fit import LawFit, fit_law
 from diffsweep.scaling.forms import Law
-from diffsweep.scaling.laws import LawForm, law_form, law_forms
+from diffsweep.scaling.laws import LawForm, law_forms
 from diffsweep.scaling.mle import fit_huber_mle
 from diffsweep.scaling.optimize import Data, Objective
 from diffsweep.scaling.points import (
@@ -48,6 +48,7 @@ from diffsweep.scaling.points import (
 )
 from diffsweep.scaling.ratio import Curve, per_point, ratio
 from diffsweep.scaling.report import arch_name
+from diffsweep.scaling.request import FitRequest
 from diffsweep.scaling.result import FitResult, FitWarning
 from diffsweep.scaling.shift import shift_model
 
@@ -56,38 +57,6 @@ __all__ = ["Axis", "Count", "FitRequest", "FitResult", "FitWarning", "Form", "To
 
 FAR_OUTSIDE = 10.0  # a reference size more than 10x outside the measured range is refused
 RATIO_GRID = 41  # points on the ratio-vs-size curve
-
-
-@dataclass(frozen=True)
-class FitRequest:
-    """Everything that shapes a fit (the CLI's options)."""
-
-    baseline: str = "transformer"
-    candidates: tuple[str, ...] = ()  # empty: every other architecture
-    axis: Axis = Axis.AUTO
-    form: Form | str = Form.OFFSET  # a Form member, or the name of a form registered at run time
-    objective: Objective | None = None  # None: the form's default (huber for chinchilla, l2 otherwise)
-    count: Count = Count.TOTAL
-    at: tuple[float, ...] = ()
-    shared_e: bool = False
-    holdout: bool = False
-    token_points: TokenPoints = TokenPoints.AUTO
-    n_boot: int = 1000
-    level: float = 0.95
-    seed: int = 0
-    noise_sd: float | None = None  # sd of log loss of one evaluation, independent per point
-    run_sd: float | None = None  # sd of a per-run offset shared by all evaluations of one run
-
-    @property
-    def law_form(self) -> LawForm:
-        """The registered definition of ``form``."""
-        return law_form(self.form)
-
-    @property
-    def resolved_objective(self) -> Objective:
-        if self.objective is not None:
-            return self.objective
-        return self.law_form.default_objective
 
 
 def analyse(points: pd.DataFrame, request: FitRequest) -> FitResult:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -25,6 +25,7 @@ from diffsweep.config.units import human
 from diffsweep.fsutil import parents_made_for
 from diffsweep.scaling import table as tables
 from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
+from diffsweep.scaling.folder import check_out, publish
 from diffsweep.scaling.plots import write_plots
 from diffsweep.scaling.report import markdown
 
@@ -96,6 +97,9 @@ def _runs(source: Source, request: FitRequest) -> pd.DataFrame:
 def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: bool = True) -> Outcome:
     """Load, fit and report; returns what was produced. Raises ConfigError on bad input, keyed by the
     ``FitRequest`` field (or ``out``) at fault."""
+    inputs = (source.csv,) if source.csv is not None else ()
+    if out is not None:  # refused before the (long) fit, not after it
+        check_out(out, inputs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", tables.TableWarning)
         points = load_points(source, request)
@@ -110,20 +114,20 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
         result["warnings"].append(f"arm audit: {result['audit']['flagged']} difference(s) between the arms compared "
                                   "(same size, other kind) beyond matching; see the report's Arm audit")
     folder = out or Path("fits") / f"{source.label}-{result['axis'].replace(',', '')}"
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError("out", f"{folder} exists and is not a directory")
+    check_out(folder, inputs)  # (again: the default folder is known only now)
     result["source"] = {k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, (tuple, frozenset)) else v)
                         for k, v in asdict(source).items() if k != "keys"}
     outcome = Outcome(result=result, folder=folder, notes=notes)
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     try:
         with parents_made_for(folder):
+            # a fresh staging folder of our own beside the output (the same file system: renamed into place)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
             try:
                 _write(tmp, outcome, used, source)
                 if log:
                     with _store_errors(source.uri, "log the fit run to"):
                         outcome.mlflow_run_id = _log(tmp, outcome, used, source, request)
-                _publish(tmp, folder)
+                publish(tmp, folder)
             finally:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
@@ -162,20 +166,12 @@ def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
 
 
 def _write(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source) -> None:
-    """The outputs, into the staging folder ``tmp`` (made afresh)."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    """The outputs (``folder.FILES`` and plots), into the staging folder ``tmp`` (made if missing)."""
+    tmp.mkdir(exist_ok=True)
     used.to_csv(tmp / "points.csv", index=False)
     (tmp / "fit.json").write_text(json.dumps(outcome.result, indent=1) + "\n")
     (tmp / "report.md").write_text(markdown(outcome.result, source.label))
     write_plots(outcome.result, tmp / "plots")
-
-
-def _publish(tmp: Path, folder: Path) -> None:
-    """Replace ``folder`` (an earlier fit's outputs) by the staged ``tmp``."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
 
 
 def ref_slug(row: dict) -> str:

@@ -11,6 +11,7 @@ and what a missing one means (``diffsweep fit --help`` shows it).
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -45,43 +46,116 @@ class TableWarning(UserWarning):
 
 
 def from_csv(path: Path) -> pd.DataFrame:
-    """A table from a CSV: at least arch, loss, num_params and tokens (e.g. a frozen points.csv)."""
+    """A table from a CSV: at least arch, loss, num_params and tokens (e.g. a frozen points.csv).
+
+    Every problem is one ``ConfigError`` naming the file, the column and (for a cell) the line."""
     if path.is_dir():
         raise ConfigError(str(path), "is a directory; expected a CSV file (e.g. fits/<name>/points.csv)")
     try:
         table = pd.read_csv(path)
+        # the cells as written: pandas renames a repeated column (loss, loss.1) and reads an empty
+        # cell as NaN, and both must be told apart from what the file says
+        raw = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, na_filter=False)
     except FileNotFoundError:
         raise ConfigError(str(path), "no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), f"not a readable CSV ({str(exc).splitlines()[0]})") from None
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read it ({exc.strerror or exc})") from None
+    header = [str(c).strip() for c in raw.iloc[0]]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise ConfigError(f"{path}: {repeated[0]}", f"the column appears {header.count(repeated[0])} times in the "
+                          "header; keep one (which of them the fit would use is undefined)")
     missing = [c for c in REQUIRED_CSV if c not in table.columns]
     if missing:
         raise ConfigError(str(path), f"missing column(s) {', '.join(missing)}; expected at least "
                           f"{', '.join(REQUIRED_CSV)} (found: {', '.join(map(str, table.columns))})")
-    for col in ("loss", *COUNT_COLUMNS):
-        if col in table.columns and not pd.api.types.is_numeric_dtype(table[col]):
-            raise ConfigError(f"{path}: {col}", "expected numbers in every row")
-    for col in AUDITED_NUMBERS:  # optional: blank where unknown
-        if col in table.columns and not pd.api.types.is_numeric_dtype(table[col]):
-            raise ConfigError(f"{path}: {col}", "expected a number (or nothing) in every row")
-    _check_counts(table, path)
+    if table.empty:
+        raise ConfigError(str(path), "has a header but no rows; expected one row per evaluated run")
+    cells = raw.iloc[1:].reset_index(drop=True)
+    if not isinstance(table.index, pd.RangeIndex) or len(cells) != len(table):
+        raise ConfigError(str(path), "some rows have more cells than the header has columns")
+    cells.columns = header
+    used = _used(table, cells, path)
+    _check_cells(table, cells, used, path)
+    _check_counts(table[used], path)
+    if "used" in table.columns:
+        table["used"] = used
     return _complete(table)
 
 
-def _check_counts(table: pd.DataFrame, path: Path) -> None:
+def _line(table: pd.DataFrame, index: int) -> str:
+    """'line 5 (run name)': where a row is in the file (its header is line 1)."""
+    name = f" ({table.loc[index, 'run_name']})" if "run_name" in table.columns else ""
+    return f"line {index + 2}{name}"
+
+
+def _used(table: pd.DataFrame, cells: pd.DataFrame, path: Path) -> pd.Series:
+    """The rows the fit reads: all of them, or a frozen table's used rows (``used`` true/false)."""
+    if "used" not in table.columns:
+        return pd.Series(True, index=table.index)
+    text = cells["used"].str.strip().str.lower()
+    odd = ~text.isin(("true", "false"))
+    if odd.any():
+        index = int(odd.idxmax())
+        raise ConfigError(f"{path}: used", f"expected True or False in every row, got {cells.loc[index, 'used']!r} "
+                          f"on {_line(table, index)}")
+    return text == "true"
+
+
+# What a fitted row must give: an empty cell in these columns is refused (an explicit nan or inf loss
+# is a diverged run, dropped with a warning; an empty one is a value that was never filled in).
+_NEEDED = {"arch": "an architecture name", "loss": "a loss (nan for a diverged run)",
+           "num_params": "a parameter count", "tokens": "a token count"}
+# An architecture name goes into MLflow metric names, plot legends (where $ starts math) and report
+# tables: letters, digits and . _ - (spaces inside).
+ARCH_RE = re.compile(r"[A-Za-z0-9._-]+(?: [A-Za-z0-9._-]+)*")
+
+
+def _check_cells(table: pd.DataFrame, cells: pd.DataFrame, used: pd.Series, path: Path) -> None:
+    """Refuse an empty required cell, a cell that is not a number where one is expected, and an
+    architecture name outside ARCH_RE, naming the file, the column and the line."""
+    for col, what in _NEEDED.items():
+        empty = used & (cells[col].str.strip() == "")
+        if empty.any():
+            index = int(empty.idxmax())
+            raise ConfigError(f"{path}: {col}", f"empty cell on {_line(table, index)}; every row needs {what}")
+    for col, what in [*((c, "a number") for c in ("loss", *COUNT_COLUMNS)),
+                      *((c, "a number (or nothing)") for c in AUDITED_NUMBERS)]:
+        if col not in table.columns or pd.api.types.is_numeric_dtype(table[col]):
+            continue
+        text = cells[col].str.strip()
+        bad = (text != "") & pd.to_numeric(text, errors="coerce").isna() & ~text.str.lower().isin(_NAN_WORDS)
+        index = int(bad.idxmax()) if bad.any() else int(text.index[0])
+        raise ConfigError(f"{path}: {col}", f"expected {what} in every row, got {cells.loc[index, col]!r} on "
+                          f"{_line(table, index)}")
+    odd = used & ~cells["arch"].str.fullmatch(ARCH_RE.pattern)
+    if odd.any():
+        index = int(odd.idxmax())
+        raise ConfigError(f"{path}: arch", f"expected a name of letters, digits and . _ - (spaces inside), got "
+                          f"{cells.loc[index, 'arch']!r} on {_line(table, index)}")
+    if "point" in cells.columns:
+        odd = ~cells["point"].isin(("", *POINTS))
+        if odd.any():
+            index = int(odd.idxmax())
+            raise ConfigError(f"{path}: point", f"expected one of [{', '.join(POINTS)}] (or nothing: final) in every "
+                              f"row, got {cells.loc[index, 'point']!r} on {_line(table, index)}")
+
+
+_NAN_WORDS = ("nan", "na", "n/a", "null", "none", "-nan", "#n/a", "<na>")  # pandas reads these as missing
+
+
+def _check_counts(rows: pd.DataFrame, path: Path) -> None:
     """Refuse a count that cannot be one (a typo misplaces a point on the x axis, so the row is not
     silently dropped as a bad loss is): naming the column and the file's line."""
-    rows = table[table["used"].astype(bool)] if "used" in table.columns else table  # a frozen table's fitted rows
     for col in (c for c in COUNT_COLUMNS if c in rows.columns):
         values = rows[col].astype(float)
         bad = ~(np.isfinite(values) & (values >= 1) & (values <= MAX_COUNT))
         if bad.any():
             index, value = bad.idxmax(), values[bad].iloc[0]
-            name = f" ({rows.loc[index, 'run_name']})" if "run_name" in rows.columns else ""
             raise ConfigError(f"{path}: {col}", f"expected a count from 1 to {MAX_COUNT:.0e} in every row, got "
-                              f"{value:g} on line {index + 2}{name}")
+                              f"{value:g} on {_line(rows, index)}")
 
 
 def _complete(table: pd.DataFrame) -> pd.DataFrame:
@@ -102,10 +176,7 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
     for col in ("run_id", "run_name", "run_key", "sweep", "arch", "size", "lambda_init", "head_norm", "v2_pairing",
                 "v2_lambda", "schedule"):
         table[col] = table[col].astype(object).fillna("").astype(str)  # an all-empty column reads as float
-    table["point"] = table["point"].astype(object).fillna("final").astype(str)
-    odd = sorted(set(table["point"]) - set(POINTS))
-    if odd:
-        raise ConfigError("point", f"expected one of [{', '.join(POINTS)}] in every row, got {', '.join(odd[:5])}")
+    table["point"] = table["point"].astype(object).fillna("final").astype(str)  # checked by from_csv
     return table.reset_index(drop=True)[list(COLUMNS)]
 
 
