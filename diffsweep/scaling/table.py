@@ -282,19 +282,31 @@ def _rows(client, run, checkpoints: bool) -> list[dict]:
         what = f"tag(s) {', '.join(missing)}" if missing else "metric val/loss"
         raise ConfigError(f"run {run.info.run_name} ({run.info.run_id})",
                           f"has no {what}: not a diffsweep training run (or logged by an older diffsweep)")
+    def count(what: str, text: str | None, minimum: int = 0) -> int:  # a tag or param the user may have edited
+        try:
+            value = int(text or 0)
+        except ValueError:
+            value = -1
+        if value < minimum:
+            raise ConfigError(f"run {run.info.run_name} ({run.info.run_id})",
+                              f"{what} is {text!r}, expected an integer >= {minimum} (edited in the store?)")
+        return value
+
     base = {"run_id": run.info.run_id, "run_name": run.info.run_name, "run_key": tags.get("diffsweep.run_key", ""),
             "sweep": tags.get("diffsweep.sweep", ""), "arch": tags["diffsweep.arch"], "size": tags.get("diffsweep.size", ""),
-            "num_params": int(tags["diffsweep.params"]),
-            "num_non_embedding_params": int(tags["diffsweep.non_embedding_params"])}
+            "num_params": count("tag diffsweep.params", tags["diffsweep.params"], 1),
+            "num_non_embedding_params": count("tag diffsweep.non_embedding_params",
+                                              tags["diffsweep.non_embedding_params"], 1)}
     base |= {col: params.get(key, "") for col, key in _PARAM_COLUMNS.items()}
-    base["seed"] = int(base["seed"] or 0)
-    base["warmup_steps"] = int(base["warmup_steps"] or 0)
+    base["seed"] = count("param train.seed", base["seed"])
+    base["warmup_steps"] = count("param train.warmup_steps", base["warmup_steps"])
     for col in AUDITED_NUMBERS:  # for the arm audit; an older run without them: unknown
         base[col] = _number(base[col])
-    per_token = int(tags["diffsweep.flops_per_token"])
+    per_token = count("tag diffsweep.flops_per_token", tags["diffsweep.flops_per_token"], 1)
     if not checkpoints:
         tokens = float(metrics.get("train/tokens", np.nan))
-        step = int(params.get("train.max_steps") or 0) if params.get("train.max_steps") not in (None, "None") else 0
+        max_steps = params.get("train.max_steps")
+        step = count("param train.max_steps", max_steps) if max_steps not in (None, "None") else 0
         return [base | {"tokens": tokens, "flops": per_token * tokens, "loss": float(metrics["val/loss"]),
                         "step": step, "point": "final"}]
     tokens_at = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/tokens")}

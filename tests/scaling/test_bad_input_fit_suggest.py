@@ -275,3 +275,21 @@ def test_a_sweep_with_no_runs_names_the_sweep_file(tmp_path, command):
     with untouched(tmp_path):
         r = diffsweep(command, "lad.yaml", *args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
     refused(r, "lad.yaml", "no experiment 'lad'")
+
+
+@pytest.mark.parametrize(("tag", "value"), [("diffsweep.params", "many"), ("diffsweep.flops_per_token", "-3")])
+def test_a_run_whose_tag_was_edited_in_the_store_is_one_line_naming_run_and_tag(tmp_path, tag, value):
+    from mlflow.tracking import MlflowClient
+
+    from tests.scaling.conftest import tiny_ladder_sweep
+    from tests.scaling.synthetic import baseline_loss, log_runs
+
+    sweep = tiny_ladder_sweep(tmp_path, "lad", ("tiny-xs", "tiny-s", "tiny-m"), tmp_path / "data")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log_runs(uri, sweep, lambda arch, n, d: float(baseline_loss(n)))
+    client = MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("lad").experiment_id], max_results=1)[0]
+    client.set_tag(run.info.run_id, tag, value)
+    with untouched(tmp_path):
+        r = diffsweep("fit", "lad.yaml", *FAST, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    refused(r, run.info.run_name, f"tag {tag} is '{value}'")
