@@ -2,7 +2,8 @@
 
 CSV_SCHEMA = (
     "Required: arch (e.g. transformer, diff_v1), loss (validation cross-entropy, nats/token), num_params "
-    "(total parameters), tokens (training tokens at that evaluation). Optional: seed (replicates of one size: "
+    "(total parameters), tokens (training tokens at that evaluation); every row has all four (an empty cell is "
+    "refused; write nan or inf as the loss of a diverged run: it is dropped with a warning). Optional: seed (replicates of one size: "
     "the noise estimate), num_non_embedding_params (for --count non_embedding; default num_params), "
     "point (final | checkpoint; default final), step and warmup_steps (a checkpoint at step <= warmup_steps is "
     "left out; without them no checkpoint can be told to be in warmup, so all are used, with a warning), run_name, "
