@@ -11,7 +11,6 @@ import pytest
 from diffsweep.config import AttentionKind, ConfigError, load_config
 from diffsweep.config.loading import MAX_ALIAS_NODES, read_yaml
 from diffsweep.config.sizes import SIZES
-from diffsweep.config.units import parse_bytes
 from diffsweep.config.validate import MAX_PARAMS, estimated_params
 from diffsweep.model import counting
 
@@ -131,17 +130,3 @@ def test_micro_batch_tokens_are_bounded():
 def test_largest_seed_is_accepted():
     assert load_config(None, ["train.seed=9223372036854775807"]).train.seed == 2**63 - 1
 
-
-@pytest.mark.parametrize(("text", "expected"), [("256M", 256 * 2**20), ("1G", 2**30), ("6K", 6144), ("6kb", 6144),
-                                                ("100", 100), (" 2T ", 2 * 2**40), ("1.5K", 1536)])
-def test_a_byte_size_as_people_type_it(text, expected):
-    assert parse_bytes(text, "--shard-size") == expected
-
-
-@pytest.mark.parametrize(("text", "why"), [("nanM", "finite"), ("infG", "finite"), ("-1K", "positive"),
-                                           ("0.5", "positive"), ("1e30T", "2**63 - 1"), ("abc", "such as"),
-                                           ("", "such as"), ("M", "such as"), ("1.5X", "such as")])
-def test_a_byte_size_that_is_not_one_is_refused_naming_the_option(text, why):
-    with pytest.raises(ConfigError) as e:
-        parse_bytes(text, "--shard-size")
-    assert e.value.key == "--shard-size" and why in e.value.message and repr(text) in e.value.message
