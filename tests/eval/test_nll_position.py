@@ -83,3 +83,11 @@ def test_shorter_context_and_errors(ctx):
     with pytest.raises(ConfigError, match="fewer than one window") as err:
         _run(ctx, context=30000)
     assert err.value.key == "nll_position.context"
+
+
+def test_documents_capped_by_the_split_are_said(ctx):
+    available = (len(ctx.val_tokens) - 1) // 128
+    capped = _run(ctx, documents=available + 50, micro_batch=64).capped["documents"]
+    assert (capped.asked, capped.used) == (available + 50, available)
+    assert "the validation split has" in capped.why
+    assert _run(ctx, documents=available).capped == {}

@@ -315,3 +315,13 @@ def test_a_setting_capped_by_the_data_is_said_and_logged(trained_run, mlflow_sto
     assert json.loads(run.data.tags["diffsweep.eval.capped"]) == e.capped
     (again,) = evaluate(trained, [(probe, CapSettings())], uri=mlflow_store, echo=lines.append)
     assert not again.ran and again.capped == e.capped and "; capped capped_test.tokens" in lines[-1]
+
+
+def test_the_key_holds_the_quantization_granularity(trained_run):
+    from diffsweep.eval.identity import eval_key
+
+    trained = load_trained(trained_run)
+    probe = get_probe("quantization")
+    keys = {g: eval_key(trained, probe, parse_settings(probe, {"granularity": g})) for g in ("tensor", "head", "row")}
+    assert len(set(keys.values())) == 3
+    assert keys["head"] == eval_key(trained, probe, parse_settings(probe, {}))  # the default is head
