@@ -8,7 +8,6 @@ callers. Errors name the field (``level``); the CLI maps fields to its flags. A 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,9 +70,7 @@ class FitRequest:
             check_sd(self.noise_sd, "noise_sd")
         if self.run_sd is not None:
             check_sd(self.run_sd, "run_sd")
-        for x in self.at:
-            if not (isinstance(x, (int, float)) and 0 < x and math.isfinite(x)):
-                raise ConfigError("at", f"expected a positive finite size, got {x!r}")
+        # ``at``: parsed and checked once, from the flag's text (cli/fit.py:parse_amount)
 
     @property
     def law_form(self) -> LawForm:
