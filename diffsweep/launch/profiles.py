@@ -52,8 +52,17 @@ class ExecutorKind(StrEnum):
     LOCAL = "local"  # processes on this machine through submitit's local executor
 
 
-def _fraction(value: Any, key: str) -> Any:
+def _finite(value: Any, key: str) -> Any:
+    """A positive, finite number (``positive_number`` lets ``.inf`` through: an infinite memory,
+    peak or time limit cannot size a job)."""
     value = positive_number(value, key)
+    if not value < math.inf:
+        raise ConfigError(key, f"expected a positive finite number, got {value!r}")
+    return value
+
+
+def _fraction(value: Any, key: str) -> Any:
+    value = _finite(value, key)
     if value > 1:
         raise ConfigError(key, f"expected a fraction in (0, 1], got {value!r}")
     return value
@@ -78,8 +87,8 @@ class Accelerator:
     """The device a job trains on, for time estimates (FLOPs / (peak x MFU))."""
 
     name: str = "cpu"
-    memory_gb: Annotated[float, Check(positive_number)] = 16.0
-    peak_tflops: Annotated[float, Check(positive_number)] = 0.2  # dense bf16 (GPU) or fp32 (CPU) peak
+    memory_gb: Annotated[float, Check(_finite)] = 16.0
+    peak_tflops: Annotated[float, Check(_finite)] = 0.2  # dense bf16 (GPU) or fp32 (CPU) peak
     mfu: Annotated[float, Check(_fraction)] = 0.3  # assumed model FLOPs utilisation
 
 
@@ -89,7 +98,7 @@ class CpuJobs:
 
     cpus: Annotated[int, AtLeast(1)] = 1  # a task tokenizes its shards one after another, in one process
     mem_gb: Annotated[int, AtLeast(1)] = 8
-    time_hours: Annotated[float, Check(positive_number)] | None = None  # None: the profile's max_time_hours
+    time_hours: Annotated[float, Check(_finite)] | None = None  # None: the profile's max_time_hours
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +114,7 @@ class Profile:
     gpus_per_node: Annotated[int, AtLeast(0)] = 0  # 0: CPU-only (local executor)
     cpus_per_gpu: Annotated[int, AtLeast(1)] = 8
     mem_per_gpu_gb: Annotated[int, AtLeast(1)] = 64
-    max_time_hours: Annotated[float, Check(positive_number)] = 48.0
+    max_time_hours: Annotated[float, Check(_finite)] = 48.0
     min_time_minutes: Annotated[int, AtLeast(1)] = 30
     signal_delay_s: Annotated[int, AtLeast(1)] = 120
     max_array_size: Annotated[int, AtLeast(1)] | None = None

@@ -133,3 +133,22 @@ def test_a_passing_doctor_leaves_no_folder_it_made(tmp_path):
         r = diffsweep("doctor", "--executor", "local", "--out", "new/runs", cwd=tmp_path, env=STORE)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "checks passed" in r.stdout
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [
+    ("max_time_hours: 48 ", "max_time_hours: .inf", "max_time_hours"),
+    ("memory_gb: 80", "memory_gb: .inf", "gpu.memory_gb"),
+    ("peak_tflops: 989", "peak_tflops: .inf", "gpu.peak_tflops"),
+    ("mfu: 0.40", "mfu: .nan", "gpu.mfu"),
+])
+def test_a_profile_with_a_non_finite_number_is_refused(tmp_path, sweep, old, new, key):
+    """``.inf`` once passed the profile's positive-number check and ended in an OverflowError."""
+    text = (REPO / "slurm/profiles/h100-example.yaml").read_text()
+    assert old in text
+    (tmp_path / "p.yaml").write_text(text.replace(old, new))
+    with untouched(tmp_path):
+        r = diffsweep("plan", str(sweep), "--profile", "p.yaml", cwd=tmp_path, env=STORE)
+    refused(r, f"p.yaml: {key}", "expected a positive")
