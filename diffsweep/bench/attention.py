@@ -18,7 +18,8 @@ Before the rounds, each row's first forward and first forward+backward are timed
 autotuner chose, ``autotune``), and on a GPU one more forward+backward gives the row's peak
 allocated memory. ``run_attention``'s ``on_progress`` gets the results so far after each case's
 first calls and after each timed round (``"complete": false`` until the end), so ``--out`` keeps
-what was measured when a time limit kills the run.
+what was measured when a time limit kills the run. A sequence length over a run config's limit, or
+a case whose Q, K, V and output alone exceed the device's memory, is refused before any row runs.
 
 FLOP convention (the same for every row, ``FLOP_CONVENTION``): a matmul (M×K)·(K×N) counts
 2·M·N·K; per query head the baseline multiplies QKᵀ (dim d) and PV (dim d); DIFF V1 two QKᵀ of dim
@@ -43,6 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from diffsweep.bench.common import (
     CPU_NOTE,
     describe_device,
+    device_memory,
     dtype_name,
     failure_reason,
     peak_allocated,
@@ -353,6 +355,8 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
     seqs = seqs or list(GPU_SEQS if gpu else CPU_SEQS)
     batch_tokens = batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
+    _check_memory(layouts, seqs, batch_tokens, dev, torch_dtype)
+
     header = {"device": describe_device(dev), "dtype": dtype_name(torch_dtype), "reps": reps, "warmup": warmup,
               "flop_convention": FLOP_CONVENTION, "note": None if gpu else CPU_NOTE}
     cases: list[AttentionCase] = []
@@ -369,6 +373,24 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
             cases.append(_case_result(size, seq, batch, rows, complete=True))
             report()
     return _result(header, cases, complete=True)
+
+
+def _check_memory(layouts: list[str], seqs: list[int], batch_tokens: int, device: torch.device,
+                  dtype: torch.dtype) -> None:
+    """Refuse a case that cannot run on this device: every row holds at least the baseline's Q, K,
+    V and output (4 x B x T x d_model elements), a lower bound of its memory (kernels add more)."""
+    memory = device_memory(device)
+    if memory is None:
+        return
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for size in layouts:
+        d_model = load_config(None, [f"model.size={size}"]).model.d_model
+        for seq in seqs:
+            need = 4 * max(1, batch_tokens // seq) * seq * d_model * itemsize
+            if need > memory:
+                raise ConfigError("seqs", f"T={seq:,} at layout {size} needs at least {need / 1e9:,.1f} GB (Q, K, V "
+                                  f"and output), more than this {device.type}'s {memory / 1e9:,.1f} GB; expected a "
+                                  "smaller --seq")
 
 
 def _backend(name: str) -> Backend:

@@ -38,6 +38,17 @@ def resolve_dtype(name: str | None, device: torch.device, allowed: tuple[str, ..
     return DTYPES[name]
 
 
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory the benchmark can use: the GPU's total, or this machine's physical memory
+    on CPU (None where the OS does not say). Shapes whose lower bound exceeds it are refused."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in DTYPES.items() if d == dtype)
 

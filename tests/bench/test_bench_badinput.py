@@ -22,6 +22,7 @@ CPU = ["--device", "cpu"]
     (["model", "--steps", "-3"], ["--steps"]),
     (["model", "--warmup", "-1"], ["--warmup"]),
     (["attention", "--seq", "100000000"], ["--seq", "16,777,216"]),
+    (["attention", "--seq", "16000000", "--layout", "3B"], ["--seq", "GB", "Q, K, V"]),  # ~0.8 TB at least
     (["attention", "--seq", "-5"], ["--seq"]),
     (["attention", "--batch-tokens", "0"], ["--batch-tokens"]),
     (["attention", "--batch-tokens", "99999999999"], ["--batch-tokens", "16,777,216"]),

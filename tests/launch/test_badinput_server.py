@@ -82,3 +82,17 @@ def test_check_bind_refuses_ports_out_of_range_itself():
         with pytest.raises(UiError, match="--port") as exc:
             check_bind("127.0.0.1", port)
         assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("store", "needle"), [
+    ("sqlite:///afile", "not an SQLite database"),
+    ("sqlite:///folder", "is a directory"),
+    ("sqlite:///afile/mlflow.db", "cannot write"),
+    ("", "file store"),
+])
+def test_an_unusable_store_is_refused_and_nothing_is_made(tmp_path, env, store, needle):
+    (tmp_path / "folder").mkdir()
+    with untouched(tmp_path):
+        r = diffsweep("server", "--host", "127.0.0.1", "--port", str(free_port()), "--backend-store-uri", store,
+                      cwd=tmp_path, env=env)
+    refused(r, "--backend-store-uri", needle)
