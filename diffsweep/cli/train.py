@@ -71,5 +71,5 @@ def _check_out(out: Path) -> None:
 
     blocking = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        where = "is a file" if blocking == out else f"lies under {blocking}, which is a file"
+        where = "is not a directory" if blocking == out else f"lies under {blocking}, which is not a directory"
         raise ConfigError("out", f"{out} {where}; expected a folder for run directories")

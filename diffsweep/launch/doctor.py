@@ -221,7 +221,7 @@ def check_doctor_options(out: Path, timeout_s: float) -> None:
         raise ConfigError("timeout_s", f"expected a finite number of seconds >= 1, got {timeout_s}")
     blocking = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        where = "is a file" if blocking == out.absolute() else f"lies under {blocking}, which is a file"
+        where = "is not a directory" if blocking == out.absolute() else f"lies under {blocking}, which is not one"
         raise ConfigError("out", f"{out} {where}; expected a runs directory")
 
 

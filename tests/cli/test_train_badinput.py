@@ -29,7 +29,8 @@ def test_a_bad_experiment_name_is_refused_before_the_store_exists(tmp_path, text
     refused(r, "--experiment", needle)
 
 
-@pytest.mark.parametrize(("out", "needle"), [("afile", "is a file"), ("afile/runs", "which is a file")])
+@pytest.mark.parametrize(("out", "needle"), [("afile", "is not a directory"),
+                                            ("afile/runs", "which is not a directory")])
 def test_an_out_that_is_a_file_is_refused(tmp_path, text_dataset, out, needle):
     (tmp_path / "afile").write_text("x\n")
     with untouched(tmp_path):

@@ -108,7 +108,7 @@ def test_launch_sweep_refuses_non_finite_and_out_of_range_numbers_itself(tmp_pat
 
 def test_doctor_refuses_a_file_as_out(tmp_path):
     (tmp_path / "afile").write_text("x\n")
-    for out, needle in (("afile", "is a file"), ("afile/sub", "which is a file")):
+    for out, needle in (("afile", "is not a directory"), ("afile/sub", "which is not one")):
         with untouched(tmp_path):
             r = diffsweep("doctor", "--executor", "local", "--out", out, cwd=tmp_path, env=STORE)
         refused(r, "--out", needle)
