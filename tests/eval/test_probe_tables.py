@@ -120,10 +120,12 @@ def _probe_rows(probe: str, shift: float) -> list[dict]:
     if probe == "outliers":
         return _outlier_rows(30 + shift, 1.0, 300.0, 0.5 + shift)
     if probe == "quantization_downstream":
-        return [{"bits": b, "task": t, "metric": m, "value": 0.4 + shift + 1 / b, "stderr": 0.02, "samples": 100,
+        return [{"bits": b, "granularity": "head", "task": t, "metric": m, "value": 0.4 + shift + 1 / b,
+                 "stderr": 0.02, "samples": 100,
                  "delta": 1 / b - 1 / 16} for b in (16, 8, 4) for t in ("arc_easy", "piqa") for m in ("acc", "acc_norm")]
     if probe == "quantization":
-        return [{"bits": b, "val_loss": 3.0 + shift + 1 / b, "delta": 1 / b - 1 / 16} for b in (16, 8, 4)]
+        return [{"bits": b, "granularity": "head", "val_loss": 3.0 + shift + 1 / b, "delta": 1 / b - 1 / 16}
+                for b in (16, 8, 4)]
     if probe == "needle":
         return [{"needles": 6, "queries": 2, "context": c, "depth": d, "samples": 5, "accuracy": min(1.0, 0.5 + shift)}
                 for c in (64, 128) for d in (0.0, 50.0, 100.0)]

@@ -21,8 +21,9 @@ probe's numbers exactly.
 
 Metrics: ``quantization/bits_XX/val_loss``, and with tasks ``quantization/bits_XX/TASK/METRIC``
 (and ``quantization/bits_XX/downstream_average``); table ``quantization``: rows ``{bits, val_loss,
-delta, granularity}``, widest first; with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
-value, stderr, delta}`` (``delta``: the value minus its 16-bit value).
+delta, granularity}``, widest first (``compare --probes`` keys a cell on granularity and bits, so evaluations at two
+granularities never pool); with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
+value, stderr, delta, granularity}`` (``delta``: the value minus its 16-bit value).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ class QuantizationProbe(Probe):
     cites = "Fig. 8, §3.7"
     Settings = QuantizationSettings
     comparisons = (TableComparison(table="quantization", title="Fig. 8: validation loss with attention logits "
-                                   "quantized to b bits", keys=("bits",), values=("val_loss", "delta"), x="bits"),
+                                   "quantized to b bits", keys=("granularity", "bits"), values=("val_loss", "delta"),
+                                   x="bits"),
                    TableComparison(table="quantization_downstream", title="Fig. 8: zero-shot accuracy with attention "
-                                   "logits quantized to b bits", keys=("task", "bits"), values=("value", "delta"),
+                                   "logits quantized to b bits", keys=("task", "granularity", "bits"),
+                                   values=("value", "delta"),
                                    where=(("metric", "acc"),)))
 
     def check(self, settings: QuantizationSettings, config: Config) -> None:
@@ -123,7 +126,8 @@ def downstream(ctx: EvalContext, settings: QuantizationSettings, widths: list[in
         for name, value in found.metrics.items():  # downstream/TASK/METRIC, downstream/average
             short = name.removeprefix("downstream/")
             result.metrics[f"quantization/bits_{bits:02d}/{'downstream_average' if short == 'average' else short}"] = value
-        rows += [{"bits": bits, **row, "delta": row["value"] - base[row["task"], row["metric"]]}
+        rows += [{"bits": bits, **row, "delta": row["value"] - base[row["task"], row["metric"]],
+                  "granularity": settings.granularity.value}
                  for row in found.tables.get("downstream", [])]
     result.notes += sorted({note for found in by_width.values() for note in found.notes})
 
