@@ -145,6 +145,10 @@ def prepare(
                 yield step
                 bar.advance(task, step)
 
+    if not launch:  # refuse an --out in the way before saying anything else (a launch may resume one)
+        from diffsweep.data.prepare import check_out, input_paths
+
+        check_out(out, input_paths(documents), force=force)
     typer.echo(f"{what}; tokenizer {tokenizer.value}"
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
     if launch:
