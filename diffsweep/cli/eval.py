@@ -66,8 +66,8 @@ def eval_(
     plain = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
 
     def echo(line: str) -> None:
-        """The runner's lines: a note (``Detail``) or a sweep's run header only with --verbose."""
-        if verbose or not (isinstance(line, Detail) or line.startswith("== ")):
+        """The runner's lines; the details (notes, metrics, a sweep's run headers) only with --verbose."""
+        if verbose or not isinstance(line, Detail):
             plain(line)
 
     if launch:

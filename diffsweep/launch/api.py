@@ -388,7 +388,7 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
     finished yet (evaluated by a later call). Every probe is checked against every run's config
     before anything runs."""
     from diffsweep.eval.loading import load_trained
-    from diffsweep.eval.runner import evaluate
+    from diffsweep.eval.runner import Detail, evaluate
     from diffsweep.launch.state import DONE
 
     plan = plan_sweep(target)
@@ -398,7 +398,7 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
             probe.check(settings, row.run.config)
     done = []
     for row in finished:
-        echo(f"== {row.run.name}")
+        echo(Detail(f"== {row.run.name}"))  # each summary line names its run: a header is detail
         trained = load_trained(row.run_dir)
         done.append(RunEvaluations(row.run.name, row.run_dir, evaluate(trained, probes, force=force, echo=echo)))
         del trained
