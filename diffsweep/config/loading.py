@@ -50,6 +50,10 @@ def declared_config(raw: dict[str, Any]) -> Config:
 def load_declared(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Like ``load_config`` but returns the declared (unresolved, not yet validated) config."""
     raw = read_yaml(path) if path is not None else {}
+    sweep_keys = [k for k in ("name", "base", "grid", "runs", "extends") if k in raw]
+    if path is not None and sweep_keys and not {"model", "train", "data"} & raw.keys():
+        raise ConfigError(str(path), f"is a sweep file ({', '.join(sweep_keys)}); expected a run config (model, "
+                          "train, data): run a sweep with `diffsweep launch`, one run with its base config")
     for item in overrides:
         key, value = parse_override(item)
         set_dotted(raw, key, value)

@@ -260,3 +260,13 @@ def test_declared_dump_can_be_reused_for_another_kind(tmp_path):
     diff = load_config(path, ["model.attention.kind=diff_v1"])
     assert diff == load_config(None, ["model.size=1.4B", "model.attention.kind=diff_v1"])
     assert diff.model.attention.num_heads == 8
+
+
+def test_a_sweep_file_given_as_a_run_config_is_named_as_one(tmp_path):
+    (tmp_path / "base.yaml").write_text("model: {size: tiny-3xs}\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: s\nbase: base.yaml\ngrid: {train.seed: [0, 1]}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(sweep)
+    assert caught.value.key == str(sweep) and "is a sweep file (name, base, grid)" in caught.value.message
+    assert "diffsweep launch" in caught.value.message
