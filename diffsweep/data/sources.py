@@ -19,9 +19,8 @@ add end-of-document tokens); a source with no document with text is refused. A b
 not UTF-8, no such field, a text that is no string, a text holding a lone surrogate such as the
 JSON escape ``"\\ud800"``, which no UTF-8 text can hold) is one ``ConfigError`` keyed ``FILE:ROW``
 (rows count from 1; a JSONL row is its line number): refused, never replaced, whatever the
-tokenizer. A corrupt compressed or Parquet file is an error naming the file; so is a compressed
-file cut short (``.gz``, or a ``.zst`` ending inside any of its frames: "truncated"), never a
-shorter corpus. A missing optional package or a dataset not in the cache is
+tokenizer. A corrupt Parquet file is an error naming the file, as is a corrupt or cut-short
+compressed one (``compressed``). A missing optional package or a dataset not in the cache is
 ``EnvironmentUnavailable``.
 
 Sources count the documents they yielded on their last pass (``describe()``, for ``meta.json``)
@@ -37,12 +36,8 @@ in, nor on how they are split among workers).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
-import importlib
-import io
 import json
-import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,14 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
+from diffsweep.data.compressed import read_lines
+from diffsweep.data.errors import json_type, one_line, optional_module
+from diffsweep.data.hf_saved import check_saved, is_saved_dataset
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")  # a whole file is one document
 JSONL_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".ndjson") for z in ("", ".gz", ".zst"))
 PARQUET_SUFFIXES = (".parquet",)
 KNOWN_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES  # what a directory contributes
-HF_SAVED = ("state.json", "dataset_info.json")  # a Dataset.save_to_disk directory
-HF_SAVED_DICT = "dataset_dict.json"  # a DatasetDict.save_to_disk directory
-INSTALL = "pip install 'diffsweep[corpora]'"
 BATCH_ROWS = 1024  # rows per Parquet / Hugging Face batch
 
 
@@ -149,7 +144,7 @@ class FileSource(Source):
         if value is _MISSING:
             raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(has) or 'nothing'})")
         if not isinstance(value, str):
-            raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+            raise ConfigError(key, f"{self.text_field!r} is not a string (it is {json_type(value)})")
         check_text(key, value)
         return value if value.strip() else None
 
@@ -172,32 +167,12 @@ class JsonlFile(FileSource):
 
     format = "jsonl"
 
-    def _open(self) -> io.BufferedIOBase:
-        if self.name.endswith(".gz"):
-            return gzip.open(self.path, "rb")
-        if self.name.endswith(".zst"):
-            return io.BufferedReader(_ZstdFrames(self.path, optional_module("zstandard", "a .zst file")))
-        return open(self.path, "rb")
-
     def _read(self) -> Iterator[Document]:
-        errors: tuple[type[BaseException], ...] = (OSError, zlib.error)
-        compressed = self.name.endswith((".gz", ".zst"))
-        if self.name.endswith(".zst"):
-            errors += (optional_module("zstandard", "a .zst file").ZstdError,)
-        if compressed and self.path.stat().st_size == 0:
-            raise ConfigError(self.name, "empty file (0 bytes): no compressed data in it")
-        try:
-            with self._open() as f:
-                for row, line in enumerate(f, start=1):
-                    text = self._row(row, line)
-                    if text is not None:
-                        yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
-        except EOFError as exc:  # gzip's and _ZstdFrames' "ends inside the compressed data"
-            raise ConfigError(self.name, f"truncated: the compressed data ends before its end marker ({_one_line(exc)}); "
-                              "the file is cut short or still being written") from exc
-        except errors as exc:
-            raise ConfigError(self.name, f"cannot read it ({_one_line(exc)})") from exc
-
+        with contextlib.closing(read_lines(self.path)) as lines:  # closed at once when a row is refused
+            for row, line in enumerate(lines, start=1):
+                text = self._row(row, line)
+                if text is not None:
+                    yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
 
     def _row(self, row: int, line: bytes) -> str | None:
         key = f"{self.name}:{row}"
@@ -212,47 +187,9 @@ class JsonlFile(FileSource):
         except json.JSONDecodeError as exc:
             raise ConfigError(key, f"not a JSON object ({exc.msg.removesuffix(' at')} at column {exc.colno})") from exc
         if not isinstance(obj, dict):
-            raise ConfigError(key, f"not a JSON object (it is {_json_type(obj)})")
+            raise ConfigError(key, f"not a JSON object (it is {json_type(obj)})")
         return self.row_text(row, obj.get(self.text_field, _MISSING), obj)
 
-
-class _ZstdFrames(io.RawIOBase):
-    """A ``.zst`` file decompressed: all its frames in order (as ``zstd -d`` reads concatenated
-    frames), and ``EOFError`` when the file ends inside a frame. ``zstandard``'s own stream reader
-    ends quietly there, which would make a cut-short file a shorter corpus."""
-
-    def __init__(self, path: Path, zstd: Any) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
-        self._zstd = zstd.ZstdDecompressor()
-        self._frame: Any = None  # the decompressor of the frame being read (None: between frames)
-        self._input = b""  # compressed bytes read, not yet given to a frame
-        self._output = b""  # decompressed bytes not yet returned
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._output:
-            if not self._input:
-                self._input = self._file.read(1 << 16)
-                if not self._input:
-                    if self._frame is not None:
-                        raise EOFError("the file ends inside a zstd frame")
-                    return 0
-            if self._frame is None:
-                self._frame = self._zstd.decompressobj()
-            self._output = self._frame.decompress(self._input)
-            self._input = b""
-            if self._frame.eof:
-                self._input, self._frame = self._frame.unused_data, None
-        n = min(len(buffer), len(self._output))
-        buffer[:n] = self._output[:n]
-        self._output = self._output[n:]
-        return n
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
 
 class ParquetFile(FileSource):
     """A Parquet file's ``text_field`` column, read in batches of rows."""
@@ -275,7 +212,7 @@ class ParquetFile(FileSource):
                     if text is not None:
                         yield Document(name=f"{self.name}:{row}", text=text, source=self.path)
         except (pa.ArrowException, OSError) as exc:
-            raise ConfigError(self.name, f"not a readable Parquet file ({_one_line(exc)})") from exc
+            raise ConfigError(self.name, f"not a readable Parquet file ({one_line(exc)})") from exc
 
 
 class HfDataset(Source):
@@ -317,13 +254,13 @@ class HfDataset(Source):
         datasets = optional_module("datasets", "a Hugging Face dataset")
         if self.path is not None:
             try:
-                _check_saved(self.path, self.split)
+                check_saved(self.path, self.split)
                 loaded = datasets.load_from_disk(str(self.path))
             except ConfigError:
                 raise
             except Exception as exc:  # noqa: BLE001 (datasets raises many kinds on a damaged folder)
                 raise ConfigError(self.name, f"not a readable saved dataset (its state.json, dataset_info.json or "
-                                  f".arrow files are damaged: {type(exc).__name__}: {_one_line(exc)})") from exc
+                                  f".arrow files are damaged: {type(exc).__name__}: {one_line(exc)})") from exc
             if isinstance(loaded, datasets.DatasetDict):
                 if self.split not in loaded:
                     raise ConfigError(self.name, f"no split {self.split!r} (it has: {', '.join(loaded)})")
@@ -340,7 +277,7 @@ class HfDataset(Source):
             raise EnvironmentUnavailable(
                 f"{self.name}: not in the local Hugging Face cache ({where}); "
                 f"nothing is downloaded at run time: load it once where there is network, with the same HF_HOME "
-                f"({_one_line(exc)})"
+                f"({one_line(exc)})"
             ) from exc
 
     def _texts(self, loaded: Any) -> Iterator[tuple[Any, list[str]]]:
@@ -370,7 +307,7 @@ class HfDataset(Source):
                 if value is _MISSING:
                     raise ConfigError(key, f"no {self.text_field!r} field (it has: {', '.join(columns)})")
                 if not isinstance(value, str):
-                    raise ConfigError(key, f"{self.text_field!r} is not a string (it is {_json_type(value)})")
+                    raise ConfigError(key, f"{self.text_field!r} is not a string (it is {json_type(value)})")
                 check_text(key, value)
                 if value.strip():
                     self._content = (self._content + row_hash(row, value)) % 2**256
@@ -436,40 +373,12 @@ def _file(path: Path, text_field: str) -> Source:
 
 
 def _directory(path: Path, text_field: str, split: str, config: str | None) -> list[Source]:
-    if all((path / name).is_file() for name in HF_SAVED) or (path / HF_SAVED_DICT).is_file():
+    if is_saved_dataset(path):
         return [HfDataset(str(path), path=path, config=config, split=split, text_field=text_field)]
     found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(KNOWN_SUFFIXES))
     if not found:
         raise ConfigError(str(path), f"no {'/'.join(KNOWN_SUFFIXES)} files in this directory")
     return [_file(p, text_field) for p in found]
-
-
-def _check_saved(path: Path, split: str) -> None:
-    """The JSON files of a ``save_to_disk`` folder that ``datasets`` reads without checking (a
-    damaged one is a ``KeyError`` deep inside it): each error names the file."""
-    if (path / HF_SAVED_DICT).is_file():
-        splits = _json_file(path / HF_SAVED_DICT).get("splits")
-        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
-            raise ConfigError(str(path / HF_SAVED_DICT), f"splits: expected a list of split names, got {splits!r}")
-        if split not in splits:
-            raise ConfigError(str(path), f"no split {split!r} (it has: {', '.join(splits)})")
-        path = path / split
-    state = _json_file(path / HF_SAVED[0])
-    files = state.get("_data_files")
-    if not isinstance(files, list) or not files or not all(
-            isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files):
-        raise ConfigError(str(path / HF_SAVED[0]), f"_data_files: expected a list of {{'filename': ...}}, got {files!r}")
-    _json_file(path / HF_SAVED[1])
-
-
-def _json_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(str(path), f"not a readable JSON file ({_one_line(exc)})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), f"expected a JSON object, got {_json_type(data)}")
-    return data
 
 
 def from_recipe(recipe: dict[str, Any]) -> Source:
@@ -575,29 +484,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def optional_module(name: str, needed_for: str) -> Any:
-    """Import an optional package of the ``corpora`` extra, or say which extra installs it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        package = name.split(".")[0]
-        raise EnvironmentUnavailable(f"reading {needed_for} needs the {package} package: {INSTALL}") from exc
-
-
 class _Missing:
     def __repr__(self) -> str:
         return "<missing>"
 
 
 _MISSING: Any = _Missing()
-
-
-def _json_type(value: Any) -> str:
-    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "an array",
-             dict: "an object", str: "a string"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

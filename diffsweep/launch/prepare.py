@@ -1,14 +1,9 @@
 """``diffsweep data prepare --launch``: the shards of ``diffsweep.data.prepare`` written by one job
 array (Slurm, or processes on this machine), resumable; and ``data status | logs | cancel``.
 
-Everything lives in a launch folder beside the dataset, ``.OUT.prepare/``:
-
-- ``launch.json``: what was asked (inputs with their sizes and dates, settings, the shard plan:
-  the ``request``), the profile, each task's shards and its submissions (job ids, log files);
-- ``staging/``: the folder ``stage`` made (plan, tokenizer), where the tasks write the shards;
-  ``finish`` turns it into ``OUT`` (renamed: nothing else of the launch folder ends up there);
-- ``jobs/``: submitit's folders (pickles, logs); ``code/``: the code snapshot the tasks import;
-- ``finished.json``: written by the task that finished the dataset (its fingerprint).
+Everything lives in a launch folder beside the dataset, ``.OUT.prepare/`` (``prepare_record``):
+its record ``launch.json`` (the request, the profile, each task's shards and submissions), the
+``staging/`` folder the tasks write the shards into, submitit's ``jobs/`` and the ``code/`` snapshot.
 
 Task ``t`` always writes the same contiguous group of shards (``write_shards``: a written shard
 is skipped, so a task run again redoes only its unwritten shards). A task whose shards are
@@ -23,65 +18,50 @@ settings are refused unless ``force``, which discards the launch folder and star
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import pickle
-import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError, ConfigWarning, EnvironmentUnavailable, TokenizerKind
-from diffsweep.data.dataset import META_FILE, DatasetMeta, check_replaceable, read_meta
-from diffsweep.data.prepare import (
-    PLAN_FILE,
-    check_apart,
-    finish,
-    input_paths,
-    read_plan,
-    shard_record,
-    stage,
-    write_json,
-    write_shards,
-)
+from diffsweep.data.dataset import DatasetMeta, check_replaceable
+from diffsweep.data.prepare import check_apart, finish, input_paths, stage
+from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_json, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
 from diffsweep.launch.plan import cpu_count
+from diffsweep.launch.prepare_record import (
+    FINISH_LOCK,
+    FINISHED_FILE,
+    FORMAT,
+    JOBS,
+    LAUNCH_FILE,
+    STAGING,
+    discard,
+    finished_meta,
+    launch_folder,
+    locked,
+    read_record,
+    require_record,
+)
 from diffsweep.launch.profiles import Profile, pick_profile
 from diffsweep.launch.resources import cpu_resources
 from diffsweep.launch.scheduler import Scheduler, TaskArray, get_scheduler
 from diffsweep.launch.state import ACTIVE
 from diffsweep.rundir import now
 
-FORMAT = "diffsweep-prepare-launch/1"
-LAUNCH_FILE = "launch.json"
-STAGING = "staging"
-FINISHED_FILE = "finished.json"
-LOCK_FILE = "launch.lock"  # held by a launch or cancel
-FINISH_LOCK = "finish.lock"  # held by the task that finishes the dataset
-JOBS, CODE = "jobs", "code"  # submitit's folders, the code snapshot
-# Everything a launch writes in its folder (with write_json's temporary ``.NAME.PID`` files):
-# --force discards a folder of these only.
-WRITTEN = (LAUNCH_FILE, STAGING, FINISHED_FILE, LOCK_FILE, FINISH_LOCK, JOBS, CODE)
 MAX_TASKS = 16  # default array size on a cluster (fewer when there are fewer shards)
 # How the request's keys read in an error (the flags of `data prepare` that set them).
 _SETTINGS = {"tokenizer": "--tokenizer", "vocab_size": "--vocab-size", "val_fraction": "--val-fraction",
              "val_split": "--val-split", "max_tokens": "--max-tokens", "sample": "--sample", "seed": "--seed",
              "shard_size": "--shard-size", "shards": "INPUTS (files, their sizes or dates)",
              "cwd": "the working directory (INPUTS are relative paths)"}
-
-
-def launch_folder(out: Path) -> Path:
-    """Where a launched prepare of the dataset ``out`` keeps its state: ``.OUT.prepare`` beside it."""
-    out = out.absolute()
-    return out.parent / f".{out.name}.prepare"
 
 
 # --- the job -----------------------------------------------------------------------------------------
@@ -208,7 +188,7 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
         chosen_executor = executor if profile is not None or executor is not None else record["executor"]
     chosen = pick_profile(chosen_profile, chosen_executor)
     scheduler = get_scheduler(chosen.executor)
-    with _locked(folder, out, "launch"):
+    with locked(folder, out, "launch"):
         record = read_record(folder)
         if record is not None:
             active = active_tasks(record)
@@ -229,7 +209,7 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
         if not os.access(out.parent, os.W_OK):
             raise ConfigError(str(out), f"cannot write in {out.parent}")
         scheduler.check_tasks(chosen)
-        _discard(folder)  # --force, or the remains of a launch that recorded nothing
+        discard(folder)  # --force, or the remains of a launch that recorded nothing
         try:
             staging = folder / STAGING
             staging.mkdir()
@@ -244,7 +224,7 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
             write_json(folder / LAUNCH_FILE, record)
             submitted = _submit(record, folder, out, list(range(len(record["tasks"]))), chosen, echo)
         except BaseException:
-            _discard(folder)  # nothing was launched: leave nothing behind
+            discard(folder)  # nothing was launched: leave nothing behind
             raise
         return Launched(folder, submitted, len(record["tasks"]), staged.num_shards, [], None)
 
@@ -346,68 +326,6 @@ class PrepareStatus:
     def to_json(self) -> dict[str, Any]:
         return {"out": str(self.out), "folder": str(self.folder), "shards": self.num_shards, "written": self.written,
                 "finished": self.finished, "tasks": [asdict(t) for t in self.tasks]}
-
-
-def read_record(folder: Path) -> dict[str, Any] | None:
-    """The launch record (None when there is none)."""
-    try:
-        record = json.loads((folder / LAUNCH_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(str(folder / LAUNCH_FILE), f"not a readable launch record ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ConfigError(str(folder / LAUNCH_FILE), f"format is not {FORMAT!r}")
-    _check_record(record, folder / LAUNCH_FILE)
-    return record
-
-
-def _check_record(record: dict[str, Any], path: Path) -> None:
-    """What the launch code reads from a launch record, checked (the file may have been edited or
-    damaged): a ``ConfigError`` naming the file and the field."""
-    def bad(key: str, expected: str, value: Any) -> ConfigError:
-        return ConfigError(str(path), f"{key}: expected {expected}, got {value!r}")
-
-    for key, kind, expected in (("request", dict, "an object"), ("tasks", list, "a list of tasks"),
-                                ("replace", bool, "true or false"), ("out", str, "a path")):
-        if not isinstance(record.get(key), kind):
-            raise bad(key, expected, record.get(key))
-    for key in ("profile", "executor"):
-        if record.get(key) is not None and not isinstance(record[key], str):
-            raise bad(key, "a name or null", record[key])
-    fields = {f.name for f in dataclasses.fields(Attempt)}
-    for t, task in enumerate(record["tasks"]):
-        shards = task.get("shards") if isinstance(task, dict) else None
-        if not isinstance(shards, list) or not shards or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in shards):
-            raise bad(f"tasks[{t}].shards", "a list of shard numbers", shards)
-        attempts = task.get("attempts")
-        if not isinstance(attempts, list) or not all(
-                isinstance(a, dict) and {"executor", "submitted", "code_dir", "folder"} <= set(a) <= fields for a in attempts):
-            raise bad(f"tasks[{t}].attempts", "a list of submissions", attempts)
-        for a in attempts:
-            if not isinstance(a["executor"], str) or not isinstance(a["folder"], str) or not (
-                    a.get("job_id") is None or isinstance(a["job_id"], str)):
-                raise bad(f"tasks[{t}].attempts", "submissions with an executor, job_id and folder", a)
-
-
-def require_record(out: Path) -> tuple[Path, dict[str, Any]]:
-    folder = launch_folder(out)
-    record = read_record(folder)
-    if record is None:
-        raise ConfigError(str(out), f"no launched prepare of it (no {folder / LAUNCH_FILE}); launch one with "
-                          f"`diffsweep data prepare INPUTS --out {out} --launch`")
-    return folder, record
-
-
-def finished_meta(folder: Path, out: Path) -> DatasetMeta | None:
-    """The dataset's metadata if this launch finished it (and it is still the one there)."""
-    try:
-        done = json.loads((folder / FINISHED_FILE).read_text())
-        meta = read_meta(out.absolute() / META_FILE)
-    except (OSError, ValueError, ConfigError):
-        return None
-    return meta if meta.fingerprint == done.get("fingerprint") else None
 
 
 def _latest(task: dict[str, Any]) -> Attempt | None:
@@ -520,7 +438,7 @@ def cancel_prepare(out: Path) -> list[int]:
     """Stop the pending and running tasks of the launched prepare of ``out``; returns their numbers.
     Their written shards stay: launching again resumes."""
     folder, _ = require_record(out)
-    with _locked(folder, out, "cancel"):
+    with locked(folder, out, "cancel"):
         record = read_record(folder)
         assert record is not None
         active = active_tasks(record)
@@ -545,34 +463,6 @@ def cancel_prepare(out: Path) -> list[int]:
 
 
 # --- helpers -----------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _locked(folder: Path, out: Path, what: str) -> Iterator[None]:
-    """One launch or cancel of a prepare at a time (``diffsweep.lockfile``: works on NFS)."""
-    with lockfile.hold(folder / LOCK_FILE, what, "out", f"another launch or cancel of {out} is in progress"):
-        yield
-
-
-def _discard(folder: Path) -> None:
-    """Empty the launch folder (its lock, held by the caller, stays), if it holds only what a launch
-    writes: a folder of the user's that happens to have its name is refused, never emptied."""
-    foreign = sorted(c.name for c in folder.iterdir() if c.name not in WRITTEN and not _temporary(c.name))
-    if foreign:
-        raise ConfigError(str(folder), f"holds {foreign[0]!r}, which a launched prepare does not write: not a launch "
-                          "folder of diffsweep; move it away yourself (nothing was deleted)")
-    for child in folder.iterdir():
-        if child.name == LOCK_FILE:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-
-
-def _temporary(name: str) -> bool:
-    """A temporary file of ``write_json`` (``.launch.json.PID``), left by a process killed while writing."""
-    return any(name.startswith(f".{written}.") and name.rsplit(".", 1)[-1].isdigit() for written in WRITTEN)
 
 
 def _span(indices: list[int]) -> str:

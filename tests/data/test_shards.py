@@ -21,7 +21,8 @@ import pytest
 
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, ShardedTokens, batch_starts, open_dataset, windows
-from diffsweep.data.prepare import in_validation, prepare
+from diffsweep.data.prepare import prepare
+from diffsweep.data.shards import in_validation
 from diffsweep.data.sources import Corpus, open_sources
 
 # Every pydoc topic (~190 documents, ~0.8 MB of English), in order; six files of each format.

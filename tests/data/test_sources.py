@@ -15,8 +15,9 @@ import pytest
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import open_dataset
+from diffsweep.data.errors import optional_module
 from diffsweep.data.prepare import prepare
-from diffsweep.data.sources import Corpus, keep, open_sources, optional_module
+from diffsweep.data.sources import Corpus, keep, open_sources
 from tests.launch.conftest import cli
 
 # Twelve pydoc topics (~60 kB of English): one document each, in this order.
