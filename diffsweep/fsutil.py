@@ -35,7 +35,7 @@ def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
     the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
     right after cannot leave an empty file behind the rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share one
     with open(tmp, "w") as f:
         f.write(text)
         if sync:

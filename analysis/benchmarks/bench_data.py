@@ -97,22 +97,22 @@ def write_jsonl(texts: list[str], directory: Path, num_files: int) -> list[Path]
 
 def _load_in_worker(staging: str) -> int:
     """What a prepare worker does before its first document: import, read the plan, load the tokenizer."""
-    from diffsweep.data import prepare
+    from diffsweep.data import shards
 
-    prepare._tokenizer(Path(staging), prepare.read_plan(Path(staging)))
+    shards._tokenizer(Path(staging), shards.read_plan(Path(staging)))
     return os.getpid()
 
 
 def start_up_seconds(staging: Path, workers: int) -> float:
     """Seconds to start ``workers`` spawn processes (as ``_write_all`` does), each loading the
     tokenizer, and shut them down; for 1 worker, loading the tokenizer in this process."""
-    from diffsweep.data import prepare
+    from diffsweep.data import shards
 
     started = time.perf_counter()
     if workers == 1:
-        prepare._TOKENIZERS.clear()
-        prepare._tokenizer(staging, prepare.read_plan(staging))
-        prepare._TOKENIZERS.clear()
+        shards._TOKENIZERS.clear()
+        shards._tokenizer(staging, shards.read_plan(staging))
+        shards._TOKENIZERS.clear()
         return time.perf_counter() - started
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -133,7 +133,7 @@ def _fresh_staging(template: Path, work: Path, name: str) -> Path:
 def bench_prepare(kind: str, inputs: Path, work: Path, *, vocab: int, repeat: int) -> dict[str, Any]:
     """stage / write (1 and 2 workers) / finish seconds, tokens, start-up, and plain encode speed."""
     from diffsweep.config import TokenizerKind
-    from diffsweep.data import prepare
+    from diffsweep.data import prepare, shards
     from diffsweep.data.sources import Corpus, open_sources
     from diffsweep.data.tokenizers import load_tokenizer
 
@@ -153,7 +153,7 @@ def bench_prepare(kind: str, inputs: Path, work: Path, *, vocab: int, repeat: in
         for workers in WORKERS:  # round-robin: machine load hits both alike
             start_s[workers].append(start_up_seconds(template, workers))
             staging = _fresh_staging(template, work, f"{kind}-{workers}-{r}")
-            prepare._TOKENIZERS.clear()  # as a fresh `data prepare` process: the tokenizer loads in the timing
+            shards._TOKENIZERS.clear()  # as a fresh `data prepare` process: the tokenizer loads in the timing
             started = time.perf_counter()
             prepare._write_all(prepare.Staged(staging, staged.num_shards, staged.shard_bytes), workers, None)
             write_s[workers].append(time.perf_counter() - started)

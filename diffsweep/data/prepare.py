@@ -40,7 +40,6 @@ from typing import Any
 
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, VAL_SPLITS, DatasetMeta, check_replaceable, shard_file
-from diffsweep.data.shards import _TOKENIZERS as _TOKENIZERS  # re-exported: analysis/benchmarks/bench_data.py
 from diffsweep.data.shards import (
     PLAN_FILE,
     PLAN_FORMAT,
@@ -51,7 +50,6 @@ from diffsweep.data.shards import (
     write_json,
     write_shard,
 )
-from diffsweep.data.shards import _tokenizer as _tokenizer  # times the tokenizer's loading through these
 from diffsweep.data.sources import (
     Corpus,
     Document,

@@ -27,6 +27,7 @@ from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import SPLITS, shard_file
 from diffsweep.data.sources import Document, from_recipe, keep
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer
+from diffsweep.fsutil import write_atomically
 
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = "diffsweep-prepare-plan/1"
@@ -202,6 +203,4 @@ def record_name(index: int) -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON atomically (a reader sees the old file or the whole new one)."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
-    temp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temp, path)
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
