@@ -87,7 +87,7 @@ def prepare(
     executor: Annotated[str | None, name_choice(scheduler_names, "--executor", "With --launch: where the tasks "
                                                 "run: {choices} (default: the profile's; without one, slurm if a "
                                                 "Slurm controller answers, else local).", show_default=False)] = None,
-    tasks: Annotated[int | None, typer.Option("--tasks", help="With --launch: array tasks, each writing a "
+    tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="With --launch: array tasks, each writing a "
                                               "contiguous group of shards (default: min(16, shards); locally "
                                               "min(cores, shards)).", show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --launch: follow the tasks until the dataset is "
@@ -98,7 +98,6 @@ def prepare(
     as streams: a corpus larger than memory is fine. Nothing is downloaded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from diffsweep.data.prepare import VAL_SPLITS
     from diffsweep.data.prepare import prepare as prepare_dataset
     from diffsweep.data.sources import Corpus, Document, open_sources
 
@@ -107,8 +106,6 @@ def prepare(
     shard_bytes = parse_size(shard_size, "--shard-size")
     if workers is not None and workers < 1:
         fail(f"--workers: expected at least 1 worker, got {workers}")
-    if val_split not in VAL_SPLITS:
-        fail(f"--val-split: expected one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
     out = out or DEMO_OUT if demo else out
     if out is None:
         fail("--out: expected a directory for the dataset")
@@ -145,9 +142,12 @@ def prepare(
                 yield step
                 bar.advance(task, step)
 
-    if not launch:  # refuse an --out in the way before saying anything else (a launch may resume one)
-        from diffsweep.data.prepare import check_out, input_paths
+    # Refuse bad settings and an --out in the way before saying anything (a launch may resume an --out).
+    from diffsweep.data.prepare import check_out, check_settings, input_paths
 
+    check_settings(tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
+                   max_tokens=max_tokens)
+    if not launch:
         check_out(out, input_paths(documents), force=force)
     typer.echo(f"{what}; tokenizer {tokenizer.value}"
                + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)

@@ -60,7 +60,7 @@ from diffsweep.data.sources import (
     plan_shards,
     sha256_file,
 )
-from diffsweep.data.tokenizers import has_eos, new_tokenizer
+from diffsweep.data.tokenizers import check_bpe_vocab, has_eos, new_tokenizer
 from diffsweep.fsutil import parents_made_for
 
 __all__ = ["VAL_SPLITS", "Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
@@ -200,9 +200,12 @@ def check_apart(path: Path, inputs: Iterable[Path], key: str) -> None:
 # --- step 1: the plan ------------------------------------------------------------------------------
 
 
-def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: TokenizerKind, *, vocab_size: int,
-          val_fraction: float, val_split: str, max_tokens: int | None, shard_size: int) -> Staged:
-    """Check the settings, make the tokenizer and write the plan into the (existing) ``staging``."""
+def check_settings(tokenizer: TokenizerKind, *, vocab_size: int, val_fraction: float, val_split: str,
+                   max_tokens: int | None) -> None:
+    """The one check of ``data prepare``'s tokenizer and split settings (``--vocab-size`` with bpe,
+    ``--val-fraction``, ``--val-split``, ``--max-tokens``), before anything is read or written."""
+    if tokenizer is TokenizerKind.BPE:
+        check_bpe_vocab(vocab_size)
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError("val_fraction", f"expected a value in (0, 1), got {val_fraction}")
     if val_split not in VAL_SPLITS:
@@ -213,6 +216,13 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
         raise ConfigError("max_tokens", f"expected at least {smallest} token{'s' if smallest > 1 else ''} with the {tokenizer.value} tokenizer "
                           f"and --val-split {val_split} (a document's first token and its end-of-document tokens), "
                           f"got {max_tokens}")
+
+
+def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: TokenizerKind, *, vocab_size: int,
+          val_fraction: float, val_split: str, max_tokens: int | None, shard_size: int) -> Staged:
+    """Check the settings, make the tokenizer and write the plan into the (existing) ``staging``."""
+    check_settings(tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
+                   max_tokens=max_tokens)
     corpus: _Listed | Corpus
     shards: list[list[Source]]
     listed: list[dict[str, Any]] | None

@@ -113,9 +113,7 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HfTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
-        if not 256 + 1 <= vocab_size <= MAX_BPE_VOCAB:
-            raise ConfigError("vocab_size", f"expected a byte-level BPE vocabulary of 257 to {MAX_BPE_VOCAB:,} tokens, "
-                              f"got {vocab_size}")
+        check_bpe_vocab(vocab_size)
         tok = HfTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -153,6 +151,14 @@ class BpeTokenizer(Tokenizer):
 
     def save(self, directory: Path) -> None:
         self._tok.save(str(directory / BPE_FILE))
+
+
+def check_bpe_vocab(vocab_size: int) -> None:
+    """The one check of a BPE vocabulary size (``--vocab-size``): 257 (the bytes and one merge) to
+    ``MAX_BPE_VOCAB``."""
+    if not 256 + 1 <= vocab_size <= MAX_BPE_VOCAB:
+        raise ConfigError("vocab_size", f"expected a byte-level BPE vocabulary of 257 to {MAX_BPE_VOCAB:,} tokens, "
+                          f"got {vocab_size}")
 
 
 def new_tokenizer(kind: TokenizerKind, texts: Callable[[], Iterable[str]], vocab_size: int) -> Tokenizer:
