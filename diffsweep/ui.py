@@ -116,13 +116,18 @@ def port_in_use(host: str, port: int) -> bool:
 
 def check_bind(host: str, port: int) -> None:
     """``--host`` and ``--port`` of ``ui`` and ``server``, checked before anything is created or
-    started: a host name or address of this machine (not empty: that would bind every interface
-    unasked), a port in 1-65535 that is free there. A ``UiError`` (exit 2) naming the option."""
+    started: a host name or address (not empty: that would bind every interface unasked) and a
+    port in 1-65535 (``check_free``: free there). A ``UiError`` (exit 2) naming the option."""
     if not host.strip():
         raise UiError(f"--host: expected a host name or address of this machine (0.0.0.0: every interface), "
                       f"got {host!r}", code=2)
     if not 1 <= port <= 65535:  # (a bool or float never gets here: the CLI parses an int)
         raise UiError(f"--port: expected a port in [1, 65535], got {port}", code=2)
+
+
+def check_free(host: str, port: int) -> None:
+    """The port is free on ``host`` (checked after every flag, so a bad flag is reported whatever
+    else runs on this machine, and before anything is created)."""
     if port_in_use(host, port):
         raise port_error(host, port)
 
@@ -396,23 +401,26 @@ def run_server(store_uri: str | None = None, *, artifacts: str | None = None, ho
     from diffsweep.config import ConfigError
     from diffsweep.store import KEY, check_tracking, network_filesystem_here
 
-    # Everything the user gave is checked before anything is created (the data folder, the store).
+    # Everything the user gave is checked before anything is created (the data folder, the store),
+    # and before the port: a bad flag is reported whatever else runs on this machine.
     host = socket.gethostname() if host is None else host
     check_bind(host, port)
     if artifacts is not None:
         check_artifacts(artifacts)
-    created = None
+    if store_uri is not None:
+        if is_remote(store_uri):
+            raise ConfigError(KEY, f"{store_uri} is a tracking server already; give the database it should serve")
+        check_tracking(store_uri)  # creates nothing
+    check_free(host, port)
     if store_uri is None:
         created = _missing_parents(data_dir() / "mlflow.db")
         data_dir().mkdir(parents=True, exist_ok=True)
         store_uri = f"sqlite:///{data_dir() / 'mlflow.db'}"
-    try:
-        if is_remote(store_uri):
-            raise ConfigError(KEY, f"{store_uri} is a tracking server already; give the database it should serve")
-        check_tracking(store_uri)
-    except BaseException:
-        _remove_empty(created or [])
-        raise
+        try:
+            check_tracking(store_uri)
+        except BaseException:
+            _remove_empty(created)
+            raise
     db = sqlite_path(store_uri)
     if artifacts is None:
         artifacts = str((db.parent if db is not None else data_dir()) / "mlartifacts")
@@ -497,6 +505,7 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
     check_bind(host, port)
     check_store(store_uri)
     check_tracking(store_uri)
+    check_free(host, port)
     server = UiServer(store_uri, host, port)
 
     def ready() -> None:

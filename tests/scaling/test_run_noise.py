@@ -100,12 +100,12 @@ def test_fit_csv_of_a_token_scan_with_a_given_run_sd(tmp_path):
     assert "curve-fit only" in (tmp_path / "a" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("value", ["0", "nan"])
-def test_a_bad_run_sd_is_one_line_exit_2(tmp_path, value):
+@pytest.mark.parametrize(("value", "expected"), [("0", "positive sd of log loss"), ("nan", "expected a finite number")])
+def test_a_bad_run_sd_is_one_line_exit_2(tmp_path, value, expected):
     from tests.launch.conftest import cli
     from tests.scaling.conftest import one_line_error
 
     token_scan(runs=1).to_csv(tmp_path / "scan.csv", index=False)
     r = cli("fit", "--csv", "scan.csv", "--no-log", "--run-sd", value, "--out", "out", cwd=tmp_path)
-    one_line_error(r, "--run-sd", "positive sd of log loss")
+    one_line_error(r, "--run-sd", expected)
     assert not (tmp_path / "out").exists()
