@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,3 +43,15 @@ def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def empty_folder(folder: Path, *, keep: str) -> None:
+    """Remove everything in ``folder`` but the entry named ``keep`` (a lock its caller holds). Only
+    for a folder the caller knows diffsweep wrote: links are removed, never followed."""
+    for child in folder.iterdir():
+        if child.name == keep:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()

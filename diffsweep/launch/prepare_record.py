@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 from diffsweep import lockfile
 from diffsweep.config import ConfigError
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
+from diffsweep.fsutil import empty_folder
 from diffsweep.launch.ledger import Attempt
 
 FORMAT = "diffsweep-prepare-launch/1"
@@ -122,13 +122,7 @@ def discard(folder: Path) -> None:
     if foreign:
         raise ConfigError(str(folder), f"holds {foreign[0]!r}, which a launched prepare does not write: not a launch "
                           "folder of diffsweep; move it away yourself (nothing was deleted)")
-    for child in folder.iterdir():
-        if child.name == LOCK_FILE:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    empty_folder(folder, keep=LOCK_FILE)
 
 
 def _temporary(name: str) -> bool:

@@ -10,7 +10,6 @@ submission in the ledger.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
+from diffsweep.fsutil import empty_folder
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.scheduler import Submission, get_scheduler
@@ -92,13 +92,7 @@ def launch_lock(out: Path, what: str = "launch") -> Iterator[None]:
             yield
         finally:
             if fresh and not ledger_path(out).exists():  # still ours alone: the lock keeps others out
-                for child in out.iterdir():
-                    if child.name == LAUNCH_LOCK:
-                        continue
-                    if child.is_dir() and not child.is_symlink():
-                        shutil.rmtree(child)
-                    else:
-                        child.unlink()
+                empty_folder(out, keep=LAUNCH_LOCK)
 
 
 def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, tracking_uri: str,
