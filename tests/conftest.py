@@ -85,9 +85,29 @@ def pytest_runtest_setup(item):
         require_cuda()
 
 
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An empty SQLite MLflow store, its schema created once per test process (MLflow's migrations
+    take 3-4 s on the CI machine; a copy takes milliseconds)."""
+    from diffsweep.store import init_store
+
+    path = tmp_path_factory.mktemp("store-template") / "mlflow.db"
+    init_store(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def store(tmp_path) -> dict:
-    """Environment for a CLI process with its own SQLite MLflow store."""
+def store(tmp_path, store_template) -> dict:
+    """Environment for a CLI process with its own SQLite MLflow store, ``tmp_path/mlflow.db``: a copy
+    of the empty ``store_template`` (a test of how a store is created uses ``new_store``)."""
+    shutil.copyfile(store_template, tmp_path / "mlflow.db")
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+
+
+@pytest.fixture
+def new_store(tmp_path) -> dict:
+    """Environment for a CLI process whose SQLite MLflow store, ``tmp_path/mlflow.db``, does not exist
+    yet: the command creates it (or, refusing, must not)."""
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
 
 

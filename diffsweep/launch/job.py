@@ -101,8 +101,12 @@ class TrainJob(submitit.helpers.Checkpointable):
             # srun's --kill-on-bad-exit cannot cut the first one short while it requeues.
             return {"status": "preempted", "step": result.step, "run_id": result.run_id}
         if result.signal == signal.SIGUSR2.name and _under_submitit():
-            # The checkpoint is saved; let submitit's handler (restored by the trainer) requeue.
-            os.kill(os.getpid(), signal.SIGUSR2)
+            # The checkpoint is saved; submitit's handler (restored by the trainer) requeues and
+            # exits. It is called here rather than signalled: with other threads running, a signal
+            # to this process may be handled after the raise below, which then ends the job first.
+            handler = signal.getsignal(signal.SIGUSR2)
+            if callable(handler):
+                handler(signal.SIGUSR2, None)
         raise Preempted(reason)
 
     def _evaluate(self, run_dir: Path, write_job_state: Any, running: dict[str, Any], step: int, total: int

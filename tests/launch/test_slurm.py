@@ -94,7 +94,7 @@ def test_slurm_preemption_requeues_from_the_current_checkpoint(tmp_path, text_da
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id  # same MLflow run
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))  # contiguous, once each
     log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log
+    assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
     resumed = [line for line in log.splitlines() if line.startswith("resum")]
     assert resumed, log  # the second start resumed from a checkpoint, not step 0
     assert len(ledger(out)["entries"][entry["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
@@ -230,7 +230,7 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     assert run.data.metrics["train/tokens"] == steps * 128  # the sweep's global batch, not twice it
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, steps + 1))
     log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log
+    assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
     assert any(line.startswith("resuming") and "on 2 processes" in line for line in log.splitlines()), log
     assert len(ledger(out)["entries"][entry["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
     sacct = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],
