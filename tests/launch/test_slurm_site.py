@@ -1,25 +1,26 @@
 """Sweeps meeting a real Slurm site (the localhost cluster of slurm/start-cluster.sh: partition
 debug, 2 fake GPUs, user root with account root and QoS normal): concurrent launches, what the
-cluster offers (GRES, accounts, QoS), command-line overrides, job settings, and scancel's exit
-status. Marked ``slurm``; they skip without a reachable controller (see test_slurm.py)."""
+cluster offers (GRES, accounts, QoS), command-line overrides and job settings. (What cancel does
+when scancel fails: test_slurm.py, in its array sweep.) Marked ``slurm``; they skip without a
+reachable controller (see test_slurm.py). Each starts on an idle cluster and cancels its own
+jobs (``own_jobs``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from diffsweep import lockfile
 from diffsweep.lockfile import LockBusy, hold
-from tests.launch.conftest import cli, ledger, wait_for, write_sweep
-from tests.launch.test_slurm import slurm_cluster, status  # noqa: F401 (the module's skip fixture)
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import ledger, wait_for, write_sweep
+from tests.launch.slurm_jobs import counts, own_jobs  # noqa: F401 (own_jobs: a fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -27,17 +28,11 @@ PROFILE = ("executor: slurm\ngpu: {name: fake-gpu, memory_gb: 80, peak_tflops: 0
            "cpus_per_gpu: 1\nmem_per_gpu_gb: 2\nmin_time_minutes: 60\nsignal_delay_s: 30\nslurm: {partition: debug}\n")
 
 
-def scancel_all(out: Path) -> None:
-    """Stop what a test left running (the cluster is shared)."""
-    if (out / "ledger.json").is_file():
-        ids = [a["job_id"] for e in ledger(out)["entries"].values() for a in e["attempts"] if a["job_id"]]
-        subprocess.run(["scancel", *ids], capture_output=True)
-
-
 def test_two_launches_at_once_from_two_login_nodes_submit_each_run_once(tmp_path, text_dataset, mlflow_store):
     """Two login nodes have two /tmp: here, two TMPDIRs. The lock lives in the sweep directory.
     (The MLflow store exists already, as it does after the first sweep: two launches creating
-    one at once would race in MLflow's own table creation instead.)"""
+    one at once would race in MLflow's own table creation instead.) Two real ``launch``
+    processes: their concurrency is the point."""
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400)
     out = tmp_path / "runs" / "t"
     procs = []
@@ -47,24 +42,21 @@ def test_two_launches_at_once_from_two_login_nodes_submit_each_run_once(tmp_path
                                        "localhost"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_store,
                                                                    "TMPDIR": str(tmp_path / node)}))
-    try:
-        results = [(p.wait(300), *p.communicate()) for p in procs]
-        entries = ledger(out)["entries"].values()
-        assert len(entries) == 2 and all(len(e["attempts"]) == 1 for e in entries), results
-        arrays = {p.name.split("_")[0] for p in (out / "jobs").glob("[0-9]*")}  # submitit's folder per job
-        assert len(arrays) == 1, (arrays, results)
-        (first,) = [r for r in results if r[0] == 0 and "submitted 2 runs" in r[1]]
-        (rc, stdout, stderr) = results[1 - results.index(first)]
-        # The other launch was refused while the first held the lock, or came after it and found
-        # both runs running.
-        if rc == 0:
-            assert "nothing to submit (2 running)" in stdout, stdout
-        else:
-            assert rc == 2 and stderr.count("\n") == 1, stderr
-            assert stderr.startswith(f"error: --out: another launch or cancel of {out} is in progress (launch on "
-                                     f"host {socket.gethostname()}, pid "), stderr
-    finally:
-        scancel_all(out)
+    results = [(p.wait(300), *p.communicate()) for p in procs]
+    entries = ledger(out)["entries"].values()
+    assert len(entries) == 2 and all(len(e["attempts"]) == 1 for e in entries), results
+    arrays = {p.name.split("_")[0] for p in (out / "jobs").glob("[0-9]*")}  # submitit's folder per job
+    assert len(arrays) == 1, (arrays, results)
+    (first,) = [r for r in results if r[0] == 0 and "submitted 2 runs" in r[1]]
+    (rc, stdout, stderr) = results[1 - results.index(first)]
+    # The other launch was refused while the first held the lock, or came after it and found
+    # both runs running.
+    if rc == 0:
+        assert "nothing to submit (2 running)" in stdout, stdout
+    else:
+        assert rc == 2 and stderr.count("\n") == 1, stderr
+        assert stderr.startswith(f"error: --out: another launch or cancel of {out} is in progress (launch on "
+                                 f"host {socket.gethostname()}, pid "), stderr
 
 
 def test_a_lock_held_by_a_slurm_job_on_another_host_lasts_as_long_as_the_job(tmp_path):
@@ -124,56 +116,17 @@ def test_jobs_requeue_on_request_use_their_cpus_as_threads_and_take_command_line
     r = cli("launch", str(sweep), *args, cwd=tmp_path, env={**store, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0 and "0:45 h" in r.stdout, r.stdout + r.stderr
     out = tmp_path / "runs" / "t"
-    try:
-        (entry,) = ledger(out)["entries"].values()
-        job_id = entry["attempts"][0]["job_id"]
-        (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}
-        for line in ("#SBATCH --requeue\n", "#SBATCH --account=root\n", "#SBATCH --qos=normal\n",
-                     "#SBATCH --time=45\n", "#SBATCH --cpus-per-task=2\n",
-                     "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}\n", "export DIFFSWEEP_SITE_LINE=ran\n"):
-            assert line in script, script
-        job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-        assert "Requeue=1" in job and "Account=root" in job and "QOS=normal" in job, job
-
-        def counts():
-            r = cli("status", str(sweep), *args, "--json", cwd=tmp_path, env=store)
-            assert r.returncode == 0, r.stderr
-            return json.loads(r.stdout)["counts"] == {"done": 1}
-
-        wait_for(counts, 240, "the run to finish")
-    finally:
-        scancel_all(out)
+    (entry,) = ledger(out)["entries"].values()
+    job_id = entry["attempts"][0]["job_id"]
+    (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}
+    for line in ("#SBATCH --requeue\n", "#SBATCH --account=root\n", "#SBATCH --qos=normal\n",
+                 "#SBATCH --time=45\n", "#SBATCH --cpus-per-task=2\n",
+                 "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}\n", "export DIFFSWEEP_SITE_LINE=ran\n"):
+        assert line in script, script
+    job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert "Requeue=1" in job and "Account=root" in job and "QOS=normal" in job, job
+    wait_for(lambda: counts(sweep, tmp_path, store, *args) == {"done": 1}, 240, "the run to finish")
     from mlflow.tracking import MlflowClient
 
     run_id = json.loads((out / "runs" / f"{entry['name']}-{entry['key']}" / "run.json").read_text())["run_id"]
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).data.tags["diffsweep.threads"] == "2"
-
-
-def test_cancel_trusts_slurm_not_scancels_exit_status(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400)
-    out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--profile", "localhost", cwd=tmp_path, env=store).returncode == 0
-    real = shutil.which("scancel")
-    shims = {}
-    for name, body in (("delivered", f'"{real}" "$@"\n'), ("refused", "")):
-        shims[name] = tmp_path / name
-        shims[name].mkdir()
-        (shims[name] / "scancel").write_text(f"#!/bin/sh\n{body}echo 'scancel: error: Kill job error on job id "
-                                             "1: Job/step already completing or completed' >&2\nexit 1\n")
-        (shims[name] / "scancel").chmod(0o755)
-    try:
-        ids = sorted(e["attempts"][0]["job_id"] for e in ledger(out)["entries"].values())
-        # scancel failed and Slurm still runs the jobs: an error naming them, nothing marked
-        r = cli("cancel", str(sweep), "--profile", "localhost", cwd=tmp_path,
-                env={**store, "PATH": f"{shims['refused']}{os.pathsep}{os.environ['PATH']}"})
-        assert r.returncode == 3 and r.stderr.startswith(f"error: scancel did not stop Slurm jobs {ids[0]} ("), r.stderr
-        assert "Job/step already completing" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-        assert all(e["attempts"][0]["state"] == "submitted" for e in ledger(out)["entries"].values())
-        # scancel failed but the jobs were cancelled (what was seen in 3 of 6 tries): success
-        r = cli("cancel", str(sweep), "--profile", "localhost", cwd=tmp_path,
-                env={**store, "PATH": f"{shims['delivered']}{os.pathsep}{os.environ['PATH']}"})
-        assert r.returncode == 0 and "cancelled 2 runs" in r.stdout, r.stdout + r.stderr
-        assert all(e["attempts"][0]["state"] == "cancelled" for e in ledger(out)["entries"].values())
-        wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"cancelled": 2}, 120, "both runs cancelled")
-    finally:
-        scancel_all(out)
