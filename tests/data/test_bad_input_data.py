@@ -1,6 +1,9 @@
 """Bad input to ``diffsweep data ...`` as a user meets it (issue #29): one ``error:`` line, exit 2,
 no traceback, and nothing created, changed or deleted. First of all, ``data prepare --force``
-never deletes what diffsweep did not write: an input, a folder holding inputs, a user's folder."""
+never deletes what diffsweep did not write: an input, a folder holding inputs, a user's folder.
+
+The command runs in this process (``tests.helpers.cli.run``): what it refuses and what it leaves
+on disk do not depend on a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import pytest
 from diffsweep.config import EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import META_FILE
 from diffsweep.data.prepare import Document, prepare, shard_record
-from tests.helpers.badinput import diffsweep, refused, untouched
+from tests.helpers.badinput import refused, untouched
+from tests.helpers.cli import run
 
 ROWS = b"".join(json.dumps({"text": f"document number {i}, with some words in it"}).encode() + b"\n"
                 for i in range(40))
@@ -45,14 +49,14 @@ def dataset(root: Path, name: str = "ds") -> Path:
 def test_force_onto_the_input_file_deletes_nothing(tmp_path):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus/a.jsonl", "--out", "corpus/a.jsonl", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus/a.jsonl", "--out", "corpus/a.jsonl", "--force", *BYTES, cwd=tmp_path)
     refused(r, "--out", "corpus/a.jsonl", "is the input")
 
 
 def test_force_onto_the_input_folder_deletes_nothing(tmp_path):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "corpus", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "corpus", "--force", *BYTES, cwd=tmp_path)
     refused(r, "--out", "corpus", "is the input")
 
 
@@ -60,7 +64,7 @@ def test_force_onto_the_input_folder_deletes_nothing(tmp_path):
 def test_force_onto_a_folder_that_contains_the_inputs_deletes_nothing(tmp_path, out):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus/a.jsonl", "corpus/b.jsonl", "--out", out, "--force", *BYTES,
+        r = run("data", "prepare", "corpus/a.jsonl", "corpus/b.jsonl", "--out", out, "--force", *BYTES,
                       cwd=tmp_path)
     refused(r, "--out", "contains the input")
 
@@ -68,7 +72,7 @@ def test_force_onto_a_folder_that_contains_the_inputs_deletes_nothing(tmp_path, 
 def test_out_inside_an_input_folder_is_refused(tmp_path):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "corpus/ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "corpus/ds", *BYTES, cwd=tmp_path)
     refused(r, "--out", "corpus/ds", "lies inside the input corpus")
 
 
@@ -78,7 +82,7 @@ def test_force_onto_a_users_folder_without_meta_json_deletes_nothing(tmp_path):
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "mine", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "mine", "--force", *BYTES, cwd=tmp_path)
     refused(r, "mine", "--force replaces only a dataset", "no meta.json")
 
 
@@ -92,7 +96,7 @@ def test_force_onto_a_folder_whose_meta_json_is_not_diffsweeps_deletes_nothing(t
     (theirs / META_FILE).write_text(meta)
     (theirs / "train.bin").write_bytes(b"\x00" * 10)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "theirs", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "theirs", "--force", *BYTES, cwd=tmp_path)
     refused(r, "theirs", "--force replaces only a dataset", "meta.json")
 
 
@@ -101,7 +105,7 @@ def test_force_onto_a_dataset_holding_a_users_file_deletes_nothing(tmp_path):
     ds = dataset(tmp_path)
     (ds / "notes.md").write_text("mine")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "ds", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "ds", "--force", *BYTES, cwd=tmp_path)
     refused(r, "ds", "holds 'notes.md'")
 
 
@@ -110,7 +114,7 @@ def test_force_onto_a_symlink_to_an_input_deletes_nothing(tmp_path, target):
     corpus(tmp_path)
     os.symlink(target, tmp_path / "link")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "link", "--force", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "link", "--force", *BYTES, cwd=tmp_path)
     refused(r, "--out", "link", "the input corpus")
 
 
@@ -118,7 +122,7 @@ def test_force_replaces_a_dataset_diffsweep_wrote(tmp_path):
     """The one thing --force replaces: a dataset of data prepare (no copies left beside it)."""
     corpus(tmp_path)
     dataset(tmp_path)
-    r = diffsweep("data", "prepare", "corpus", "--out", "ds", "--force", *BYTES, cwd=tmp_path)
+    r = run("data", "prepare", "corpus", "--out", "ds", "--force", *BYTES, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "ds" / META_FILE).read_text())["num_documents"] == 80
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]
@@ -127,7 +131,7 @@ def test_force_replaces_a_dataset_diffsweep_wrote(tmp_path):
 def test_launch_force_onto_the_input_folder_deletes_nothing(tmp_path):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "corpus", "--force", "--launch", "--executor", "local",
+        r = run("data", "prepare", "corpus", "--out", "corpus", "--force", "--launch", "--executor", "local",
                       *BYTES, cwd=tmp_path)
     refused(r, "--out", "corpus", "is the input")
 
@@ -137,7 +141,7 @@ def test_launch_force_onto_a_users_folder_deletes_nothing(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "keep.txt").write_text("mine")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "mine", "--force", "--launch", "--executor", "local",
+        r = run("data", "prepare", "corpus", "--out", "mine", "--force", "--launch", "--executor", "local",
                       *BYTES, cwd=tmp_path)
     refused(r, "mine", "--force replaces only a dataset")
 
@@ -147,7 +151,7 @@ def test_launch_force_never_empties_a_users_folder_named_like_a_launch_folder(tm
     (tmp_path / ".ds.prepare").mkdir()
     (tmp_path / ".ds.prepare" / "diary.txt").write_text("mine")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "ds", "--force", "--launch", "--executor", "local",
+        r = run("data", "prepare", "corpus", "--out", "ds", "--force", "--launch", "--executor", "local",
                       *BYTES, cwd=tmp_path)
     refused(r, ".ds.prepare", "holds 'diary.txt'", "not a launch folder")
 
@@ -164,14 +168,14 @@ def test_a_zst_cut_inside_a_later_frame_is_truncated_not_shorter(tmp_path):
     first, second = zstd.compress(ROWS), zstd.compress(ROWS)
     (tmp_path / "c.jsonl.zst").write_bytes(first + second[: len(second) // 2])
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
     refused(r, "c.jsonl.zst", "truncated")
 
 
 def test_every_frame_of_a_whole_multi_frame_zst_is_read(tmp_path):
     zstd = zstandard().ZstdCompressor()
     (tmp_path / "c.jsonl.zst").write_bytes(zstd.compress(ROWS) + zstd.compress(ROWS))
-    r = diffsweep("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
+    r = run("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "ds" / META_FILE).read_text())["num_documents"] == 80
 
@@ -181,7 +185,7 @@ def test_a_single_frame_cut_in_half_says_truncated(tmp_path, suffix):
     data = zstandard().ZstdCompressor().compress(ROWS) if suffix == "zst" else gzip.compress(ROWS)
     (tmp_path / f"c.jsonl.{suffix}").write_bytes(data[: len(data) // 2])
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", f"c.jsonl.{suffix}", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", f"c.jsonl.{suffix}", "--out", "ds", *BYTES, cwd=tmp_path)
     line = refused(r, f"c.jsonl.{suffix}", "truncated")
     assert "no documents" not in line
 
@@ -190,7 +194,7 @@ def test_an_empty_zst_is_refused_naming_it(tmp_path):
     zstandard()
     (tmp_path / "c.jsonl.zst").write_bytes(b"")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "c.jsonl.zst", "--out", "ds", *BYTES, cwd=tmp_path)
     refused(r, "c.jsonl.zst", "empty file")
 
 
@@ -208,13 +212,13 @@ def test_a_lone_surrogate_is_refused_naming_file_and_row_for_every_tokenizer(tmp
             pytest.skip(f"cl100k_base is not installed here ({exc})")
     (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"text": "bad \\ud800 here"}\n')
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "c.jsonl", "--out", "ds", "--tokenizer", tokenizer, cwd=tmp_path)
+        r = run("data", "prepare", "c.jsonl", "--out", "ds", "--tokenizer", tokenizer, cwd=tmp_path)
     refused(r, "c.jsonl:2", "lone surrogate")
 
 
 def test_a_surrogate_pair_is_text(tmp_path):
     (tmp_path / "c.jsonl").write_text('{"text": "an emoji \\ud83d\\ude00 here"}\n')
-    r = diffsweep("data", "prepare", "c.jsonl", "--out", "ds", *BYTES, cwd=tmp_path)
+    r = run("data", "prepare", "c.jsonl", "--out", "ds", *BYTES, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -232,7 +236,7 @@ def test_a_damaged_save_to_disk_folder_is_one_line_naming_the_file(tmp_path, fil
     datasets.Dataset.from_dict({"text": ["one document", "another one"]}).save_to_disk(str(tmp_path / "hf"))
     (tmp_path / "hf" / file).write_text(content)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "hf", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "hf", "--out", "ds", *BYTES, cwd=tmp_path)
     refused(r, f"hf/{file}", needle)
 
 
@@ -245,10 +249,10 @@ def test_a_shard_cut_short_is_one_line_naming_it(tmp_path, name):
     file = ds / name
     file.write_bytes(file.read_bytes()[:-1])  # not a whole number of tokens
     with untouched(tmp_path):
-        r = diffsweep("data", "info", "ds", cwd=tmp_path)
+        r = run("data", "info", "ds", cwd=tmp_path)
     refused(r, f"ds/{name}", "expected")
     with untouched(tmp_path):
-        r = diffsweep("data", "verify", "ds", cwd=tmp_path)
+        r = run("data", "verify", "ds", cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr  # verify reports damage: exit 1
     assert f"{name}: " in r.stdout and "truncated" in r.stdout
 
@@ -263,7 +267,7 @@ def test_an_old_train_bin_cut_short_is_one_line_naming_it(tmp_path):
     (ds / "val-00000.bin").rename(ds / "val.bin")
     (ds / "train.bin").write_bytes((ds / "train.bin").read_bytes()[:-3])
     with untouched(tmp_path):
-        r = diffsweep("data", "info", "ds", cwd=tmp_path)
+        r = run("data", "info", "ds", cwd=tmp_path)
     refused(r, "ds/train.bin", "expected")
 
 
@@ -285,7 +289,7 @@ def test_a_damaged_meta_json_is_one_line_naming_it(tmp_path, edit, command):
     meta = json.loads((ds / META_FILE).read_text())
     (ds / META_FILE).write_text(json.dumps(edit(meta)))
     with untouched(tmp_path):
-        r = diffsweep("data", *command, "ds", cwd=tmp_path)
+        r = run("data", *command, "ds", cwd=tmp_path)
     refused(r, "ds/meta.json", "not a valid dataset metadata file")
 
 
@@ -316,14 +320,14 @@ def test_a_damaged_meta_json_is_one_line_naming_it(tmp_path, edit, command):
 def test_nonsense_option_values_are_one_line_naming_the_option(tmp_path, args, needles):
     corpus(tmp_path)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "corpus", "--out", "ds", *args, cwd=tmp_path)
+        r = run("data", "prepare", "corpus", "--out", "ds", *args, cwd=tmp_path)
     line = refused(r, *needles)
     assert "--sample" not in line or "--sample" in args
 
 
 def test_vocab_size_with_a_fixed_vocabulary_is_a_warning(tmp_path):
     corpus(tmp_path)
-    r = diffsweep("data", "prepare", "corpus", "--out", "ds", *BYTES, "--vocab-size", "300", cwd=tmp_path)
+    r = run("data", "prepare", "corpus", "--out", "ds", *BYTES, "--vocab-size", "300", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "warning: --vocab-size: ignored" in r.stderr
 
@@ -338,7 +342,7 @@ def test_vocab_size_with_a_fixed_vocabulary_is_a_warning(tmp_path):
 def test_malformed_jsonl_rows_are_one_line_naming_the_row(tmp_path, rows, needles):
     (tmp_path / "c.jsonl").write_bytes(rows)
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "c.jsonl", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "c.jsonl", "--out", "ds", *BYTES, cwd=tmp_path)
     refused(r, *needles)
 
 
@@ -348,7 +352,7 @@ def test_parquet_without_the_text_column_is_one_line(tmp_path):
 
     pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "c.parquet")
     with untouched(tmp_path):
-        r = diffsweep("data", "prepare", "c.parquet", "--out", "ds", *BYTES, cwd=tmp_path)
+        r = run("data", "prepare", "c.parquet", "--out", "ds", *BYTES, cwd=tmp_path)
     refused(r, "c.parquet", "no 'text' column")
 
 
@@ -369,7 +373,7 @@ def test_a_damaged_launch_record_is_one_line_naming_it(tmp_path, record, command
             "profile": None, "executor": "local", "tasks": [{"shards": [0], "attempts": []}]}
     (folder / "launch.json").write_text(json.dumps(good | record))
     with untouched(tmp_path):
-        r = diffsweep("data", command, "ds", cwd=tmp_path)
+        r = run("data", command, "ds", cwd=tmp_path)
     refused(r, ".ds.prepare/launch.json")
 
 

@@ -1,5 +1,6 @@
 """``diffsweep data prepare`` refusing input that would make a useless dataset, and leaving the
-file system as it found it when it fails (parent folders of ``--out`` included)."""
+file system as it found it when it fails (parent folders of ``--out`` included). The command runs
+in this process (``tests.helpers.cli.run``): these are about what it refuses and leaves on disk."""
 
 from __future__ import annotations
 
@@ -11,19 +12,10 @@ import pytest
 
 from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.prepare import Document, prepare
-from tests.launch.conftest import cli
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
 
 TEXT = pydoc_data.topics.topics["if"]
-
-
-def one_line_error(r, *needles: str) -> str:
-    """Exit 2, one ``error:`` line naming what is wrong, no traceback; returns the line."""
-    assert r.returncode == 2, r.stdout + r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
 
 
 def tree(root: Path) -> list[str]:
@@ -35,9 +27,9 @@ def test_a_file_without_text_is_refused_naming_it(tmp_path, content):
     (tmp_path / "empty.txt").write_text(content)
     before = tree(tmp_path)
     start = time.monotonic()
-    r = cli("data", "prepare", "empty.txt", "--out", "new/sub/ds", "--tokenizer", "bytes", cwd=tmp_path)
-    one_line_error(r, "empty.txt", "no text")
-    assert time.monotonic() - start < 20
+    r = run("data", "prepare", "empty.txt", "--out", "new/sub/ds", "--tokenizer", "bytes", cwd=tmp_path)
+    refused(r, "empty.txt", "no text")
+    assert time.monotonic() - start < 20  # refused up front (in-process it takes milliseconds)
     assert tree(tmp_path) == before  # no dataset, no parent folders
 
 
@@ -46,24 +38,24 @@ def test_a_directory_whose_files_have_no_text_is_refused(tmp_path):
     (tmp_path / "docs" / "a.txt").write_text("")
     (tmp_path / "docs" / "b.md").write_text("\n\n")
     before = tree(tmp_path)
-    r = cli("data", "prepare", "docs", "--out", "ds", cwd=tmp_path)
-    one_line_error(r, "docs/a.txt", "no text")
+    r = run("data", "prepare", "docs", "--out", "ds", cwd=tmp_path)
+    refused(r, "docs/a.txt", "no text")
     assert tree(tmp_path) == before
 
 
 def test_one_empty_file_among_good_ones_is_refused(tmp_path):
     (tmp_path / "good.txt").write_text(TEXT)
     (tmp_path / "empty.txt").write_text("")
-    r = cli("data", "prepare", "good.txt", "empty.txt", "--out", "ds", "--tokenizer", "bytes", cwd=tmp_path)
-    one_line_error(r, "empty.txt", "no text")
+    r = run("data", "prepare", "good.txt", "empty.txt", "--out", "ds", "--tokenizer", "bytes", cwd=tmp_path)
+    refused(r, "empty.txt", "no text")
     assert not (tmp_path / "ds").exists()
 
 
 def test_a_failed_prepare_removes_the_parent_folders_it_would_have_made(tmp_path):
     """A BPE vocabulary below the 256 bytes + 1 is refused; no folder of --out is left behind."""
     (tmp_path / "t.txt").write_text(TEXT)
-    r = cli("data", "prepare", "t.txt", "--out", "a/b/ds", "--vocab-size", "10", cwd=tmp_path)
-    one_line_error(r, "--vocab-size")
+    r = run("data", "prepare", "t.txt", "--out", "a/b/ds", "--vocab-size", "10", cwd=tmp_path)
+    refused(r, "--vocab-size")
     assert tree(tmp_path) == ["t.txt"]
 
 

@@ -24,6 +24,7 @@ from diffsweep.data.dataset import META_FILE, ShardedTokens, batch_starts, open_
 from diffsweep.data.prepare import prepare
 from diffsweep.data.shards import in_validation
 from diffsweep.data.sources import Corpus, open_sources
+from tests.helpers.cli import run
 
 # Every pydoc topic (~190 documents, ~0.8 MB of English), in order; six files of each format.
 TEXTS = [text for _, text in sorted(pydoc_data.topics.topics.items()) if text.strip()]
@@ -210,36 +211,36 @@ def test_a_dataset_from_before_shards_still_opens(tmp_path):
     assert bytes(np.asarray(data.split("train")).astype(np.uint8)) == TEXTS[0].encode()[: meta.tokens["train"]]
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "diffsweep", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 def test_a_worker_killed_midway_leaves_nothing_and_a_rerun_is_identical(formats, tmp_path):
     """SIGTERM to one tokenizing worker: exit 3 with one line, no dataset and no staging folder; the
-    same command again writes the dataset a run never interrupted writes."""
+    same command again writes the dataset a run never interrupted writes. The killed prepare runs in
+    a process of its own (the process boundary is the point: its worker is signalled while it runs,
+    and its exit code is read); the reference and the rerun run in this process."""
     args = ["data", "prepare", *map(str, formats["jsonl"]), "--tokenizer", "cl100k_base", "--workers", "2",
             "--shard-size", "20K"]
-    reference = _cli(*args, "--out", "ref", cwd=tmp_path)
-    assert reference.wait(timeout=300) == 0, reference.stderr.read()
-    run = _cli(*args, "--out", "ds", cwd=tmp_path)
+    reference = run(*args, "--out", "ref", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    prepare_process = subprocess.Popen([sys.executable, "-m", "diffsweep", *args, "--out", "ds"], cwd=tmp_path,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and run.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 600  # a guard against a hang (generous: a loaded CI machine)
+    while killed is None and prepare_process.poll() is None and time.monotonic() < deadline:
         # A worker writes its shard as .train-NNNNN.bin.<its pid> in the staging folder.
         for temp in tmp_path.glob(".ds.*/.train-*.bin.*"):
             killed = int(temp.name.rsplit(".", 1)[1])
             os.kill(killed, signal.SIGTERM)
             break
         time.sleep(0.01)
+    if killed is None:
+        prepare_process.kill()
+    _, stderr = prepare_process.communicate(timeout=600)
     assert killed is not None, "no worker was seen writing a shard"
-    assert run.wait(timeout=120) == 3
-    stderr = run.stderr.read()
+    assert prepare_process.returncode == 3, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in stderr and "worker" in errors[0], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ref"]
-    rerun = _cli(*args, "--out", "ds", cwd=tmp_path)
-    assert rerun.wait(timeout=300) == 0, rerun.stderr.read()
+    rerun = run(*args, "--out", "ds", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
     assert shard_bytes(tmp_path / "ds") == shard_bytes(tmp_path / "ref")
     assert (tmp_path / "ds" / META_FILE).read_text() == (tmp_path / "ref" / META_FILE).read_text()
 
@@ -252,8 +253,7 @@ def test_a_worker_killed_midway_leaves_nothing_and_a_rerun_is_identical(formats,
 ])
 def test_bad_prepare_options_are_one_line(tmp_path, args, says):
     (tmp_path / "t.txt").write_text(TEXTS[0])
-    run = _cli("data", "prepare", "t.txt", "--out", "ds", "--tokenizer", "bytes", *args, cwd=tmp_path)
-    assert run.wait(timeout=60) == 2
-    stderr = run.stderr.read()
-    assert stderr.strip().splitlines() == [f"error: {says}"], stderr
+    r = run("data", "prepare", "t.txt", "--out", "ds", "--tokenizer", "bytes", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: {says}"], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]

@@ -1,7 +1,8 @@
 """``data prepare``'s sources: the same English corpus as text files, JSONL (plain, .gz, .zst),
 Parquet and a Hugging Face dataset saved to disk gives the same token files; ``--max-tokens`` and
 ``--sample``; and every bad input as one ``error:`` line naming the file (and row), exit 2 or 3,
-nothing left behind. Everything is made here: nothing is downloaded."""
+nothing left behind. Everything is made here: nothing is downloaded. The CLI runs in this process
+(``tests.helpers.cli.run``) but for the Hugging Face cache lookup (see its docstring)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from diffsweep.data.dataset import open_dataset
 from diffsweep.data.errors import optional_module
 from diffsweep.data.prepare import prepare
 from diffsweep.data.sources import Corpus, keep, open_sources
-from tests.launch.conftest import cli
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run, run_process
 
 # Twelve pydoc topics (~60 kB of English): one document each, in this order.
 TEXTS = [text for _, text in sorted(pydoc_data.topics.topics.items())[:12]]
@@ -161,11 +163,11 @@ def test_a_missing_optional_package_names_the_extra():
 
 
 def test_cli_prepares_a_compressed_jsonl_and_info_shows_its_sources(corpus, tmp_path):
-    r = cli("data", "prepare", str(corpus["jsonl.gz"]), str(corpus["txt"] / "00.txt"), "--out", "ds",
+    r = run("data", "prepare", str(corpus["jsonl.gz"]), str(corpus["txt"] / "00.txt"), "--out", "ds",
             "--tokenizer", "bytes", "--max-tokens", "5000", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith("ds: 4,750 train + 250 val tokens, bytes vocab 256, 2 documents"), r.stdout
-    info = json.loads(cli("data", "info", "ds", cwd=tmp_path).stdout)
+    info = json.loads(run("data", "info", "ds", cwd=tmp_path).stdout)
     assert [(s["format"], s["documents"]) for s in info["sources"]] == [("jsonl", 2), ("text", 0)]
     assert sum(info["tokens"].values()) == 5000 and info["max_tokens"] == 5000
 
@@ -219,21 +221,19 @@ BAD = {
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case):
     name, data, args, code, says = BAD[case]
     (tmp_path / name).write_bytes(data)
-    r = cli("data", "prepare", *args, "--out", "new/ds", "--tokenizer", "bytes", cwd=tmp_path)
-    assert r.returncode == code, r.stdout + r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert errors[0].startswith(f"error: {says}"), errors[0]
+    r = run("data", "prepare", *args, "--out", "new/ds", "--tokenizer", "bytes", cwd=tmp_path)
+    line = refused(r, code=code)
+    assert line.startswith(f"error: {says}"), line
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no --out, no parent, no staging
 
 
 def test_a_dataset_name_not_in_the_cache_is_exit_3_and_downloads_nothing(tmp_path):
-    """A Hugging Face name is looked up in the local cache only (an empty HF_HOME here)."""
-    r = cli("data", "prepare", "no-such-org/no-such-corpus", "--config", "sample-10BT", "--out", "ds",
-            "--tokenizer", "bytes", cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf-home")})
-    assert r.returncode == 3, r.stdout + r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert errors[0].startswith("error: no-such-org/no-such-corpus: not in the local Hugging Face cache "
-                                "(config sample-10BT, split train); nothing is downloaded at run time")
+    """A Hugging Face name is looked up in the local cache only (an empty HF_HOME here). A fresh
+    process: ``datasets`` and ``huggingface_hub`` read HF_HOME when they are imported, so only a new
+    interpreter is sure to look in the empty cache and not in this machine's."""
+    r = run_process("data", "prepare", "no-such-org/no-such-corpus", "--config", "sample-10BT", "--out", "ds",
+                    "--tokenizer", "bytes", cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf-home")})
+    line = refused(r, code=3)
+    assert line.startswith("error: no-such-org/no-such-corpus: not in the local Hugging Face cache "
+                           "(config sample-10BT, split train); nothing is downloaded at run time"), line
     assert not (tmp_path / "ds").exists()

@@ -1,5 +1,6 @@
 """``diffsweep data verify`` and ``data info --shards`` through the CLI, on small real datasets of
-several shards (CPython's pydoc topics as JSONL, one topic per line), sound and damaged."""
+several shards (CPython's pydoc topics as JSONL, one topic per line), sound and damaged. The CLI
+runs in this process (``tests.helpers.cli.run``): these are about what it reports."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from diffsweep.config import TokenizerKind
 from diffsweep.data.prepare import prepare
 from diffsweep.data.sources import Corpus, open_sources
 from diffsweep.data.verify import verify_dataset
-from tests.launch.conftest import cli
+from tests.helpers.cli import run
 
 VOCAB = 512
 NUM_FILES = 6
@@ -76,7 +77,7 @@ def test_a_sound_dataset_verifies_shard_by_shard(datasets, kind):
     path = datasets[kind]
     meta = json.loads((path / "meta.json").read_text())
     assert len(meta["shards"]) == (1 if kind == "one-shard" else NUM_SHARDS)
-    r = cli("data", "verify", str(path), cwd=path.parent)
+    r = run("data", "verify", str(path), cwd=path.parent)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = shard_lines(r.stdout)
     assert len(lines) == len(meta["shards"]) and all(line.startswith("✓") for line in lines), r.stdout
@@ -84,7 +85,7 @@ def test_a_sound_dataset_verifies_shard_by_shard(datasets, kind):
     assert r.stdout.splitlines()[-1].startswith(f"{path}: OK, {len(lines)} shard"), r.stdout
     if kind == "one-shard":  # bytes: no end-of-document token
         assert "note: the bytes tokenizer has no end-of-document token" in r.stdout
-    report = json.loads(cli("data", "verify", str(path), "--json", cwd=path.parent).stdout)
+    report = json.loads(run("data", "verify", str(path), "--json", cwd=path.parent).stdout)
     assert report["ok"] and report["num_shards"] == len(meta["shards"]) and not report["problems"]
     if kind != "one-shard":  # one end-of-document token per document: in both splits, or in one
         eos = [(s["files"]["train"]["eos"], s["files"]["val"]["eos"], s["documents"]) for s in report["shards"]]
@@ -152,7 +153,7 @@ def _delete_tokenizer(ds: Path) -> str:
 ], ids=lambda v: v.__name__.strip("_") if callable(v) else "")
 def test_damage_is_exit_1_naming_the_file(tail, damage: Callable[[Path], str], says):
     name = damage(tail)
-    r = cli("data", "verify", "ds", cwd=tail.parent)
+    r = run("data", "verify", "ds", cwd=tail.parent)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     problems = problem_lines(r.stdout)
@@ -162,7 +163,7 @@ def test_damage_is_exit_1_naming_the_file(tail, damage: Callable[[Path], str], s
     lines = shard_lines(r.stdout)
     assert sum(line.startswith("✗") for line in lines) == (0 if name == "tokenizer.json" else 1), r.stdout
     assert len(lines) == NUM_SHARDS and r.stdout.splitlines()[-1].startswith("ds: DAMAGED"), r.stdout
-    report = json.loads(cli("data", "verify", "ds", "--json", cwd=tail.parent).stdout)
+    report = json.loads(run("data", "verify", "ds", "--json", cwd=tail.parent).stdout)
     assert not report["ok"] and {p["file"] for p in report["problems"]} == {name}
 
 
@@ -180,15 +181,15 @@ def test_a_dataset_from_before_shards_verifies_without_checksums(datasets, tmp_p
     meta = json.loads((old / "meta.json").read_text())
     del meta["shards"], meta["val_split"]
     (old / "meta.json").write_text(json.dumps(meta))
-    r = cli("data", "verify", "old", cwd=tmp_path)
+    r = run("data", "verify", "old", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no checksum recorded" in r.stdout and "train.bin" in shard_lines(r.stdout)[0]
-    info = json.loads(cli("data", "info", "old", cwd=tmp_path).stdout)
+    info = json.loads(run("data", "info", "old", cwd=tmp_path).stdout)
     assert info["num_shards"] == 1 and "shards" not in info
     ids = tokens(old / "train.bin")
     ids[3] = 300  # above the 256 bytes: found without a checksum
     write(old / "train.bin", ids)
-    r = cli("data", "verify", "old", cwd=tmp_path)
+    r = run("data", "verify", "old", cwd=tmp_path)
     assert r.returncode == 1 and problem_lines(r.stdout) == [
         "train.bin: 1 token id >= vocab_size 256 (first: 300 at token 3)"], r.stdout
 
@@ -197,15 +198,15 @@ def test_a_dataset_from_before_shards_verifies_without_checksums(datasets, tmp_p
 def test_a_path_that_is_not_a_dataset_is_one_line_exit_2(tmp_path, make):
     if make == "no-meta":
         (tmp_path / "ds").mkdir()
-    r = cli("data", "verify", "ds", cwd=tmp_path)
+    r = run("data", "verify", "ds", cwd=tmp_path)
     assert r.returncode == 2 and not r.stdout, r.stdout + r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ds"), r.stderr
 
 
 def test_info_lists_the_shards_only_when_asked(datasets):
     path = datasets["tail"]
-    short = json.loads(cli("data", "info", str(path), cwd=path.parent).stdout)
-    full = json.loads(cli("data", "info", str(path), "--shards", cwd=path.parent).stdout)
+    short = json.loads(run("data", "info", str(path), cwd=path.parent).stdout)
+    full = json.loads(run("data", "info", str(path), "--shards", cwd=path.parent).stdout)
     assert "shards" not in short and short["num_shards"] == NUM_SHARDS
     assert full["shards"] == json.loads((path / "meta.json").read_text())["shards"]
     assert len(full["shards"]) == NUM_SHARDS and all(len(s["sha256"]["train"]) == 64 for s in full["shards"])
