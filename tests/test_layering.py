@@ -16,7 +16,8 @@ What is checked, for every module of ``diffsweep/`` and ``kernels/``:
   matplotlib or submitit (HOUSE_RULES 12) (``NOT_AT_IMPORT``); and ``config`` imports no torch
   even inside a function;
 - no import cycles between modules (module-level imports);
-- and, by running it, that ``diffsweep <command> --help`` loads none of those for any command.
+- and, by running them in one fresh interpreter, that importing the config layer loads none of
+  those, and that ``diffsweep <command> --help`` loads none of them for any command.
 
 Where main breaks a rule today, ``ALLOWED_TODAY`` names the one import, with the change that
 removes it; an entry that no longer matches an import fails, so that it is deleted.
@@ -329,12 +330,16 @@ def _components(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_help_of_every_command_loads_no_heavy_module():
-    """``diffsweep ... --help`` for every command and group: the CLI imports its heavy modules
-    inside the commands (HOUSE_RULES 12). Run in a fresh interpreter: what an earlier test
-    imported would hide it."""
+@pytest.fixture(scope="module")
+def fresh_interpreter() -> dict[str, str]:
+    """What one fresh interpreter loads: first on importing the config layer (``diffsweep.config``,
+    ``diffsweep.model.counting``, ``diffsweep.model.summary``), then on ``diffsweep ... --help``
+    for every command and group. A fresh interpreter because what an earlier test imported would
+    hide it (the process boundary is the point); one for both checks, in that order."""
     code = (
         "import sys\n"
+        "import diffsweep.config, diffsweep.model.counting, diffsweep.model.summary\n"
+        f"print('CONFIG', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
         "import typer.main\n"
         "from diffsweep.cli import app\n"
         "def walk(command, path):\n"
@@ -352,6 +357,21 @@ def test_help_of_every_command_loads_no_heavy_module():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    counted, heavy = r.stdout.strip().splitlines()[-1].split(" HEAVY ")
+    lines = r.stdout.strip().splitlines()
+    config = next(line for line in lines if line.startswith("CONFIG "))
+    return {"config": config.removeprefix("CONFIG "), "help": lines[-1]}
+
+
+def test_config_layer_imports_no_torch(fresh_interpreter):
+    """Importing the config layer (configs, sizes, summaries) loads no torch, through any package,
+    third-party ones included (what the ``ast`` reading above does not follow)."""
+    loaded = fresh_interpreter["config"]
+    assert "'torch'" not in loaded, f"importing the config layer loaded torch (and {loaded})"
+
+
+def test_help_of_every_command_loads_no_heavy_module(fresh_interpreter):
+    """``diffsweep ... --help`` for every command and group: the CLI imports its heavy modules
+    inside the commands (HOUSE_RULES 12)."""
+    counted, heavy = fresh_interpreter["help"].split(" HEAVY ")
     assert int(counted.split()[1]) > 10, counted  # the walk found the commands
     assert heavy == "[]", f"diffsweep --help loaded {heavy}"

@@ -1,6 +1,6 @@
 """Bad input to ``diffsweep bench``: refused up front (one line naming the option and its limit,
 exit 2), before a model is built or a row runs out of memory, and no ``--out`` file of the user's
-is overwritten."""
+is overwritten. The command runs in this process (``tests.helpers.cli.run``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tests.helpers.badinput import diffsweep, refused, untouched
+from tests.helpers.badinput import refused, untouched
+from tests.helpers.cli import run
 
 CPU = ["--device", "cpu"]
 
@@ -31,7 +32,7 @@ CPU = ["--device", "cpu"]
 ])
 def test_bench_refuses_shapes_and_counts_out_of_range(tmp_path, args, needles):
     with untouched(tmp_path):
-        r = diffsweep("bench", *args, *CPU, "--out", "result.json", cwd=tmp_path)
+        r = run("bench", *args, *CPU, "--out", "result.json", cwd=tmp_path)
     refused(r, *needles)
 
 
@@ -41,7 +42,7 @@ def test_bench_out_never_overwrites_a_file_it_did_not_write(tmp_path, command):
     (tmp_path / "essay.txt").write_text("years of work\n")
     for name in ("notes.json", "essay.txt"):
         with untouched(tmp_path):
-            r = diffsweep("bench", command, *CPU, "--out", name, cwd=tmp_path)
+            r = run("bench", command, *CPU, "--out", name, cwd=tmp_path)
         refused(r, "--out", name, "not a diffsweep benchmark's results")
 
 
