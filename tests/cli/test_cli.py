@@ -1,4 +1,6 @@
-"""The CLI as a user runs it: real subprocesses of ``python -m diffsweep`` and the console script."""
+"""The CLI as a user runs it: ``diffsweep model``, ``config`` and the shared error and warning
+handling, run in this process (tests.helpers.cli.run); real processes only where the process is
+the point (the console script, what start-up imports, a command that must exit)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,16 @@ import pytest
 
 from diffsweep.config import load_config
 from diffsweep.model import counting
-
-
-def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffsweep", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+from tests.helpers.cli import run, run_process
 
 
 def test_console_script_and_module_agree():
+    """Real processes: the installed console script and ``python -m diffsweep`` are the point."""
     exe = shutil.which("diffsweep")
     assert exe, "the diffsweep console script is installed"
-    script = subprocess.run([exe, "model", "info", "--size", "830M", "--json"], capture_output=True, text=True)
-    module = run("model", "info", "--size", "830M", "--json")
+    script = subprocess.run([exe, "model", "info", "--size", "830M", "--json"], capture_output=True, text=True,
+                            timeout=120)
+    module = run_process("model", "info", "--size", "830M", "--json", timeout=120)
     assert script.returncode == module.returncode == 0
     assert json.loads(script.stdout) == json.loads(module.stdout)
 
@@ -174,6 +174,7 @@ def test_no_effect_setting_prints_a_warning():
 
 
 def test_help_imports_neither_torch_nor_mlflow():
+    """A fresh interpreter: what ``--help`` imports at start-up is the point."""
     code = (
         "import sys\n"
         "from diffsweep.cli import app\n"
@@ -235,6 +236,8 @@ typer.run(handle_errors(command))  # as the CLI's commands run: inside a Typer a
 
 @pytest.mark.parametrize("ending", ["ok", "error"])
 def test_every_kind_of_warning_is_shown_once_and_the_command_exits(ending):
+    """A fresh interpreter: the hang this guards against kept the process from exiting, and Python's
+    warning filters and once-per-location registry are interpreter state a test process shares."""
     # Foreign warnings used to be re-recorded by the very loop that showed them: the command did
     # its work and then spun forever at 100% CPU.
     r = subprocess.run([sys.executable, "-c", WARNING_COMMAND, ending], capture_output=True, text=True, timeout=60)

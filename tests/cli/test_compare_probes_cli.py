@@ -6,7 +6,6 @@ written into or deleted), and every bad input as one line, exit 2, nothing creat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -14,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.badinput import diffsweep, refused, untouched
+from tests.helpers.cli import run
 
 LADDER = Path(__file__).resolve().parents[2] / "sweeps" / "demo-ladder.yaml"
 SIZES = ("tiny-3xs", "tiny-2xs", "tiny-xs", "tiny-s", "tiny-m")
 KINDS = ("transformer", "diff_v1", "diff_v2")
 MISSING = "diff_v2-tiny-m"  # an arm whose evaluation failed: not in the store
 
-pytestmark = pytest.mark.slow  # 28 evaluation runs logged once, then ~16 CLI runs (12 in fresh processes): ~1.5 min
+pytestmark = pytest.mark.slow  # 28 evaluation runs logged once, then ~20 CLI runs in this process
 
 
 def _nll(name: str) -> list[dict]:
@@ -49,28 +49,23 @@ def ladder(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     spec = load_sweep(LADDER, ())
     exp = ensure_experiment(uri, spec.experiment)
     client = MlflowClient(uri)
-    for run in expand(spec).runs:
-        if run.name.startswith(MISSING):
+    for arm_run in expand(spec).runs:
+        if arm_run.name.startswith(MISSING):
             continue
-        for probe, rows in (("needle", NEEDLE), ("nll_position", _nll(run.name))):
-            tags = {"diffsweep.kind": "eval", "diffsweep.eval.sweep": spec.name, "diffsweep.eval.run_key": run.key,
-                    "diffsweep.eval.probe": probe, "diffsweep.eval.step": "600", "diffsweep.eval.sweep_run": run.name,
+        for probe, rows in (("needle", NEEDLE), ("nll_position", _nll(arm_run.name))):
+            tags = {"diffsweep.kind": "eval", "diffsweep.eval.sweep": spec.name, "diffsweep.eval.run_key": arm_run.key,
+                    "diffsweep.eval.probe": probe, "diffsweep.eval.step": "600", "diffsweep.eval.sweep_run": arm_run.name,
                     "diffsweep.eval.settings": "{}"}
-            made = client.create_run(exp, run_name=f"eval {probe} {run.name}", tags=tags)
+            made = client.create_run(exp, run_name=f"eval {probe} {arm_run.name}", tags=tags)
             client.log_text(made.info.run_id, json.dumps(rows), f"{probe}.json")
             client.set_terminated(made.info.run_id, "FINISHED")
     return root, {"MLFLOW_TRACKING_URI": uri}
 
 
 def _run(*args: str, cwd: Path, env: dict):
-    """``diffsweep ARGS`` in this process (a fresh process costs seconds of imports)."""
-    from typer.testing import CliRunner
-
-    from diffsweep.cli import app
-
-    with contextlib.chdir(cwd):
-        r = CliRunner().invoke(app, list(args), env={**env, "COLUMNS": "200"})
-    assert r.exit_code == 0, r.output + str(r.exception)
+    """``diffsweep ARGS`` (in this process), expected to succeed; wide enough for the tables."""
+    r = run(*args, cwd=cwd, env={**env, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
@@ -100,8 +95,8 @@ def test_each_size_is_compared_with_its_own_transformer(ladder, tmp_path):
     text = (tmp_path / "compare" / "demo-ladder-probes" / "probes.md").read_text()
     assert text.count("### size ") == 2 * len(SIZES)
     assert max(line.count("|") - 1 for line in text.splitlines() if line.startswith("|")) <= 4 + 1 + 3 + 2
-    run = __import__("mlflow").tracking.MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(data["mlflow_run_id"])
-    assert run.data.tags["diffsweep.comparison.baseline"] == ",".join(f"transformer-{s}" for s in SIZES)
+    logged = __import__("mlflow").tracking.MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(data["mlflow_run_id"])
+    assert logged.data.tags["diffsweep.comparison.baseline"] == ",".join(f"transformer-{s}" for s in SIZES)
     assert _comparisons(env) == before + 1
 
     # the terminal shows the same blocks, one per size
@@ -159,7 +154,7 @@ def _user_folder(root: Path) -> None:
     (root / "link").symlink_to(root / "results")
 
 
-# (arguments after SWEEP, the words the one error line must hold); each in a fresh process
+# (arguments after SWEEP, the words the one error line must hold)
 BAD = {
     "unknown baseline arm": (["--probes", "--baseline", "transformer-tiny"], ["--baseline", "transformer-tiny-3xs"]),
     "baseline without evaluation": (["--probes", "--baseline", MISSING], ["--baseline", MISSING, "no evaluation"]),

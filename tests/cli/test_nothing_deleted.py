@@ -103,7 +103,7 @@ CASES = [(key, args, names) for key, scenarios in SCENARIOS.items() for args, na
 
 
 @pytest.mark.parametrize(("key", "args", "names"), CASES, ids=[" ".join(args) for _, args, _ in CASES])
-def test_no_output_option_deletes_or_changes_what_the_user_owns(key, args, names, tmp_path):
+def test_no_output_option_deletes_or_changes_what_the_user_owns(key, args, names, tmp_path, request):
     users_things(tmp_path)
     if key == ("data fetch-demo", "--dest"):
         sources = REPO / "data" / "sources"
@@ -115,6 +115,7 @@ def test_no_output_option_deletes_or_changes_what_the_user_owns(key, args, names
             shutil.copy(archive, tmp_path / "mine" / archive.name)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     if key == ("compare", "--out"):  # compare reads the sweep's store first: one with the sweep's experiment
+        uri = request.getfixturevalue("store")["MLFLOW_TRACKING_URI"]  # the same path, a migrated copy
         mlflow_client(uri).create_experiment("s")
     before = users_files(tmp_path)
     r = diffsweep(*args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})

@@ -2,7 +2,8 @@
 NaN, infinity and integers beyond 64 bits (diffsweep/cli/usage.py) before its command runs.
 
 The option lists are read from the CLI itself, so an option added later is covered without a test
-of its own; the subprocess tests show what a user sees, and that nothing was created.
+of its own. The commands run in this process (tests.helpers.cli.run, as the console script runs
+them); two tests run a real ``python -m diffsweep`` to show what a user's terminal gets at exit.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from diffsweep.cli import app
 from diffsweep.cli.usage import check_value, one_line
-from tests.helpers.badinput import diffsweep, refused, untouched
+from tests.helpers.badinput import diffsweep, diffsweep_process, refused, untouched
 
 ROOT = typer.main.get_command(app)
 
@@ -55,34 +55,22 @@ def test_the_cli_has_the_options_these_tests_walk():
     assert {"--port", "--max-parallel"} <= {flag for _, flag in INT_OPTIONS}
 
 
-def invoke(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-def error_line(result: Any) -> str:
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert result.exit_code == 2 and len(lines) == 1, (result.exit_code, result.output)
-    assert "Traceback" not in result.output and "Usage:" not in result.output, result.output
-    return lines[0]
-
-
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "+Infinity"])
 @pytest.mark.parametrize(("path", "flag"), FLOAT_OPTIONS, ids=lambda x: " ".join(x) if isinstance(x, tuple) else x)
-def test_every_float_option_refuses_a_non_finite_number(path, flag, value, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_every_float_option_refuses_a_non_finite_number(path, flag, value, tmp_path):
     with untouched(tmp_path):
         # The option first: Click checks parameters in the order they are typed, so the placeholder
         # arguments after it are never looked at.
-        line = error_line(invoke(*path, f"{flag}={value}", "placeholder", "placeholder"))
+        line = refused(diffsweep(*path, f"{flag}={value}", "placeholder", "placeholder", cwd=tmp_path))
     assert line.startswith(f"error: {flag}: expected a finite number"), line
 
 
 @pytest.mark.parametrize(("path", "flag"), INT_OPTIONS, ids=lambda x: " ".join(x) if isinstance(x, tuple) else x)
-def test_every_int_option_refuses_text_and_numbers_beyond_64_bits(path, flag, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_every_int_option_refuses_text_and_numbers_beyond_64_bits(path, flag, tmp_path):
     with untouched(tmp_path):
-        assert error_line(invoke(*path, f"{flag}=1.5B", "x", "x")) == f"error: {flag}: expected an integer, got '1.5B'"
-        line = error_line(invoke(*path, f"{flag}={10**30}", "x", "x"))
+        text = refused(diffsweep(*path, f"{flag}=1.5B", "x", "x", cwd=tmp_path))
+        assert text == f"error: {flag}: expected an integer, got '1.5B'"
+        line = refused(diffsweep(*path, f"{flag}={10**30}", "x", "x", cwd=tmp_path))
     assert line.startswith(f"error: {flag}: expected") and ("2**63 - 1" in line or "at most" in line), line
 
 
@@ -106,6 +94,20 @@ def test_a_user_sees_one_line_and_nothing_is_created(args, expected, tmp_path):
 def test_no_arguments_still_prints_the_help(tmp_path):
     r = diffsweep("data", cwd=tmp_path)
     assert "Usage: diffsweep data" in r.stdout + r.stderr and "error:" not in r.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("data", "prepare", "corpus.txt", "--bogus"), "error: diffsweep data prepare: no such option: --bogus"),
+    (("model", "info", "--size", "2B"), "error: model.size: expected one of ["),  # a ConfigError
+], ids=["usage error", "ConfigError"])
+def test_a_real_process_prints_one_line_and_exits_2(args, expected, tmp_path):
+    """The process boundary is the point: what ``python -m diffsweep`` leaves on a user's terminal
+    (stdout empty, stderr the one line, nothing else) and the status the interpreter exits with."""
+    (tmp_path / "corpus.txt").write_text("Some English text.\n")
+    with untouched(tmp_path):
+        r = diffsweep_process(*args, cwd=tmp_path)
+    assert refused(r, alone=True).startswith(expected)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_the_checks_of_a_value():
