@@ -1,5 +1,9 @@
-"""``diffsweep train`` and ``diffsweep data`` as a user runs them: real subprocesses, real
-signals, the embedded MLflow store, and one-line errors for bad input."""
+"""``diffsweep train`` and ``diffsweep data`` as a user runs them: signals from outside, the
+embedded MLflow store, and one-line errors for bad input.
+
+The commands run in this process (``tests.helpers.cli.run``) except where the process is the point:
+a signal sent to a running ``python -m diffsweep train`` and the exit code it ends with (SIGUSR2,
+Ctrl-C), and a check that depends on ``TRITON_INTERPRET`` as read when the kernels are imported."""
 
 from __future__ import annotations
 
@@ -10,105 +14,119 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from diffsweep.config import load_config
+from diffsweep.config.identity import run_name
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run, run_process
 from tests.helpers.tracking import mlflow_client
+from tests.helpers.training import quiet, tiny
 
 from ..conftest import TINY_RUN
 
 
-def command(dataset: Path, *extra: str) -> list[str]:
-    sets = [f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]
-    return [sys.executable, "-m", "diffsweep", "train", *sets]
+def train_args(dataset: Path, *extra: str) -> list[str]:
+    """``diffsweep train`` arguments of the tiny run on ``dataset`` with ``extra`` ``a.b=c`` overrides."""
+    return ["train", *[f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]]
 
 
-def env(**extra: str) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return out | {"PYTHONUNBUFFERED": "1"} | extra
-
-
-def run(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, env=env(**extra_env), timeout=300)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
-LONG = ("train.max_steps=300", "train.eval_every=100", "train.checkpoint_every=100", "train.log_every=1")
-
-
-def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(text_dataset, tmp_path, mlflow_store):
-    """The launcher's contract: SIGUSR2 -> checkpoint at the step boundary, exit 75; the same
-    command again resumes and finishes; the MLflow history equals an uninterrupted run's."""
-    target = random.Random().randint(3, 100)
-    proc = subprocess.Popen(command(text_dataset, "model.attention.kind=diff_v1", *LONG), cwd=tmp_path,
-                            env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
+def launch(dataset: Path, cwd: Path, store: dict[str, str], *extra: str) -> subprocess.Popen:
+    """``python -m diffsweep train`` of the tiny run in a real process, its output readable as it trains."""
+    return subprocess.Popen([sys.executable, "-m", "diffsweep", *train_args(dataset, *extra)], cwd=cwd,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **store}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def signal_at(proc: subprocess.Popen, step: int, sig: signal.Signals) -> tuple[str, str]:
+    """Send ``sig`` to ``proc`` once it printed step ``step``; what it printed in all."""
+    seen = []
     for line in proc.stdout:
-        if line.startswith(f"step {target}/"):
-            proc.send_signal(signal.SIGUSR2)
+        seen.append(line)
+        if line.startswith(f"step {step}/"):
+            proc.send_signal(sig)
             break
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=600)  # ends a hang only
+    return "".join(seen) + out, err
+
+
+def reference(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: dict[str, str],
+              *extra: str) -> str:
+    """The run id of the same tiny run uninterrupted, trained here into ``store``'s experiment "reference"."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
+    return train(tiny(dataset, *extra), tmp_path / "reference", experiment="reference", echo=quiet).run_id
+
+
+def assert_same_history(uri: str, run_id: str, reference_id: str, keys: tuple[str, ...]) -> dict:
+    client = mlflow_client(uri)
+    got = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in keys}
+    for key in keys:
+        assert got[key] == sorted((m.step, m.value) for m in client.get_metric_history(reference_id, key)), key
+    return got
+
+
+def run_id_of(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["run_id"]
+
+
+def one_line(result: subprocess.CompletedProcess) -> None:
+    """Nothing on stderr but the error line (``refused`` checks the line itself)."""
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
+# Long enough that a signal sent when step 30 is printed arrives well before the end, even when the
+# test process is descheduled for a while on a loaded machine.
+LONG = ("train.max_steps=80", "train.eval_every=40", "train.checkpoint_every=100")
+
+
+def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(text_dataset, tmp_path, store,
+                                                                             monkeypatch):
+    """The launcher's contract, in a real process because a signal from outside and the exit code
+    are the point: SIGUSR2 -> checkpoint at the step boundary, exit 75; the same command again
+    resumes and finishes; the MLflow history equals an uninterrupted run's."""
+    target = random.Random().randint(3, 30)
+    extra = ("model.attention.kind=diff_v1", *LONG)
+    proc = launch(text_dataset, tmp_path, store, *extra)
+    out, err = signal_at(proc, target, signal.SIGUSR2)
     assert proc.returncode == 75, f"signalled at step {target}: {err}"
     assert "preempted by SIGUSR2" in out
     run_dir = next((tmp_path / "runs").iterdir())
     saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])
-    assert target <= saved < 300
+    assert target <= saved < 80
 
-    resumed = run(command(text_dataset, "model.attention.kind=diff_v1", *LONG), tmp_path,
-                  MLFLOW_TRACKING_URI=mlflow_store)
+    resumed = run(*train_args(text_dataset, *extra), cwd=tmp_path, env=store)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"step {saved + 1}/300" in resumed.stdout and "step 1/300" not in resumed.stdout
+    assert f"step {saved + 1}/80" in resumed.stdout and "step 1/80" not in resumed.stdout
 
-    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store
-    try:
-        cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}", "model.attention.kind=diff_v1", *LONG])
-        reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
-    client = mlflow_client(mlflow_store)
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert client.get_run(run_id).info.status == "FINISHED"
-    for key in ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "lambda/layer_01"):
-        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        want = sorted((m.step, m.value) for m in client.get_metric_history(reference.run_id, key))
-        assert got == want, key
+    uri = store["MLFLOW_TRACKING_URI"]
+    assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "FINISHED"
+    assert_same_history(uri, run_id_of(run_dir), reference(text_dataset, tmp_path, monkeypatch, store, *extra),
+                        ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "lambda/layer_01"))
 
 
-def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes(text_dataset, tmp_path,
-                                                                                  mlflow_store):
-    args = command(text_dataset, *LONG)
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 120/"):  # past the step-100 checkpoint
-            proc.send_signal(signal.SIGINT)
-            break
-    out, err = proc.communicate(timeout=300)
+def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes(text_dataset, tmp_path, store):
+    """In a real process: Ctrl-C (SIGINT) and the exit code 130 are the point."""
+    extra = (*LONG, "train.checkpoint_every=20")
+    proc = launch(text_dataset, tmp_path, store, *extra)
+    _, err = signal_at(proc, 30, signal.SIGINT)  # past the step-20 checkpoint
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
     run_dir = next((tmp_path / "runs").iterdir())
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert mlflow_client(mlflow_store).get_run(run_id).info.status == "KILLED"
-    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])  # 100, unless it ran on
-    resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert resumed.returncode == 0 and f"step {saved + 1}/300" in resumed.stdout, resumed.stderr
-    assert mlflow_client(mlflow_store).get_run(run_id).info.status == "FINISHED"
+    uri = store["MLFLOW_TRACKING_URI"]
+    assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "KILLED"
+    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])  # 20, unless it ran on
+    resumed = run(*train_args(text_dataset, *extra), cwd=tmp_path, env=store)
+    assert resumed.returncode == 0 and f"step {saved + 1}/80" in resumed.stdout, resumed.stderr
+    assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "FINISHED"
 
 
-def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path):
-    result = run(command(text_dataset, "train.max_steps=4", "train.eval_every=2"), tmp_path)
+def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = run(*train_args(text_dataset, "train.max_steps=4", "train.eval_every=2"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "mlruns").is_dir()
     assert "view the runs: diffsweep ui" in result.stdout
@@ -117,54 +135,59 @@ def test_default_store_is_sqlite_in_the_working_directory(text_dataset, tmp_path
     assert found.info.status == "FINISHED" and found.data.metrics["train/tokens"] == 4 * 128
 
 
-def test_bad_input_is_one_line_exit_2_and_creates_nothing(text_dataset, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(text_dataset, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store, in the working directory
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
     cases = {
-        "missing data": (command(tmp_path / "nope"), ("data.path", "does not exist")),
-        "tokenizer mismatch": (command(text_dataset, "data.tokenizer=bytes"), ("data.tokenizer", "'bpe'")),
-        "vocab mismatch": (command(text_dataset, "model.vocab_size=256"), ("model.vocab_size", "512")),
-        "unwritable output": ([*command(text_dataset), "--out", str(a_file / "runs")], ("a-file", "not a directory")),
-        "garbage checkpoint": ([*command(text_dataset), "--resume", str(a_file)], ("a-file", "corrupt or truncated")),
-        "negative seed": (command(text_dataset, "train.seed=-1"), ("train.seed", "[0, 2**63 - 1], got -1")),
-        "absurd size": (command(text_dataset, "model.d_model=1099511627776"), ("model.d_model", "parameters")),
+        "missing data": (train_args(tmp_path / "nope"), ("data.path", "does not exist")),
+        "tokenizer mismatch": (train_args(text_dataset, "data.tokenizer=bytes"), ("data.tokenizer", "'bpe'")),
+        "vocab mismatch": (train_args(text_dataset, "model.vocab_size=256"), ("model.vocab_size", "512")),
+        "unwritable output": ([*train_args(text_dataset), "--out", str(a_file / "runs")], ("a-file", "not a directory")),
+        "garbage checkpoint": ([*train_args(text_dataset), "--resume", str(a_file)], ("a-file", "corrupt or truncated")),
+        "negative seed": (train_args(text_dataset, "train.seed=-1"), ("train.seed", "[0, 2**63 - 1], got -1")),
+        "absurd size": (train_args(text_dataset, "model.d_model=1099511627776"), ("model.d_model", "parameters")),
     }
     for name, (args, needles) in cases.items():
-        result = run(args, tmp_path)
-        assert_one_line_error(result, *needles)
+        result = run(*args, cwd=tmp_path)
+        refused(result, *needles)
+        one_line(result)
         assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists(), name
 
 
 def test_unreachable_tracking_server_is_one_line_exit_2(text_dataset, tmp_path):
-    result = run(command(text_dataset), tmp_path, MLFLOW_TRACKING_URI="http://127.0.0.1:9")
-    assert_one_line_error(result, "MLFLOW_TRACKING_URI", "unreachable")
+    result = run(*train_args(text_dataset), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    refused(result, "MLFLOW_TRACKING_URI", "unreachable")
+    one_line(result)
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_damaged_checkpoint_given_with_resume_is_refused_not_replaced(text_dataset, tmp_path, mlflow_store):
+def test_a_damaged_checkpoint_given_with_resume_is_refused_not_replaced(text_dataset, tmp_path, store):
     """``--resume`` of a checkpoint with a truncated shard or training state, or flipped bytes in a
     shard: one line naming the file, exit 2, the run untouched; an explicit choice gets no fallback."""
-    args = command(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2")
-    first = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    args = train_args(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2")
+    first = run(*args, cwd=tmp_path, env=store)
     assert first.returncode == 0, first.stderr
     run_dir = next((tmp_path / "runs").iterdir())
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    client = mlflow_client(mlflow_store)
+    run_id = run_id_of(run_dir)
+    client = mlflow_client(store["MLFLOW_TRACKING_URI"])
     experiment = client.get_run(run_id).info.experiment_id
     before = len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")
     earlier, newest = list_checkpoints(run_dir / "checkpoints")  # steps 2 and 4
-    shard = newest / "__0_0.distcp"
-    flip(shard)
-    again = run([*args, "--resume", str(newest)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, f"{newest}/__0_0.distcp: corrupt (CRC-32")
+    flip(newest / "__0_0.distcp")
+    again = run(*args, "--resume", str(newest), cwd=tmp_path, env=store)
+    refused(again, f"{newest}/__0_0.distcp: corrupt (CRC-32")
+    one_line(again)
     shard = earlier / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])
-    again = run([*args, "--resume", str(earlier)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, f"{earlier}/__0_0.distcp: truncated or overwritten (1000 bytes")
+    again = run(*args, "--resume", str(earlier), cwd=tmp_path, env=store)
+    refused(again, f"{earlier}/__0_0.distcp: truncated or overwritten (1000 bytes")
+    one_line(again)
     state = newest / "train_state.pt"
     state.write_bytes(state.read_bytes()[:1000])
-    again = run([*args, "--resume", str(newest)], tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(again, f"{newest}/train_state.pt: truncated or overwritten (1000 bytes")
+    again = run(*args, "--resume", str(newest), cwd=tmp_path, env=store)
+    refused(again, f"{newest}/train_state.pt: truncated or overwritten (1000 bytes")
+    one_line(again)
     assert (len(client.search_runs([experiment])), client.get_metric_history(run_id, "train/loss")) == before
     assert client.get_run(run_id).info.status == "FINISHED"
 
@@ -177,50 +200,50 @@ def flip(file: Path, count: int = 64) -> None:
     file.write_bytes(bytes(data))
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(text_dataset, tmp_path, mlflow_store):
-    """Preempted, then 64 bytes flipped in a shard of the newest checkpoint: the same command
-    warns naming the file, resumes from the checkpoint before it, and the run's history equals
-    an uninterrupted run's. With no earlier checkpoint left: one line, exit 2, nothing changed."""
-    args = command(text_dataset, "model.attention.kind=diff_v1")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env(MLFLOW_TRACKING_URI=mlflow_store), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 5/"):
-            proc.send_signal(signal.SIGUSR2)
-            break
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 75, err
-    run_dir = next((tmp_path / "runs").iterdir())
+def _sigusr2_at(step: int) -> Callable[[int, dict[str, float]], None]:
+    """A training callback that sends this process SIGUSR2 after ``step`` (as Slurm would): the
+    trainer saves at that step boundary and stops, preempted."""
+    def callback(at: int, metrics: dict[str, float]) -> None:
+        if at == step:
+            os.kill(os.getpid(), signal.SIGUSR2)
+    return callback
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(text_dataset, tmp_path, store, monkeypatch):
+    """Preempted at step 5 (SIGUSR2 to this process, in the trainer the command runs), then 64
+    bytes flipped in a shard of the newest checkpoint: the same command warns naming the file,
+    resumes from the checkpoint before it, and the run's history equals an uninterrupted run's.
+    With no earlier checkpoint left: one line, exit 2, nothing changed."""
+    extra = ("model.attention.kind=diff_v1",)
+    cfg = tiny(text_dataset, *extra)
+    run_dir = tmp_path / "runs" / run_name(cfg)  # where the command puts this run
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["MLFLOW_TRACKING_URI"])
+    preempted = train(cfg, run_dir, experiment="diffsweep", callbacks=(_sigusr2_at(5),), echo=quiet)
+    assert (preempted.status, preempted.signal) == ("preempted", "SIGUSR2")
     *_, previous, newest = list_checkpoints(run_dir / "checkpoints")
-    assert checkpoint_step(newest) >= 5
+    assert (checkpoint_step(previous), checkpoint_step(newest)) == (4, 5)
     flip(newest / "__0_0.distcp")
 
-    resumed = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
+    args = train_args(text_dataset, *extra)
+    resumed = run(*args, cwd=tmp_path, env=store)
     assert resumed.returncode == 0, resumed.stderr
     warning = (f"warning: {newest.relative_to(tmp_path)}/__0_0.distcp: corrupt (CRC-32 ")
     assert resumed.stdout.count(warning) == 1, resumed.stdout
     assert f"resuming from the checkpoint before it, {previous.name}" in resumed.stdout
-    assert f"resuming {run_dir.name} at step {checkpoint_step(previous)} of 12" in resumed.stdout
-    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store
-    try:
-        cfg = load_config(None, [*TINY_RUN, f"data.path={text_dataset}", "model.attention.kind=diff_v1"])
-        reference = train(cfg, tmp_path / "reference", experiment="reference", echo=lambda line: None)
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
-    client = mlflow_client(mlflow_store)
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-               for key in ("train/loss", "train/grad_norm", "val/loss", "lambda/layer_01")}
-    for key, got in history.items():
-        assert got == sorted((m.step, m.value) for m in client.get_metric_history(reference.run_id, key)), key
+    assert f"resuming {run_dir.name} at step 4 of 12" in resumed.stdout
+    uri = store["MLFLOW_TRACKING_URI"]
+    run_id = run_id_of(run_dir)
+    history = assert_same_history(uri, run_id, reference(text_dataset, tmp_path, monkeypatch, store, *extra),
+                                  ("train/loss", "train/grad_norm", "val/loss", "lambda/layer_01"))
 
     *older, last = list_checkpoints(run_dir / "checkpoints")  # the run finished: step 12 is the last
     for checkpoint in older:
         shutil.rmtree(checkpoint)
     flip(last / "__0_0.distcp")
-    alone = run(args, tmp_path, MLFLOW_TRACKING_URI=mlflow_store)
-    assert_one_line_error(alone, f"{last.relative_to(tmp_path)}/__0_0.distcp: corrupt (CRC-32",
-                          "no earlier checkpoint to fall back to")
+    alone = run(*args, cwd=tmp_path, env=store)
+    refused(alone, f"{last.relative_to(tmp_path)}/__0_0.distcp: corrupt (CRC-32", "no earlier checkpoint to fall back to")
+    one_line(alone)
+    client = mlflow_client(uri)
     for key, got in history.items():
         assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) == got, key
     assert client.get_run(run_id).info.status == "FINISHED"
@@ -231,17 +254,15 @@ def test_data_prepare_and_info(tmp_path):
     docs.mkdir()
     (docs / "a.txt").write_text("It is a truth universally acknowledged. " * 50)
     (docs / "b.md").write_text("To be, or not to be, that is the question. " * 50)
-    made = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", str(docs), "--out",
-                           str(tmp_path / "ds"), "--tokenizer", "bytes"], capture_output=True, text=True)
+    made = run("data", "prepare", str(docs), "--out", str(tmp_path / "ds"), "--tokenizer", "bytes")
     assert made.returncode == 0, made.stderr
-    info = subprocess.run([sys.executable, "-m", "diffsweep", "data", "info", str(tmp_path / "ds")],
-                          capture_output=True, text=True)
+    info = run("data", "info", str(tmp_path / "ds"))
     meta = json.loads(info.stdout)
     assert meta["tokenizer"] == "bytes" and meta["num_documents"] == 2
     assert meta["tokens"]["train"] + meta["tokens"]["val"] == 40 * 50 + 43 * 50  # bytes: one token per character
-    again = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", str(docs), "--out",
-                            str(tmp_path / "ds"), "--tokenizer", "bytes"], capture_output=True, text=True)
-    assert_one_line_error(again, "already exists", "--force")
+    again = run("data", "prepare", str(docs), "--out", str(tmp_path / "ds"), "--tokenizer", "bytes")
+    refused(again, "already exists", "--force")
+    one_line(again)
 
 
 @pytest.mark.slow
@@ -250,8 +271,7 @@ def test_prepare_demo_builds_the_real_corpus(tmp_path):
     sources = Path(__file__).resolve().parents[2] / "data" / "sources"
     if not any(sources.glob("*.tar.gz")):
         pytest.fail(f"demo sources missing in {sources}: run `diffsweep data fetch-demo` (a set-up step)")
-    made = subprocess.run([sys.executable, "-m", "diffsweep", "data", "prepare", "--demo", "--sources", str(sources),
-                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    made = run("data", "prepare", "--demo", "--sources", str(sources), "--out", str(tmp_path / "demo"))
     assert made.returncode == 0, made.stderr
     meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
     assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 4096 and meta["num_documents"] == 48
@@ -260,22 +280,22 @@ def test_prepare_demo_builds_the_real_corpus(tmp_path):
                                                                "r-cran-janeaustenr_1.0.0-1_all.deb"}
 
 
-def test_triton_backend_without_gpu_or_interpreter_is_one_line_exit_3_and_creates_nothing(text_dataset, tmp_path):
+def test_triton_backend_without_gpu_or_interpreter_is_one_line_exit_3_and_creates_nothing(text_dataset, tmp_path,
+                                                                                           store):
     """Asking for the fused Triton kernel on a machine without a GPU (and outside Triton's
-    interpreter, which only the tests switch on) fails before any run or run directory exists."""
+    interpreter, which only the tests switch on) fails before any run or run directory exists. In
+    a fresh process: whether the interpreter is on is read from TRITON_INTERPRET when the kernels
+    are imported, and this test session has them imported with it on."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the Triton backend can run")
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    without_interpreter = {k: v for k, v in env().items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run(command(text_dataset, "model.attention.kind=diff_v1", "model.attention.backend=triton"),
-                            capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                            env=without_interpreter | {"MLFLOW_TRACKING_URI": store})
+    result = run_process(*train_args(text_dataset, "model.attention.kind=diff_v1", "model.attention.backend=triton"),
+                         cwd=tmp_path, env={**store, "TRITON_INTERPRET": "0"}, timeout=600)
     assert result.returncode == 3, result.stderr
     assert result.stderr.strip().splitlines() == [
         ("error: model.attention.backend: 'triton' needs a CUDA GPU, and none is visible (TRITON_INTERPRET=1 "
         "runs the kernel in Triton's CPU interpreter, for tests)")], result.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    assert not (tmp_path / "mlflow.db").exists() or not mlflow_client(store).search_runs(
-        [e.experiment_id for e in mlflow_client(store).search_experiments()])
+    client = mlflow_client(store["MLFLOW_TRACKING_URI"])
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])

@@ -1,7 +1,7 @@
 """Fixtures for the training tests.
 
-``store`` here replaces tests/conftest.py's ``store`` (an environment dict for a CLI process) in
-every module under tests/train: these tests train in process, and read back what the run logged.
+``store_client``: these tests train in process and read back what the run logged (tests/conftest.py's
+``store`` is the environment of a CLI process instead).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def store(mlflow_store: str, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
+def store_client(mlflow_store: str, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     """A client of the session's MLflow store, which in-process training tracks to (``MLFLOW_TRACKING_URI``)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
     return mlflow_client(mlflow_store)
