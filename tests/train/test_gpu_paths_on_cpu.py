@@ -29,7 +29,7 @@ from tests.helpers.training import (
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_bf16_autocast_resume_is_bitwise_identical(kind, text_dataset, store, tmp_path):
+def test_bf16_autocast_resume_is_bitwise_identical(kind, text_dataset, store_client, tmp_path):
     """``train.precision=bf16`` on CPU (autocast to bfloat16, as on a GPU): an uninterrupted run
     and one resumed from its step-4 checkpoint log the same metrics after step 4, bit for bit."""
     cfg = tiny(text_dataset, f"model.attention.kind={kind}", "train.precision=bf16", "train.max_steps=8")
@@ -102,11 +102,12 @@ BF16_ABS, BF16_GRAD_NORM_REL = 5e-3, 5e-2
 
 
 @pytest.mark.slow
-def test_fsdp2_bf16_on_two_processes_trains_like_one(text_dataset, tmp_path):
+def test_fsdp2_bf16_on_two_processes_trains_like_one(text_dataset, tmp_path, store, mlflow_store):
     """``train.parallel=fsdp`` with ``train.precision=bf16`` on two gloo processes: the bf16
     ``MixedPrecisionPolicy`` (bf16 parameters, fp32 gradient reduction) trains the same losses as
-    bf16 autocast on one process, to bf16's precision."""
-    store_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    bf16 autocast on one process, to bf16's precision. Real processes: torchrun and its workers
+    are what is tested; the reference trains here, into the session's store."""
+    store_uri = store["MLFLOW_TRACKING_URI"]  # a copy of an empty store: no schema to create
     extra = ("model.attention.kind=diff_v2", "train.precision=bf16", "train.max_steps=6", "train.eval_every=3",
              "train.eval_tokens=160")
     result = subprocess.run(torchrun(text_dataset, *extra, "train.parallel=fsdp"), cwd=tmp_path,
@@ -115,7 +116,7 @@ def test_fsdp2_bf16_on_two_processes_trains_like_one(text_dataset, tmp_path):
     run_id, run = only_run(store_uri)
     assert run.info.status == "FINISHED"
     got = histories(store_uri, run_id)
-    want = reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *extra)
+    want = reference_histories(text_dataset, tmp_path, mlflow_store, *extra)
     worst = {}
     for key in KEYS:
         assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
