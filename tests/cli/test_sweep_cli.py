@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.config.test_bounds import billion_laughs
-from tests.launch.conftest import cli, write_sweep
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import write_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,18 +36,6 @@ def test_dry_run_submits_nothing(tmp_path, text_dataset):
     assert r.returncode == 0, r.stderr
     assert "would submit transformer-tiny-xs-s0" in r.stdout and "nothing submitted" in r.stdout
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
-
-
-def test_changed_run_names_the_field(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=3, kinds=("transformer",))
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    sweep.write_text(sweep.read_text().replace("train.warmup_steps: 2", "train.warmup_steps: 1"))
-    r = cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
-    (row,) = json.loads(r.stdout)["runs"]
-    assert (row["state"], row["detail"]) == ("changed", "train.warmup_steps")
-    r = cli("plan", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
-    assert "changed (train.warmup_steps)" in r.stdout
 
 
 def test_budget_refuses_the_launch(tmp_path):
@@ -101,7 +90,7 @@ def test_bad_sweeps_fail_cleanly(tmp_path, text, message):
     (tmp_path / "t.yaml").write_text(text)
     for command in ("plan", "launch"):
         start = time.monotonic()
-        r = cli(command, "t.yaml", "--executor", "local", cwd=tmp_path, timeout=60)
+        r = cli(command, "t.yaml", "--executor", "local", cwd=tmp_path)
         assert time.monotonic() - start < 15  # a process start on a busy 2-core box, not minutes
         assert r.returncode == 2, (command, r.stdout, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -136,11 +125,13 @@ def test_missing_dataset_and_bad_only(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_renamed_run_keeps_its_directory_and_state(tmp_path, text_dataset, store):
+def test_a_renamed_run_keeps_its_directory_and_state_and_a_changed_run_names_the_field(tmp_path, text_dataset, store):
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=3, kinds=("transformer",))
-    assert cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store).returncode == 0
+    launched = sweep.read_text()
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
     # a new axis renames the existing run (same config, so same key) and adds one
-    sweep.write_text(sweep.read_text() + "  train.weight_decay: [0.05, 0.1]\n")
+    sweep.write_text(launched + "  train.weight_decay: [0.05, 0.1]\n")
     r = cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
     rows = {row["name"]: row for row in json.loads(r.stdout)["runs"]}
     old = rows["transformer-tiny-xs-weight_decay_0.05-s0"]
@@ -149,6 +140,13 @@ def test_a_renamed_run_keeps_its_directory_and_state(tmp_path, text_dataset, sto
     assert rows["transformer-tiny-xs-weight_decay_0.1-s0"]["state"] == "new"
     r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path, env=store)
     assert "would submit transformer-tiny-xs-weight_decay_0.1-s0" in r.stdout and r.stdout.count("would submit") == 1
+    # a changed setting: the run of that name is "changed", naming the field
+    sweep.write_text(launched.replace("train.warmup_steps: 2", "train.warmup_steps: 1"))
+    r = cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
+    (row,) = json.loads(r.stdout)["runs"]
+    assert (row["state"], row["detail"]) == ("changed", "train.warmup_steps")
+    r = cli("plan", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert "changed (train.warmup_steps)" in r.stdout
 
 
 def test_corrupt_ledger_and_out_that_is_a_file(tmp_path, text_dataset):
