@@ -1,16 +1,21 @@
-"""Helpers for launch tests: tiny sweeps on the session's text dataset, and the CLI as a user runs it."""
+"""Helpers for launch tests: tiny sweeps on the session's text dataset, waiting for a state, and a job
+process held still (SIGSTOP) while a test signals it."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.cli import run_process
 
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
@@ -38,9 +43,9 @@ def write_sweep(path: Path, dataset: Path, *, steps: int = 8, kinds=("transforme
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``diffsweep ARGS`` in a fresh process, as a user would."""
-    return subprocess.run([sys.executable, "-m", "diffsweep", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    """``diffsweep ARGS`` in a fresh process (``tests.helpers.cli.run_process``); kept for
+    tests/launch/test_slurm.py until it calls tests.helpers.cli itself. New tests use that module."""
+    return run_process(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def ledger(out: Path) -> dict:
@@ -60,6 +65,38 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (by SIGSTOP)."""
+    return _proc_status(pid)["State"].strip().startswith("T")
+
+
+def in_mask(pid: int, sig: int, *fields: str) -> bool:
+    """Whether ``sig`` is in one of the signal masks ``fields`` of /proc/PID/status (SigPnd and ShdPnd:
+    sent but not delivered yet, e.g. to a stopped process; SigIgn: ignored)."""
+    status = _proc_status(pid)
+    return any(int(status[f].strip(), 16) >> (sig - 1) & 1 for f in fields)
+
+
+def pending(pid: int, sig: int) -> bool:
+    return in_mask(pid, sig, "SigPnd", "ShdPnd")
+
+
+@contextmanager
+def held(pid: int) -> Iterator[None]:
+    """The job process ``pid`` stopped (SIGSTOP) for the block: whatever the block sends it is
+    handled after, at whatever step it had reached, so no run can finish before a signal arrives."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: stopped(pid), 30, f"process {pid} to stop", poll=0.01)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:

@@ -1,5 +1,9 @@
 """The local executor end to end, through the CLI: launch, wait, relaunch (nothing resubmitted),
-status, logs, preemption with SIGUSR2 (requeued, same MLflow run, contiguous steps), cancel."""
+status, logs, preemption with SIGUSR2 (requeued, same MLflow run, contiguous steps), cancel, Ctrl-C.
+
+The CLI runs in this process (``tests.helpers.cli.run``); the queue and the jobs it starts are
+processes of their own, as for a user. A test that signals a job holds it with SIGSTOP until the
+signal is pending (``held``), so it stops mid-run whatever the machine's speed."""
 
 from __future__ import annotations
 
@@ -8,19 +12,41 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from diffsweep.train.checkpoint import list_checkpoints
-from tests.launch.conftest import attempts, cli, ledger, metric_steps, wait_for, write_sweep
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import attempts, held, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
+
+# Long enough to stop mid-run: a signal is sent while the job is held (``held``) a few steps in.
+STEPS = 40
 
 
-def test_local_sweep_end_to_end(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, extra="launch: {max_parallel: 2}\n")
+def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_not_resubmitted(tmp_path, text_dataset,
+                                                                                              store):
+    """One run launched; while its job is held (SIGSTOP, so the queue is certainly still running
+    it), the sweep grows by a row and is launched again: the new run goes to the same queue, and
+    max_parallel 1 holds across both launches. Once both are done: MLflow runs finished with every
+    step, the jobs imported the launch-time code snapshot, a relaunch submits nothing, status and
+    logs say done. The queue and jobs are processes that outlive each (in-process) launch."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, kinds=("transformer",), extra="launch: {max_parallel: 1}\n")
     out = tmp_path / "runs" / "t"
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 0 and "launched 1 runs on the local queue" in r.stdout, r.stdout + r.stderr
+    job_file = wait_for(lambda: next((out / "runs").glob("*/job.json"), None), 120, "the job to start", poll=0.05)
+    pid = json.loads(job_file.read_text())["pid"]
+    os.kill(pid, signal.SIGSTOP)  # held: the queue stays alive while the second launch hands it a run
+    try:
+        sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1]"))
+        r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "skip transformer-tiny-xs-s0: running" in r.stdout and "launched 1 runs on the local queue" in r.stdout
+    finally:
+        os.kill(pid, signal.SIGCONT)
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "launched 2 runs on the local queue" in r.stdout and "2 done" in r.stdout
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("] 2 done"), r.stdout + r.stderr
+    entries = ledger(out)["entries"].values()
+    assert len({e["attempts"][0]["queue_pid"] for e in entries}) == 1  # one queue for the sweep
 
     from mlflow.tracking import MlflowClient
 
@@ -28,6 +54,9 @@ def test_local_sweep_end_to_end(tmp_path, text_dataset, store):
     runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     assert sorted(run.data.tags["diffsweep.sweep_run"] for run in runs) == ["diff_v1-tiny-xs-s0",
                                                                              "transformer-tiny-xs-s0"]
+    # max_parallel 1 held across both launches: the MLflow runs did not overlap in time
+    spans = sorted((run.info.start_time, run.info.end_time) for run in runs)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
     for run in runs:
         assert run.info.status == "FINISHED"
         assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, 9))
@@ -47,39 +76,50 @@ def test_local_sweep_end_to_end(tmp_path, text_dataset, store):
     assert r.returncode == 0 and "finished 8 steps" in r.stdout
 
 
+def trained_and_held(run_dir: Path):
+    """Once the run has two checkpoints: its job process, held (see ``held``)."""
+    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint", poll=0.05)
+    return held(json.loads((run_dir / "job.json").read_text())["pid"])
+
+
 def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("diff_v1",))
+    """SIGUSR2 (held until it arrives): the job saves, requeues itself and trains on in the same
+    MLflow run, each step logged once; a launch meanwhile leaves it alone; ``logs --follow`` (a
+    process of its own, following the job as it runs) ends by itself when the job has ended."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("diff_v1",))
     out = tmp_path / "runs" / "t"
     r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     run_dir = next((out / "runs").iterdir())
-    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint")
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
-                              cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
-    pid = json.loads((run_dir / "job.json").read_text())["pid"]
-    os.kill(pid, signal.SIGUSR2)  # what Slurm sends before preemption or the time limit
+    with trained_and_held(run_dir):
+        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+        follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
+                                  cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
+        os.kill(json.loads((run_dir / "job.json").read_text())["pid"], signal.SIGUSR2)  # Slurm's before preemption
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "skip diff_v1-tiny-xs-s0: running" in r.stdout  # left alone while it requeues, not resubmitted
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))  # each step once
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))  # each step once
     log = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store).stdout
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log and "finished 400 steps" in log
+    assert "preempted by SIGUSR2" in log and "Requeued job" in log and f"finished {STEPS} steps" in log
     followed, _ = follow.communicate(timeout=60)  # --follow ends by itself once the job has ended
-    assert follow.returncode == 0 and "Requeued job" in followed and "finished 400 steps" in followed
+    assert follow.returncode == 0 and "Requeued job" in followed and f"finished {STEPS} steps" in followed
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
 
 
 def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("transformer",))
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
     run_dir = next((out / "runs").iterdir())
-    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint")
-    r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
-    assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
+    with trained_and_held(run_dir):
+        r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+        assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
+        pid = json.loads((run_dir / "job.json").read_text())["pid"]
+        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
+
     def counts():
         r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
         return json.loads(r.stdout)["counts"]
@@ -91,31 +131,12 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
 
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
     stopped_at = max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id))
-    assert 2 <= stopped_at < 400
+    assert 2 <= stopped_at < STEPS
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 401))
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2
-
-
-def test_a_second_launch_hands_its_runs_to_the_running_queue(tmp_path, text_dataset, store):
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=300, kinds=("transformer",),
-                        extra="launch: {max_parallel: 1}\n")
-    out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
-    sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1, diff_v2]"))
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    entries = ledger(out)["entries"].values()
-    assert len({e["attempts"][0]["queue_pid"] for e in entries}) == 1  # one queue for the sweep
-    # max_parallel 1 held across both launches: the MLflow runs did not overlap in time
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(store["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
-    spans = sorted((run.info.start_time, run.info.end_time) for run in runs)
-    assert len(spans) == 3 and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
 
 
 def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, store):
@@ -152,10 +173,10 @@ def _sigint_default() -> None:
 
 def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resumes_them(tmp_path, text_dataset,
                                                                                        store):
-    """Ctrl-C (twice) while ``launch --executor local --wait`` waits: the running run saves a
+    """A real ``launch`` process, for the signal. Ctrl-C (twice) while ``launch --executor local --wait`` waits: the running run saves a
     checkpoint and stops, the queued one is not started (max_parallel 1); one line on stderr, exit
     130, no traceback; status says cancelled at once; launching again resumes the run (each step once)."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=200, extra="launch: {max_parallel: 1}\n")
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, extra="launch: {max_parallel: 1}\n")
     out = tmp_path / "runs" / "t"
     proc = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--executor", "local",
                              "--wait"], cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE,
@@ -165,11 +186,14 @@ def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resume
             assert proc.poll() is None, f"launch exited {proc.returncode} before a run trained: {proc.communicate()}"
             return next((d for d in out.glob("runs/*") if len(list_checkpoints(d / "checkpoints")) >= 2), None)
 
-        run_dir = wait_for(checkpointed, 120, "a run's second checkpoint", poll=0.2)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)  # launch is stopping the runs (a few seconds): a second Ctrl-C must not cut that short
-        if proc.poll() is None:
+        run_dir = wait_for(checkpointed, 120, "a run's second checkpoint", poll=0.05)
+        with held(json.loads((run_dir / "job.json").read_text())["pid"]):
             proc.send_signal(signal.SIGINT)
+            # launch ignores SIGINT once it is stopping the runs: a second Ctrl-C then must not cut that short
+            wait_for(lambda: in_mask(proc.pid, signal.SIGINT, "SigIgn"), 60, "launch to start stopping", poll=0.05)
+            proc.send_signal(signal.SIGINT)
+            pid = json.loads((run_dir / "job.json").read_text())["pid"]
+            wait_for(lambda: pending(pid, signal.SIGTERM), 60, "launch's SIGTERM to reach the job", poll=0.05)
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
@@ -185,9 +209,9 @@ def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resume
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
-    assert 2 <= max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) < 200
+    assert 2 <= max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) < STEPS
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", "--max-parallel", "2", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "launched 2 runs" in r.stdout and "2 done" in r.stdout, r.stdout + r.stderr
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 201))  # resumed, not restarted
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))  # resumed, not restarted
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2

@@ -18,20 +18,8 @@ import pytest
 
 from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
-from tests.launch.conftest import TINY_SET, cli, ledger, wait_for, write_sweep
-
-
-def slurm_up() -> None:
-    """Skip (fail in CI) without a reachable Slurm controller, as tests/launch/test_slurm.py does."""
-    import shutil
-
-    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
-                                                              timeout=30).returncode == 0
-    if not ok:
-        reason = "no reachable Slurm controller (start one: bash slurm/start-cluster.sh && source /tmp/diffsweep-slurm/env.sh)"
-        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import TINY_SET, held, ledger, pending, require_slurm, wait_for, write_sweep
 
 
 @pytest.fixture
@@ -75,7 +63,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
 
     The two that run are long and cancelled by the test: a short one could finish before status
     or --wait ever saw two running (it did on a fast CI machine)."""
-    slurm_up()
+    require_slurm()
     kinds = {"transformer": 5000, "diff_v1": 5000, "diff_v2": 20}  # the two long ones are cancelled
     sweep = zip_sweep(tmp_path / "t.yaml", text_dataset, list(kinds), list(kinds.values()),
                       extra="launch: {profile: localhost, max_parallel: 2}\n")
@@ -150,7 +138,7 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     then killed by a stray SIGTERM (saved and stopped, Slurm says FAILED): status shows the
     job's reason, launch resubmits it (attempt 2). logs shows the latest attempt, --attempt 1 the
     first with both starts marked, --attempt all both; the MLflow run name finds it too."""
-    slurm_up()
+    require_slurm()
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("diff_v1",),
                         extra="launch: {profile: localhost}\n")
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 20"))
@@ -212,29 +200,34 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
 def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_path, text_dataset, store):
     """A row renamed with a new config (an lr added) leaves its launched run orphaned: plan and
     status show it with what to do, launch says it leaves it alone, and cancel --only KEY stops it
-    while it runs. A name found in two sweeps makes logs ask for --sweep."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("transformer",))
+    while it runs (held: see tests/launch/test_local.py). A name found in two sweeps makes logs ask
+    for --sweep."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
     (old,) = ledger(out)["entries"].values()
-    sweep.write_text(sweep.read_text() + "  train.lr: [0.002]\n")  # renames the row, with a new key
-
-    data = json.loads(cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
-    (new,) = data["runs"]
-    assert (new["name"], new["state"]) == ("transformer-tiny-xs-lr_0.002-s0", "new")
-    (orphan,) = data["orphaned"]
-    assert (orphan["key"], orphan["name"], orphan["successor"]) == (old["key"], "transformer-tiny-xs-s0", None)
-    assert orphan["state"] in ("pending", "running")
-    table = cli("status", str(sweep), "--executor", "local", cwd=tmp_path, env=store).stdout
-    assert "1 launched runs that the sweep no longer makes (orphaned)" in table and old["key"] in table
-    assert f"diffsweep cancel {sweep} --only KEY" in " ".join(table.split()) and "; 1 orphaned;" in table
-    r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path, env=store)
-    assert f"orphaned transformer-tiny-xs-s0 ({old['key']}, " in r.stdout and "left as it is" in r.stdout
-
     run_dir = Path(old["run_dir"])  # a SIGTERM before the trainer's handler is up would be lost: let it train
-    wait_for(lambda: "step" in (read_job_state(run_dir) or {}), 300, "the orphan to train")
-    r = cli("cancel", str(sweep), "--executor", "local", "--only", old["key"], cwd=tmp_path, env=store)
-    assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0\ncancelled 1 runs" in r.stdout, r.stdout + r.stderr
+    job = wait_for(lambda: (j := read_job_state(run_dir) or {}).get("step") is not None and j, 300, "the run to train",
+                   poll=0.05)
+    with held(job["pid"]):
+        sweep.write_text(sweep.read_text() + "  train.lr: [0.002]\n")  # renames the row, with a new key
+
+        data = json.loads(cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
+        (new,) = data["runs"]
+        assert (new["name"], new["state"]) == ("transformer-tiny-xs-lr_0.002-s0", "new")
+        (orphan,) = data["orphaned"]
+        assert (orphan["key"], orphan["name"], orphan["successor"]) == (old["key"], "transformer-tiny-xs-s0", None)
+        assert orphan["state"] == "running"
+        table = cli("status", str(sweep), "--executor", "local", cwd=tmp_path, env=store).stdout
+        assert "1 launched runs that the sweep no longer makes (orphaned)" in table and old["key"] in table
+        assert f"diffsweep cancel {sweep} --only KEY" in " ".join(table.split()) and "; 1 orphaned;" in table
+        r = cli("launch", str(sweep), "--executor", "local", "--dry-run", cwd=tmp_path, env=store)
+        assert f"orphaned transformer-tiny-xs-s0 ({old['key']}, " in r.stdout and "left as it is" in r.stdout
+
+        r = cli("cancel", str(sweep), "--executor", "local", "--only", old["key"], cwd=tmp_path, env=store)
+        assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0\ncancelled 1 runs" in r.stdout, \
+            r.stdout + r.stderr
+        wait_for(lambda: pending(job["pid"], signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
     wait_for(lambda: status(sweep, tmp_path, store, "--executor", "local")["orphaned"][0]["state"] == "cancelled",
              120, "the orphan to stop")
 
@@ -262,20 +255,26 @@ def test_cancel_of_a_sweep_never_launched_is_refused_and_creates_nothing(tmp_pat
 
 
 def test_logs_of_a_run_waiting_in_the_local_queue(tmp_path, text_dataset, store):
-    """One run at a time: the second waits in the local queue, and logs says so (exit 0)."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, extra="launch: {max_parallel: 1}\n")
+    """One run at a time: the second waits in the local queue (the first is held running: see
+    tests/launch/test_local.py), and logs says so (exit 0)."""
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, extra="launch: {max_parallel: 1}\n")
+    out = tmp_path / "runs" / "t"
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
-    s = status(sweep, tmp_path, store, "--executor", "local")
-    assert sorted(r["state"] for r in s["runs"]) in (["pending", "pending"], ["pending", "running"])
-    queued = max(s["runs"], key=lambda r: r["key"])  # the queue starts runs in key order, one at a time
-    assert (queued["state"], queued["detail"], queued["job_id"]) == ("pending", "local queue", None)
-    r = cli("logs", queued["name"], cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stderr
-    head, message = r.stdout.splitlines()
-    assert head.startswith(f"==> {queued['name']} ({queued['key']}), attempt 1 of 1: local (queued), submitted ")
-    assert head.endswith("; now pending (local queue) <==")
-    assert message == f"{queued['name']}: waiting in the local queue; no logs yet"
-    assert cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    job_file = wait_for(lambda: next(out.glob("runs/*/job.json"), None), 120, "the first job to start", poll=0.05)
+    pid = json.loads(job_file.read_text())["pid"]
+    with held(pid):
+        s = status(sweep, tmp_path, store, "--executor", "local")
+        assert sorted(r["state"] for r in s["runs"]) == ["pending", "running"], s
+        queued = max(s["runs"], key=lambda r: r["key"])  # the queue starts runs in key order, one at a time
+        assert (queued["state"], queued["detail"], queued["job_id"]) == ("pending", "local queue", None)
+        r = cli("logs", queued["name"], cwd=tmp_path, env=store)
+        assert r.returncode == 0, r.stderr
+        head, message = r.stdout.splitlines()
+        assert head.startswith(f"==> {queued['name']} ({queued['key']}), attempt 1 of 1: local (queued), submitted ")
+        assert head.endswith("; now pending (local queue) <==")
+        assert message == f"{queued['name']}: waiting in the local queue; no logs yet"
+        assert cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
     wait_for(lambda: not {"pending", "running"} & set(status(sweep, tmp_path, store, "--executor", "local")["counts"]),
              120, "the runs to stop")
 
