@@ -5,7 +5,6 @@ in this process (``tests.helpers.cli.run``): these are about what it refuses and
 from __future__ import annotations
 
 import pydoc_data.topics
-import time
 from pathlib import Path
 
 import pytest
@@ -26,11 +25,9 @@ def tree(root: Path) -> list[str]:
 def test_a_file_without_text_is_refused_naming_it(tmp_path, content):
     (tmp_path / "empty.txt").write_text(content)
     before = tree(tmp_path)
-    start = time.monotonic()
     r = run("data", "prepare", "empty.txt", "--out", "new/sub/ds", "--tokenizer", "bytes", cwd=tmp_path)
     refused(r, "empty.txt", "no text")
-    assert time.monotonic() - start < 20  # refused up front (in-process it takes milliseconds)
-    assert tree(tmp_path) == before  # no dataset, no parent folders
+    assert tree(tmp_path) == before  # refused up front: no dataset, no parent folders
 
 
 def test_a_directory_whose_files_have_no_text_is_refused(tmp_path):
