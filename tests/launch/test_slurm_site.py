@@ -79,16 +79,16 @@ def test_a_lock_held_by_a_slurm_job_on_another_host_lasts_as_long_as_the_job(tmp
 
 
 def test_runs_needing_more_gpus_per_node_than_the_nodes_have_are_refused_at_plan_time(tmp_path, text_dataset,
-                                                                                      store):
+                                                                                      new_store):
     (tmp_path / "p.yaml").write_text(PROFILE.replace("gpus_per_node: 2", "gpus_per_node: 4"))
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, extra="launch: {gpus_per_run: 4}\n")
     sweep.write_text(sweep.read_text().replace("train.micro_batch_size: 2", "train.micro_batch_size: 1"))
     expected = ("error: profile p: gpus_per_node: run transformer-tiny-xs-s0 asks for 4 GPUs per node, but the nodes "
                 "of partition debug have at most 2 (sinfo GRES: gpu:2); Slurm would leave its job pending forever\n")
     for command in ("plan", "launch"):
-        r = cli(command, str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path, env=store)
+        r = cli(command, str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path, env=new_store)
         assert (r.returncode, r.stderr) == (2, expected), r.stdout + r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml", "t.yaml"]  # nothing submitted or written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml", "t.yaml"]  # nothing submitted, no store
 
 
 @pytest.mark.parametrize("override, message", [
@@ -97,11 +97,11 @@ def test_runs_needing_more_gpus_per_node_than_the_nodes_have_are_refused_at_plan
     ("qos=fast", ("error: --slurm qos: 'fast' is not a QoS of user root on this cluster (sacctmgr); expected one of "
                  "[normal]\n")),
 ])
-def test_an_account_or_qos_the_user_lacks_is_refused_with_the_ones_there_are(tmp_path, text_dataset, store, override,
+def test_an_account_or_qos_the_user_lacks_is_refused_with_the_ones_there_are(tmp_path, text_dataset, new_store, override,
                                                                               message):
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
     for command in ("plan", "launch"):
-        r = cli(command, str(sweep), "--profile", "localhost", "--slurm", override, cwd=tmp_path, env=store)
+        r = cli(command, str(sweep), "--profile", "localhost", "--slurm", override, cwd=tmp_path, env=new_store)
         assert (r.returncode, r.stderr) == (2, message), r.stdout + r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
 
