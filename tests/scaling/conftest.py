@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.conftest import TINY_SET, cli
+from tests.helpers.cli import run
+from tests.launch.conftest import TINY_SET
+
+# Mark every test that uses ``mini_ladder`` with this: one worker builds the ladder, not each.
+MINI_LADDER = pytest.mark.xdist_group("mini_ladder")
 
 SIZES = ("tiny-xs", "tiny-s", "tiny-m", "tiny-l")
 
@@ -27,24 +31,17 @@ def tiny_ladder_sweep(root: Path, name: str, sizes: tuple[str, ...], dataset: Pa
 
 @pytest.fixture(scope="session")
 def mini_ladder(tmp_path_factory, text_dataset) -> dict:
-    """{'dir': project dir, 'sweep': sweep file, 'env': MLFLOW_TRACKING_URI, 'uri': ...}."""
+    """{'dir': project dir, 'sweep': sweep file, 'env': MLFLOW_TRACKING_URI, 'uri': ...}. Built once per
+    test process (~95 s on 2 busy cores): every test that uses it is marked
+    ``xdist_group("mini_ladder")`` (``MINI_LADDER``), so ``-n N --dist loadgroup`` builds it once."""
     root = tmp_path_factory.mktemp("ladder")
     sweep = tiny_ladder_sweep(root, "mini-ladder", SIZES, text_dataset,
                               **{"train.max_steps": 12, "train.eval_every": 6})
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri}
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=root, env=env, timeout=900)
+    r = run("launch", str(sweep), "--executor", "local", "--wait", cwd=root, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return {"dir": root, "sweep": sweep, "env": env, "uri": uri}
-
-
-def one_line_error(r, *needles: str) -> None:
-    """Exit 2, a single ``error:`` line naming what is wrong, no traceback."""
-    assert r.returncode == 2, r.stdout + r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
 
 
 def outputs(folder: Path) -> list[str]:

@@ -1,7 +1,8 @@
 """``diffsweep fit`` and ``suggest`` on malformed input, as a user meets it (issue #29): one ``error:``
 line naming the file, column, line or field, exit 2, no traceback, and nothing created, changed or
 deleted, the user's files above all (``fit --out`` writes only into a new or empty folder, or over
-an earlier fit's outputs)."""
+an earlier fit's outputs). The CLI runs in this process (tests/helpers/cli.run): what is tested is
+what the command does, not the process around it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers.badinput import diffsweep, refused, untouched
+from tests.helpers.badinput import refused, untouched
+from tests.helpers.cli import run
 from tests.scaling.synthetic import ladder
 
 FAST = ("--no-log", "--boot", "50")  # nothing to log, few draws: the refusals are what is tested
@@ -57,7 +59,7 @@ def test_a_repeated_column_is_refused_naming_file_and_column(tmp_path, csv):
     lines = csv.read_text().splitlines()
     csv.write_text("\n".join([lines[0].replace("seed", "loss"), *lines[1:]]) + "\n")  # loss twice
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
     refused(r, "p.csv: loss", "2 times")
 
 
@@ -65,7 +67,7 @@ def test_a_repeated_column_is_refused_naming_file_and_column(tmp_path, csv):
 def test_an_empty_required_cell_names_file_line_and_column(tmp_path, csv, column):
     _edit(csv, 5, column, "")
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
     refused(r, f"p.csv: {column}", "empty cell on line 5", "transformer-1.4e+09-s1")
 
 
@@ -84,7 +86,7 @@ def test_a_cell_no_run_can_have_is_refused_naming_file_line_and_column(tmp_path,
         frame.to_csv(csv, index=False)
     _edit(csv, 4, column, value)
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
     refused(r, *needles)
 
 
@@ -95,7 +97,7 @@ def test_a_csv_without_a_table_is_refused(tmp_path, csv, case):
             "empty-file": ""}[case]
     csv.write_text(text)
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, cwd=tmp_path)
     refused(r, "p.csv")
 
 
@@ -104,7 +106,7 @@ def test_a_byte_order_mark_and_an_inf_loss_are_read_as_meant(tmp_path, csv):
     inf loss is a diverged run, dropped with a warning naming it."""
     _edit(csv, 5, "loss", "inf")
     csv.write_text(csv.read_text(), encoding="utf-8-sig")
-    r = diffsweep("fit", "--csv", "p.csv", *FAST, "--json", "--out", "out", cwd=tmp_path)
+    r = run("fit", "--csv", "p.csv", *FAST, "--json", "--out", "out", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["points_used"] == len(_points()) - 1
@@ -119,14 +121,14 @@ def test_a_byte_order_mark_and_an_inf_loss_are_read_as_meant(tmp_path, csv):
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_a_number_option_out_of_range_is_refused(tmp_path, csv, args, flag):
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", "--no-log", *args, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", "--no-log", *args, cwd=tmp_path)
     refused(r, flag)
 
 
 def test_a_refused_fit_creates_no_store(tmp_path, csv):
     _edit(csv, 3, "arch", "")
     with untouched(tmp_path):  # logging on: the store is checked, but not created, before the CSV
-        r = diffsweep("fit", "--csv", "p.csv", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+        r = run("fit", "--csv", "p.csv", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
     refused(r, "p.csv: arch")
 
 
@@ -158,7 +160,7 @@ def test_out_never_replaces_what_fit_did_not_write(tmp_path, csv, fit_folder, ca
         (tmp_path / "elsewhere").mkdir()
         out.symlink_to(tmp_path / "elsewhere")
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, "--out", str(out), cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, "--out", str(out), cwd=tmp_path)
     refused(r, "--out", str(out))
 
 
@@ -167,7 +169,7 @@ def test_out_replaces_an_earlier_fit_and_fills_an_empty_folder(tmp_path, csv, fi
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty").chmod(0o750)
     for out in ("earlier", "empty"):
-        r = diffsweep("fit", "--csv", "p.csv", *FAST, "--out", out, cwd=tmp_path)
+        r = run("fit", "--csv", "p.csv", *FAST, "--out", out, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert sorted(p.name for p in (tmp_path / out).iterdir()) == ["fit.json", "plots", "points.csv", "report.md"]
     assert (tmp_path / "empty").stat().st_mode & 0o777 == 0o750  # the user's folder itself is kept
@@ -177,7 +179,7 @@ def test_out_replaces_an_earlier_fit_and_fills_an_empty_folder(tmp_path, csv, fi
 def test_refitting_a_frozen_table_into_its_own_folder_is_refused(tmp_path, fit_folder):
     shutil.copytree(fit_folder, tmp_path / "fit")
     with untouched(tmp_path):
-        r = diffsweep("fit", "--csv", "fit/points.csv", *FAST, "--out", "fit", cwd=tmp_path)
+        r = run("fit", "--csv", "fit/points.csv", *FAST, "--out", "fit", cwd=tmp_path)
     refused(r, "--out", "fit/points.csv")
 
 
@@ -220,7 +222,7 @@ def test_a_damaged_fit_json_is_one_line_naming_file_and_field(tmp_path, fit_fold
     text = damaged if isinstance(damaged, str) else json.dumps(damaged)
     (tmp_path / "fit" / "fit.json").write_text(text)
     with untouched(tmp_path):
-        r = diffsweep("suggest", "fit", "--boot", "50", "--draws", "8", cwd=tmp_path)
+        r = run("suggest", "fit", "--boot", "50", "--draws", "8", cwd=tmp_path)
     field = FIELDS[case]
     refused(r, "fit/fit.json" + (f": {field}" if field else ""))
 
@@ -235,7 +237,7 @@ def test_a_fit_folder_missing_or_damaging_its_table_is_one_line(tmp_path, fit_fo
         _edit(tmp_path / "fit" / "points.csv", 3, "loss", "")
         needles = ("fit/points.csv: loss", "line 3")
     with untouched(tmp_path):
-        r = diffsweep("suggest", "fit", "--boot", "50", "--draws", "8", cwd=tmp_path)
+        r = run("suggest", "fit", "--boot", "50", "--draws", "8", cwd=tmp_path)
     refused(r, *needles)
 
 
@@ -248,12 +250,12 @@ def test_a_fit_folder_missing_or_damaging_its_table_is_one_line(tmp_path, fit_fo
 def test_a_suggest_count_or_number_out_of_range_is_refused(tmp_path, fit_folder, args, flag):
     shutil.copytree(fit_folder, tmp_path / "fit")
     with untouched(tmp_path):
-        r = diffsweep("suggest", "fit", "--draws", "8", *args, cwd=tmp_path)
+        r = run("suggest", "fit", "--draws", "8", *args, cwd=tmp_path)
     refused(r, flag)
 
 
 def test_suggest_top_shows_exactly_that_many_rows(tmp_path, fit_folder):
-    r = diffsweep("suggest", str(fit_folder), "--boot", "50", "--draws", "8", "--top", "1", cwd=tmp_path)
+    r = run("suggest", str(fit_folder), "--boot", "50", "--draws", "8", "--top", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("candidate "))
@@ -264,32 +266,32 @@ def test_suggest_top_shows_exactly_that_many_rows(tmp_path, fit_folder):
 
 
 @pytest.mark.parametrize("command", ["fit", "suggest"])
-def test_a_sweep_with_no_runs_names_the_sweep_file(tmp_path, command):
+def test_a_sweep_with_no_runs_names_the_sweep_file(tmp_path, store, command):
     from diffsweep.store import ensure_experiment
     from tests.scaling.conftest import tiny_ladder_sweep
 
     tiny_ladder_sweep(tmp_path, "lad", ("tiny-xs", "tiny-s"), tmp_path / "data")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store["MLFLOW_TRACKING_URI"]  # tmp_path/mlflow.db, a copy of a migrated store
     ensure_experiment(uri, "other")
     args = ("--no-log",) if command == "fit" else ()
     with untouched(tmp_path):
-        r = diffsweep(command, "lad.yaml", *args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+        r = run(command, "lad.yaml", *args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
     refused(r, "lad.yaml", "no experiment 'lad'")
 
 
 @pytest.mark.parametrize(("tag", "value"), [("diffsweep.params", "many"), ("diffsweep.flops_per_token", "-3")])
-def test_a_run_whose_tag_was_edited_in_the_store_is_one_line_naming_run_and_tag(tmp_path, tag, value):
+def test_a_run_whose_tag_was_edited_in_the_store_is_one_line_naming_run_and_tag(tmp_path, store, tag, value):
     from mlflow.tracking import MlflowClient
 
     from tests.scaling.conftest import tiny_ladder_sweep
     from tests.scaling.synthetic import baseline_loss, log_runs
 
     sweep = tiny_ladder_sweep(tmp_path, "lad", ("tiny-xs", "tiny-s", "tiny-m"), tmp_path / "data")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store["MLFLOW_TRACKING_URI"]  # tmp_path/mlflow.db, a copy of a migrated store
     log_runs(uri, sweep, lambda arch, n, d: float(baseline_loss(n)))
     client = MlflowClient(uri)
-    run = client.search_runs([client.get_experiment_by_name("lad").experiment_id], max_results=1)[0]
-    client.set_tag(run.info.run_id, tag, value)
+    edited = client.search_runs([client.get_experiment_by_name("lad").experiment_id], max_results=1)[0]
+    client.set_tag(edited.info.run_id, tag, value)
     with untouched(tmp_path):
-        r = diffsweep("fit", "lad.yaml", *FAST, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
-    refused(r, run.info.run_name, f"tag {tag} is '{value}'")
+        r = run("fit", "lad.yaml", *FAST, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    refused(r, edited.info.run_name, f"tag {tag} is '{value}'")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -19,6 +17,7 @@ from diffsweep.scaling.forms import Form, Law
 from diffsweep.scaling.optimize import Objective
 from diffsweep.scaling.ratio import Curve
 from diffsweep.scaling.table import _complete
+from tests.helpers.cli import run
 from tests.scaling.test_fit_laws import EPOCH_CSV, epoch_points
 
 # docs/references.md §7: Epoch's final estimate and its 4,000-draw case-bootstrap SEs
@@ -130,18 +129,13 @@ def test_case_resampling_covers_on_a_chinchilla_grid():
     assert hits >= 38
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffsweep", "fit", *args], capture_output=True, text=True, timeout=600,
-                          check=False)
-
-
 def test_fit_of_a_single_architecture_reports_its_law(tmp_path):
     rng = np.random.default_rng(0)
     n = np.repeat([0.83e9, 1.4e9, 2.8e9, 6.8e9, 13.1e9], 2)
     loss = (2.3 + 406.4 * n ** -0.34) * np.exp(0.005 * rng.standard_normal(len(n)))
     table = tmp_path / "one.csv"
     pd.DataFrame({"arch": "transformer", "num_params": n, "tokens": 1e10, "loss": loss}).to_csv(table, index=False)
-    r = run_cli("--csv", str(table), "--no-log", "--boot", "100", "--out", str(tmp_path / "out"), "--json")
+    r = run("fit", "--csv", str(table), "--no-log", "--boot", "100", "--out", str(tmp_path / "out"), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["candidates"] == [] and result["ratios"] == [] and "shift_model" not in result
@@ -159,8 +153,8 @@ def test_epoch_fit_end_to_end_with_the_cli(tmp_path):
     table["tokens"] = table["flop"] / (6 * table["num_params"])
     path = tmp_path / "epoch.csv"
     table[["arch", "num_params", "tokens", "loss"]].to_csv(path, index=False)
-    r = run_cli("--csv", str(path), "--baseline", "chinchilla", "--form", "chinchilla", "--objective", "huber_mle",
-                "--boot", "1000", "--no-log", "--out", str(tmp_path / "out"), "--json")
+    r = run("fit", "--csv", str(path), "--baseline", "chinchilla", "--form", "chinchilla", "--objective", "huber_mle",
+            "--boot", "1000", "--no-log", "--out", str(tmp_path / "out"), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     fit = result["fits"]["chinchilla"]

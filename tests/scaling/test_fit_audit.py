@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from diffsweep.config.units import human
-from tests.launch.conftest import cli
+from tests.helpers.cli import run
 from tests.scaling.synthetic import ladder
 
 
@@ -23,7 +23,7 @@ def test_fit_report_has_the_arm_audit_of_the_runs_it_used(tmp_path, store):
     points.loc[odd & (points["seed"] == 1), "num_params"] *= 1.05  # and one of its runs is larger
     path = tmp_path / "p.csv"
     points.to_csv(path, index=False)
-    r = cli("fit", "--csv", str(path), "--no-log", "--boot", "50", "--json", "--out", "f", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", str(path), "--no-log", "--boot", "50", "--json", "--out", "f", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     audit = json.loads(r.stdout)["audit"]
     assert audit["baseline"] == "transformer" and len(audit["pairs"]) == 5 and audit["flagged"] == 4
@@ -46,7 +46,7 @@ def test_fit_report_has_the_arm_audit_of_the_runs_it_used(tmp_path, store):
 def test_fit_without_size_labels_says_it_is_not_audited(tmp_path, store):
     path = tmp_path / "p.csv"
     ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1)).to_csv(path, index=False)
-    r = cli("fit", "--csv", str(path), "--no-log", "--boot", "50", "--out", "f", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", str(path), "--no-log", "--boot", "50", "--out", "f", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     assert "Not audited: the points have no size labels" in (tmp_path / "f" / "report.md").read_text()
 

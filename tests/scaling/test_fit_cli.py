@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from tests.launch.conftest import cli
-from tests.scaling.conftest import one_line_error, outputs
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
+from tests.scaling.conftest import MINI_LADDER, outputs
 from tests.scaling.synthetic import TRUE_RATIO, ladder
 
 OUTPUTS = ["fit.json", "plots/loss.png", "plots/ratio.png", "plots/residuals.png", "points.csv", "report.md"]
@@ -23,7 +24,7 @@ def csv_file(tmp_path):
 
 
 def test_fit_of_a_csv_writes_report_plots_and_a_frozen_table_that_refits_identically(tmp_path, csv_file, store):
-    r = cli("fit", "--csv", str(csv_file), "--out", "fit1", "--holdout", "largest", "--at", "11B", "--json",
+    r = run("fit", "--csv", str(csv_file), "--out", "fit1", "--holdout", "largest", "--at", "11B", "--json",
             cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
@@ -39,11 +40,11 @@ def test_fit_of_a_csv_writes_report_plots_and_a_frozen_table_that_refits_identic
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])
-    run = client.get_run(result["mlflow_run_id"])
-    assert run.data.tags["diffsweep.kind"] == "fit" and run.info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.md", "points.csv", "plots", "fit.json"}
+    fit_run = client.get_run(result["mlflow_run_id"])
+    assert fit_run.data.tags["diffsweep.kind"] == "fit" and fit_run.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(fit_run.info.run_id)} >= {"report.md", "points.csv", "plots", "fit.json"}
     # the frozen table reproduces the fit exactly
-    r2 = cli("fit", "--csv", str(tmp_path / "fit1" / "points.csv"), "--out", "fit2", "--holdout", "largest",
+    r2 = run("fit", "--csv", str(tmp_path / "fit1" / "points.csv"), "--out", "fit2", "--holdout", "largest",
              "--at", "11B", "--json", "--no-log", cwd=tmp_path, env=store)
     assert r2.returncode == 0, r2.stderr
     again = json.loads(r2.stdout)
@@ -51,7 +52,7 @@ def test_fit_of_a_csv_writes_report_plots_and_a_frozen_table_that_refits_identic
 
 
 def test_terminal_output_speaks_the_papers_language(tmp_path, csv_file, store):
-    r = cli("fit", "--csv", str(csv_file), "--no-log", "--candidate", "diff_v1", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", str(csv_file), "--no-log", "--candidate", "diff_v1", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     assert "DIFF V1 needs" in r.stdout and "of the Transformer's parameters to match its loss at" in r.stdout
     assert "report: " in r.stdout and "DIFF V2" not in r.stdout
@@ -65,7 +66,7 @@ def _write(tmp_path, frame, name="bad.csv"):
 
 @pytest.mark.parametrize("case", ["missing-candidate", "baseline-only", "too-few-sizes", "all-nan", "far-at",
                                   "bad-at", "missing-columns", "no-file", "bad-form", "bad-holdout"])
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, store, case):
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, new_store, case):
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
     args, needles = [], []
     if case == "missing-candidate":
@@ -93,8 +94,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, store, case)
     path = tmp_path / "nope.csv" if case == "no-file" else _write(tmp_path, points)
     if case == "no-file":
         needles = ["nope.csv", "no such file"]
-    r = cli("fit", "--csv", str(path), "--out", "out", *args, cwd=tmp_path, env=store)
-    one_line_error(r, *needles)
+    r = run("fit", "--csv", str(path), "--out", "out", *args, cwd=tmp_path, env=new_store)
+    refused(r, *needles)
     assert not (tmp_path / "out").exists() and not (tmp_path / "fits").exists()
     assert not (tmp_path / "mlflow.db").exists()  # no fit run was created
 
@@ -102,7 +103,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, store, case)
 def test_non_finite_losses_are_dropped_with_a_warning(tmp_path, store):
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
     points.loc[3, "loss"] = np.inf
-    r = cli("fit", "--csv", str(_write(tmp_path, points)), "--no-log", "--json", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", str(_write(tmp_path, points)), "--no-log", "--json", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["points_used"] == len(points) - 1
@@ -111,12 +112,13 @@ def test_non_finite_losses_are_dropped_with_a_warning(tmp_path, store):
 
 # -- real runs in MLflow -------------------------------------------------------------------------
 
+@MINI_LADDER
 @pytest.mark.slow
 def test_fit_of_a_launched_sweep_logs_a_fit_run_linked_to_its_sources(mini_ladder):
     from mlflow.tracking import MlflowClient
 
     d, env = mini_ladder["dir"], mini_ladder["env"]
-    r = cli("fit", str(mini_ladder["sweep"]), "--json", "--boot", "200", cwd=d, env=env)
+    r = run("fit", str(mini_ladder["sweep"]), "--json", "--boot", "200", cwd=d, env=env)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["axis"] == "N" and result["points_used"] == 8 and result["candidates"] == ["diff_v1"]
@@ -142,12 +144,13 @@ def test_fit_of_a_launched_sweep_logs_a_fit_run_linked_to_its_sources(mini_ladde
     assert set(table["batch_tokens"]) == {int(TINY_SET["train.batch_tokens"])}, table["batch_tokens"]
     assert table["min_lr"].notna().all() and len(result["audit"]["pairs"]) == 4
     # a second fit does not take the first fit run as an input; --where filters on config keys
-    r = cli("fit", "--experiment", "mini-ladder", "--where", "model.size!=tiny-xs", "--noise-sd", "0.01", "--json",
+    r = run("fit", "--experiment", "mini-ladder", "--where", "model.size!=tiny-xs", "--noise-sd", "0.01", "--json",
             "--boot", "100", "--no-log", "--out", "subset", cwd=d, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["points_used"] == 6
 
 
+@MINI_LADDER
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["where-nothing", "experiment", "bad-where", "no-store"])
 def test_fit_of_runs_refuses_bad_sources(mini_ladder, tmp_path, case):
@@ -160,8 +163,8 @@ def test_fit_of_runs_refuses_bad_sources(mini_ladder, tmp_path, case):
                "bad-where": ["KEY=VALUE"], "no-store": ["no MLflow store"]}[case]
     cwd = tmp_path if case == "no-store" else d
     before = len(list((d / "fits").glob("*"))) if (d / "fits").exists() else 0
-    r = cli("fit", *args, "--out", str(tmp_path / "out"), cwd=cwd, env={} if case == "no-store" else env)
-    one_line_error(r, *needles)
+    r = run("fit", *args, "--out", str(tmp_path / "out"), cwd=cwd, env={} if case == "no-store" else env)
+    refused(r, *needles)
     assert not (tmp_path / "out").exists()
     assert (len(list((d / "fits").glob("*"))) if (d / "fits").exists() else 0) == before
 
@@ -179,9 +182,9 @@ def test_token_scan_fits_loss_against_tokens_from_each_runs_evaluations(tmp_path
     sweep = tmp_path / "token-scan.yaml"
     sweep.write_text("\n".join(lines) + "\n")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=env, timeout=600)
+    r = run("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
-    r = cli("fit", str(sweep), "--json", "--boot", "100", "--no-log", cwd=tmp_path, env=env)
+    r = run("fit", str(sweep), "--json", "--boot", "100", "--no-log", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["axis"] == "D" and all(row["axis"] == "D" for row in result["ratios"])
@@ -195,13 +198,14 @@ def test_token_scan_fits_loss_against_tokens_from_each_runs_evaluations(tmp_path
     assert (points.loc[points["used"], "tokens"] == points.loc[points["used"], "step"] * 128).all()
 
 
+@MINI_LADDER
 @pytest.mark.slow
 def test_a_sweep_file_fits_only_its_current_runs(mini_ladder, tmp_path):
     """Editing the sweep (here: dropping a size) and refitting leaves the other runs out, saying so."""
     d, env = mini_ladder["dir"], mini_ladder["env"]
     edited = d / "mini-ladder-edited.yaml"
     edited.write_text(mini_ladder["sweep"].read_text().replace(", tiny-l]", "]"))
-    r = cli("fit", str(edited), "--noise-sd", "0.01", "--boot", "100", "--no-log", "--json", "--out",
+    r = run("fit", str(edited), "--noise-sd", "0.01", "--boot", "100", "--no-log", "--json", "--out",
             str(tmp_path / "fit"), cwd=d, env=env)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
@@ -209,9 +213,9 @@ def test_a_sweep_file_fits_only_its_current_runs(mini_ladder, tmp_path):
     assert any("left out 2 run(s) that are not in the sweep file's current expansion" in w for w in result["warnings"])
 
 
-def test_an_unwritable_output_folder_is_one_line_and_leaves_nothing(tmp_path, csv_file, store):
+def test_an_unwritable_output_folder_is_one_line_and_leaves_nothing(tmp_path, csv_file, new_store):
     (tmp_path / "taken").write_text("a file, not a folder\n")
-    r = cli("fit", "--csv", str(csv_file), "--out", "taken", cwd=tmp_path, env=store)
-    one_line_error(r, "--out", "not a directory")
+    r = run("fit", "--csv", str(csv_file), "--out", "taken", cwd=tmp_path, env=new_store)
+    refused(r, "--out", "not a directory")
     assert (tmp_path / "taken").read_text() == "a file, not a folder\n"
     assert not (tmp_path / "mlflow.db").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ladder.csv", "taken"]

@@ -17,8 +17,8 @@ import pytest
 
 from diffsweep.config import ConfigError
 from diffsweep.scaling.table import COUNT_COLUMNS, from_csv
-from tests.launch.conftest import cli
-from tests.scaling.conftest import one_line_error
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
 from tests.scaling.synthetic import ladder
 
 FAST = 60.0  # seconds: a hang guard, not a benchmark (an unchecked store retried for minutes; a refusal
@@ -30,14 +30,14 @@ def points():
     return ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1))
 
 
-def refused(tmp_path, *args: str, env: dict | None = None, needles: tuple[str, ...] = ()):
+def refuses(tmp_path, *args: str, env: dict | None = None, needles: tuple[str, ...] = ()):
     """Run ``fit ARGS --out out`` in ``tmp_path``: one line naming ``needles``, quickly, and no
     fit folder and no MLflow store left behind."""
     before = sorted(p.name for p in tmp_path.iterdir())
     start = time.monotonic()
-    r = cli("fit", *args, "--out", "out", cwd=tmp_path, env=env)
+    r = run("fit", *args, "--out", "out", cwd=tmp_path, env=env)
     elapsed = time.monotonic() - start
-    one_line_error(r, *needles)
+    refused(r, *needles)
     assert elapsed < FAST, f"took {elapsed:.1f} s"
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     return r
@@ -54,17 +54,17 @@ def test_a_csv_whose_lr_is_not_a_number_is_refused_naming_the_column(tmp_path, s
     points["lr"] = "3e-4"
     points.loc[3, "lr"] = "fast"
     points.to_csv(tmp_path / "p.csv", index=False)
-    refused(tmp_path, "--csv", "p.csv", env=store, needles=("p.csv: lr", "expected a number (or nothing)"))
+    refuses(tmp_path, "--csv", "p.csv", env=store, needles=("p.csv: lr", "expected a number (or nothing)"))
     points["lr"] = np.nan  # blank: unknown, not compared
     points.loc[3, "lr"] = 3e-4
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = cli("fit", "--csv", "p.csv", "--no-log", "--boot", "50", "--out", "ok", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", "p.csv", "--no-log", "--boot", "50", "--out", "ok", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr
 
 
 def test_a_csv_that_is_a_directory_is_refused(tmp_path, store):
     (tmp_path / "points.csv").mkdir()
-    refused(tmp_path, "--csv", "points.csv", env=store, needles=("points.csv", "is a directory"))
+    refuses(tmp_path, "--csv", "points.csv", env=store, needles=("points.csv", "is a directory"))
 
 
 @pytest.mark.parametrize(("column", "value"), [("num_params", 1e305), ("tokens", 0.0),
@@ -72,7 +72,7 @@ def test_a_csv_that_is_a_directory_is_refused(tmp_path, store):
 def test_a_count_no_run_can_have_is_refused_naming_column_and_line(tmp_path, store, points, column, value):
     points.loc[3, column] = value
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = refused(tmp_path, "--csv", "p.csv", env=store,
+    r = refuses(tmp_path, "--csv", "p.csv", env=store,
                 needles=(f"p.csv: {column}", "line 5", points.loc[3, "run_name"]))
     assert "from 1 to 1e+18" in r.stderr
 
@@ -98,7 +98,7 @@ def test_counts_at_the_limits_and_unused_rows_of_a_frozen_table_are_accepted(tmp
 def test_an_absurd_loss_is_dropped_with_a_warning_and_the_fit_stays_finite(tmp_path, points, value):
     points.loc[3, "loss"] = value
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = cli("fit", "--csv", "p.csv", "--boot", "100", "--json", "--no-log", "--out", "out", cwd=tmp_path)
+    r = run("fit", "--csv", "p.csv", "--boot", "100", "--json", "--no-log", "--out", "out", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     result = no_nan(r.stdout)
     assert result["points_used"] == len(points) - 1
@@ -113,26 +113,26 @@ def test_an_absurd_loss_is_dropped_with_a_warning_and_the_fit_stays_finite(tmp_p
 def test_every_loss_absurd_is_refused(tmp_path, store, points):
     points["loss"] = 1e305
     points.to_csv(tmp_path / "p.csv", index=False)
-    refused(tmp_path, "--csv", "p.csv", env=store, needles=("loss", "outside"))
+    refuses(tmp_path, "--csv", "p.csv", env=store, needles=("loss", "outside"))
 
 
 @pytest.mark.parametrize("args", [["--noise-sd", "1e305"], ["--noise-sd", "nan"], ["--at", "1e400"]],
                          ids=lambda a: " ".join(a))
 def test_extreme_flag_values_are_refused(tmp_path, store, points, args):
     points.to_csv(tmp_path / "p.csv", index=False)
-    refused(tmp_path, "--csv", "p.csv", *args, env=store, needles=(args[0],))
+    refuses(tmp_path, "--csv", "p.csv", *args, env=store, needles=(args[0],))
 
 
 @pytest.mark.parametrize("name", ["x' OR '1'='1", "with space"], ids=["quote", "space"])
 def test_a_sweep_name_outside_the_sweep_alphabet_is_refused(tmp_path, mlflow_store, name):
-    refused(tmp_path, "--experiment", "warm-up", "--sweep", name, env={"MLFLOW_TRACKING_URI": mlflow_store},
+    refuses(tmp_path, "--experiment", "warm-up", "--sweep", name, env={"MLFLOW_TRACKING_URI": mlflow_store},
             needles=("--sweep", "A-Za-z0-9._-"))
 
 
 def test_quotes_in_experiment_and_where_values_are_plain_text(tmp_path, mlflow_store):
     env = {"MLFLOW_TRACKING_URI": mlflow_store}
-    refused(tmp_path, "--experiment", "it's", env=env, needles=("--experiment", "it's"))
-    refused(tmp_path, "--experiment", "warm-up", "--where", "tags.x=a' OR '1'='1", env=env,
+    refuses(tmp_path, "--experiment", "it's", env=env, needles=("--experiment", "it's"))
+    refuses(tmp_path, "--experiment", "warm-up", "--where", "tags.x=a' OR '1'='1", env=env,
             needles=("--where", "no runs match"))
 
 
@@ -159,13 +159,13 @@ def test_an_unusable_tracking_store_is_one_line_naming_it(tmp_path, points, kind
     points.to_csv(tmp_path / "p.csv", index=False)
     env = {"MLFLOW_TRACKING_URI": bad_store(kind, tmp_path)}
     args = ["--csv", "p.csv"] if source == "csv" else ["--experiment", "demo"]
-    refused(tmp_path, *args, env=env, needles=("MLFLOW_TRACKING_URI",))
+    refuses(tmp_path, *args, env=env, needles=("MLFLOW_TRACKING_URI",))
 
 
 def test_a_csv_fit_without_logging_does_not_need_the_store(tmp_path, points):
     points.to_csv(tmp_path / "p.csv", index=False)
     env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{closed_port()}"}
-    r = cli("fit", "--csv", "p.csv", "--no-log", "--boot", "100", "--out", "out", cwd=tmp_path, env=env)
+    r = run("fit", "--csv", "p.csv", "--no-log", "--boot", "100", "--out", "out", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "report.md").is_file()
 
@@ -177,5 +177,5 @@ def test_a_store_made_by_another_mlflow_version_is_one_line_saying_what_to_do(tm
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
     connection.close()
-    refused(tmp_path, "--experiment", "warm-up", env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"},
+    refuses(tmp_path, "--experiment", "warm-up", env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"},
             needles=("MLFLOW_TRACKING_URI", "schema version ffffffffffff", "mlflow db upgrade"))

@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 
 from diffsweep.scaling.analysis import FitRequest, analyse
-from tests.launch.conftest import cli
-from tests.scaling.conftest import one_line_error
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
 from tests.scaling.synthetic import SIZES, TRUE_RATIO, ladder
 
 
 def fit_csv(tmp_path, frame: pd.DataFrame, *args: str, out: str = "out"):
     """``diffsweep fit --csv`` as a user runs it; returns (fit.json, report.md, terminal output)."""
     frame.to_csv(tmp_path / "points.in.csv", index=False)
-    r = cli("fit", "--csv", "points.in.csv", "--out", out, "--boot", "200", "--no-log", *args, cwd=tmp_path)
+    r = run("fit", "--csv", "points.in.csv", "--out", out, "--boot", "200", "--no-log", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     return json.loads((tmp_path / out / "fit.json").read_text()), (tmp_path / out / "report.md").read_text(), r.stdout
 
@@ -157,13 +157,13 @@ def test_a_point_column_with_other_values_is_refused(tmp_path):
     points = token_scan(step_columns=False)
     points.loc[2, "point"] = "ckpt"
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = cli("fit", "--csv", "p.csv", "--no-log", "--out", "out", cwd=tmp_path)
-    one_line_error(r, "point", "final, checkpoint", "ckpt")
+    r = run("fit", "--csv", "p.csv", "--no-log", "--out", "out", cwd=tmp_path)
+    refused(r, "point", "final, checkpoint", "ckpt")
     assert not (tmp_path / "out").exists()
 
 
 def test_the_csv_schema_is_in_the_help(tmp_path):
-    r = cli("fit", "--help", cwd=tmp_path, env={"COLUMNS": "200"})
+    r = run("fit", "--help", cwd=tmp_path, env={"COLUMNS": "200"})
     text = " ".join(r.stdout.replace("│", " ").split())
     for needle in ("Required: arch", "point (final | checkpoint", "step and warmup_steps", "seed (replicates"):
         assert needle in text
@@ -236,8 +236,8 @@ def test_a_single_architecture_result_renders_everywhere(tmp_path, store, capsys
     _write(tmp_path / "staged", outcome, used, source)
     from mlflow.tracking import MlflowClient
 
-    run = MlflowClient(source.uri).get_run(_log(tmp_path / "staged", outcome, used, source, FitRequest(n_boot=100)))
-    assert run.info.status == "FINISHED" and "fit/transformer/alpha" in run.data.metrics
+    logged = MlflowClient(source.uri).get_run(_log(tmp_path / "staged", outcome, used, source, FitRequest(n_boot=100)))
+    assert logged.info.status == "FINISHED" and "fit/transformer/alpha" in logged.data.metrics
 
 
 def run_tag(client, run_id: str) -> str:
@@ -253,7 +253,7 @@ def test_refitting_identical_inputs_reuses_the_fit_run_and_metric_names_say_thei
     points.to_csv(tmp_path / "p.csv", index=False)
     ids, reused = [], []
     for _ in range(2):
-        r = cli("fit", "--csv", "p.csv", "--boot", "100", "--json", "--at", "11B", cwd=tmp_path, env=store)
+        r = run("fit", "--csv", "p.csv", "--boot", "100", "--json", "--at", "11B", cwd=tmp_path, env=store)
         assert r.returncode == 0, r.stderr
         ids.append(json.loads(r.stdout)["mlflow_run_id"])
         reused.append(json.loads(r.stdout)["mlflow_run_reused"])
@@ -269,12 +269,12 @@ def test_refitting_identical_inputs_reuses_the_fit_run_and_metric_names_say_thei
     request = FitRequest(at=(11e9,), n_boot=100)
     assert run_tag(client, ids[0]) == fit_hash(used, request, source)
     assert fit_hash(used, FitRequest(at=(11e9,), n_boot=200), source) != fit_hash(used, request, source)
-    run = client.get_run(ids[0])
+    fit_run = client.get_run(ids[0])
     for cand in ("diff_v1", "diff_v2"):  # every candidate's ratios, named by their reference
         for ref in ("N_13.1B_largest", "N_3.11B_geomean", "N_11B"):
-            assert {f"ratio/{cand}/{ref}/{k}" for k in ("ratio", "lo", "hi")} <= set(run.data.metrics)
-    assert run.data.tags["diffsweep.refs"] == ("N_13.1B_largest=13.1B (largest measured); "
-                                               "N_3.11B_geomean=3.11B (geometric mean); N_11B=11B")
+            assert {f"ratio/{cand}/{ref}/{k}" for k in ("ratio", "lo", "hi")} <= set(fit_run.data.metrics)
+    assert fit_run.data.tags["diffsweep.refs"] == ("N_13.1B_largest=13.1B (largest measured); "
+                                                   "N_3.11B_geomean=3.11B (geometric mean); N_11B=11B")
 
 
 def test_a_curve_fit_only_ci_and_the_resampling_used_are_said_in_the_sentence_and_first_paragraph():

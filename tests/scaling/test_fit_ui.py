@@ -14,9 +14,11 @@ from tests.browser import (
     search_runs,
     ui_server,
 )
-from tests.launch.conftest import cli
+from tests.helpers.cli import run
+from tests.scaling.conftest import MINI_LADDER
 
 
+@MINI_LADDER
 @pytest.mark.slow
 @pytest.mark.browser
 def test_demo_runs_and_the_fit_run_are_visible_in_the_ui(mini_ladder, page, tmp_path):
@@ -24,7 +26,7 @@ def test_demo_runs_and_the_fit_run_are_visible_in_the_ui(mini_ladder, page, tmp_
     from playwright.sync_api import expect
 
     d, env = mini_ladder["dir"], mini_ladder["env"]
-    r = cli("fit", str(mini_ladder["sweep"]), "--json", "--boot", "100", "--out", str(tmp_path / "fit"), cwd=d, env=env)
+    r = run("fit", str(mini_ladder["sweep"]), "--json", "--boot", "100", "--out", str(tmp_path / "fit"), cwd=d, env=env)
     assert r.returncode == 0, r.stderr
     fit_id = json.loads(r.stdout)["mlflow_run_id"]
     client = MlflowClient(mini_ladder["uri"])

@@ -23,6 +23,8 @@ from diffsweep.scaling.laws.base import EXPONENT, Param
 from diffsweep.scaling.optimize import Data
 from diffsweep.scaling.result import FitResult
 from diffsweep.scaling.table import _complete
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
 
 # -- the registry ----------------------------------------------------------------------------------
 
@@ -167,22 +169,19 @@ def test_the_documents_keys_are_the_fields_in_order_without_the_ones_not_made():
 
 # -- the CLI: closed choices as enums, no heavy imports for help -------------------------------------
 
-def _run(*code_and_args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *code_and_args], check=False, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
-
-
 @pytest.mark.parametrize("args", [["--help"], ["fit", "--help"]])
 def test_help_imports_no_numpy_scipy_torch_or_mlflow(args):
+    """In a fresh process: what ``--help`` imports is the point, and this test process has them all."""
     code = ("import runpy, sys\nsys.argv = ['diffsweep', *sys.argv[1:]]\n"
             "try:\n    runpy.run_module('diffsweep', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print([m for m in ('numpy', 'scipy', 'torch', 'mlflow', 'pandas') if m in sys.modules], file=sys.stderr)")
-    r = _run("-c", code, *args)
+    r = subprocess.run([sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"})
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
 
 
 def test_fit_help_lists_every_closed_choice():
-    r = _run("-m", "diffsweep", "fit", "--help")
+    r = run("fit", "--help", env={"COLUMNS": "200"})
     for choices in ("[auto|N|D]", "[offset|pure|chinchilla]", "[l2|huber|huber_mle]", "[total|non_embedding]",
                     "[largest]", "[auto|final|checkpoints]"):
         assert choices in r.stdout, choices
@@ -193,20 +192,17 @@ def test_fit_help_lists_every_closed_choice():
     ("--axis", "X", "[auto, N, D]"), ("--count", "all", "[total, non_embedding]"),
     ("--token-points", "some", "[auto, final, checkpoints]"), ("--holdout", "smallest", "[largest]")])
 def test_a_wrong_choice_is_one_line_exit_2(tmp_path, flag, value, allowed):
-    from tests.scaling.conftest import one_line_error
-
-    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "none.csv"), "--no-log", flag, value)
-    one_line_error(r, f"error: {flag}: expected one of {allowed}, got '{value}'")
+    r = run("fit", "--csv", str(tmp_path / "none.csv"), "--no-log", flag, value)
+    refused(r, f"error: {flag}: expected one of {allowed}, got '{value}'")
 
 
 def test_a_library_error_keyed_by_field_reaches_the_user_as_its_flag(tmp_path):
-    from tests.scaling.conftest import one_line_error
     from tests.scaling.synthetic import ladder
 
     ladder(noise_sd=0.004, seeds=2).to_csv(tmp_path / "p.csv", index=False)
-    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--shared-e", "--form", "pure",
-             "--out", str(tmp_path / "out"))
-    one_line_error(r, "error: --shared-e: a shared E needs --form offset, not pure")
-    r = _run("-m", "diffsweep", "fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--form", "chinchilla",
-             "--holdout", "largest", "--boot", "50", "--out", str(tmp_path / "out"))
-    one_line_error(r, "error: --holdout: is for the one-variable laws (--form offset or pure)")
+    r = run("fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--shared-e", "--form", "pure",
+            "--out", str(tmp_path / "out"))
+    refused(r, "error: --shared-e: a shared E needs --form offset, not pure")
+    r = run("fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--form", "chinchilla",
+            "--holdout", "largest", "--boot", "50", "--out", str(tmp_path / "out"))
+    refused(r, "error: --holdout: is for the one-variable laws (--form offset or pure)")

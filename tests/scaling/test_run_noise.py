@@ -86,12 +86,12 @@ def test_fit_csv_of_a_token_scan_with_a_given_run_sd(tmp_path):
     --run-sd gives the run-level sd; then the draws are hierarchical and the sentence drops the note."""
     import json
 
-    from tests.launch.conftest import cli
+    from tests.helpers.cli import run
 
     token_scan(runs=1, rng=np.random.default_rng(1)).drop(columns=["run_id"]).to_csv(tmp_path / "scan.csv", index=False)
-    bare = cli("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "a",
+    bare = run("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "a",
                cwd=tmp_path)
-    given = cli("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "b",
+    given = run("fit", "--csv", "scan.csv", "--at", "251B", "--boot", "100", "--no-log", "--json", "--out", "b",
                 "--run-sd", "0.005", cwd=tmp_path)
     assert bare.returncode == 0 and given.returncode == 0, bare.stderr + given.stderr
     bare, given = json.loads(bare.stdout), json.loads(given.stdout)
@@ -102,10 +102,10 @@ def test_fit_csv_of_a_token_scan_with_a_given_run_sd(tmp_path):
 
 @pytest.mark.parametrize(("value", "expected"), [("0", "positive sd of log loss"), ("nan", "expected a finite number")])
 def test_a_bad_run_sd_is_one_line_exit_2(tmp_path, value, expected):
-    from tests.launch.conftest import cli
-    from tests.scaling.conftest import one_line_error
+    from tests.helpers.badinput import refused
+    from tests.helpers.cli import run
 
     token_scan(runs=1).to_csv(tmp_path / "scan.csv", index=False)
-    r = cli("fit", "--csv", "scan.csv", "--no-log", "--run-sd", value, "--out", "out", cwd=tmp_path)
-    one_line_error(r, "--run-sd", expected)
+    r = run("fit", "--csv", "scan.csv", "--no-log", "--run-sd", value, "--out", "out", cwd=tmp_path)
+    refused(r, "--run-sd", expected)
     assert not (tmp_path / "out").exists()

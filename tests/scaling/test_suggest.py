@@ -16,8 +16,10 @@ import pytest
 
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
-from tests.launch.conftest import attempts, cli, ledger, require_slurm
-from tests.scaling.conftest import one_line_error, tiny_ladder_sweep
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run
+from tests.launch.conftest import attempts, ledger, require_slurm
+from tests.scaling.conftest import tiny_ladder_sweep
 from tests.scaling.synthetic import TRUE_RATIO, baseline_loss, ladder, log_runs
 
 REF = 13.1e9
@@ -119,13 +121,13 @@ def test_following_suggest_narrows_the_ci_more_per_gpu_hour_than_uniform_runs(sh
 def fit_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("suggest")
     _ladder(2).to_csv(root / "ladder.csv", index=False)
-    r = cli("fit", "--csv", "ladder.csv", "--out", "fit", "--no-log", "--boot", "100", cwd=root)
+    r = run("fit", "--csv", "ladder.csv", "--out", "fit", "--no-log", "--boot", "100", cwd=root)
     assert r.returncode == 0, r.stderr
     return root
 
 
 def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
-    r = cli("suggest", "fit", "--json", "--boot", "100", "--draws", "12", "--budget", "3000", "--sizes", "20B",
+    r = run("suggest", "fit", "--json", "--boot", "100", "--draws", "12", "--budget", "3000", "--sizes", "20B",
             cwd=fit_folder)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -135,10 +137,10 @@ def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
     assert set(row) >= {"candidate", "gpu_hours", "expected_width_after", "reduction_per_gpu_hour", "origin"}
     assert any(c["num_params"] == 20e9 for c in out["candidates"])
     assert out["budget"]["method"] == "greedy" and out["budget"]["spent_gpu_hours"] <= 3000
-    text = cli("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--top", "3", cwd=fit_folder)
+    text = run("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--top", "3", cwd=fit_folder)
     assert text.returncode == 0, text.stderr
     assert "reduction/GPU-h" in text.stdout and "greedy" in text.stdout and "more (--top" in text.stdout
-    capped = cli("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--max-runs", "1",
+    capped = run("suggest", "fit", "--boot", "100", "--draws", "12", "--budget", "3000", "--max-runs", "1",
                  cwd=fit_folder)
     assert capped.returncode == 0, capped.stderr
     assert re.search(r"stopped at --max-runs \(1\) with [\d,.]+ GPU-h left", capped.stdout), capped.stdout
@@ -153,7 +155,7 @@ def test_suggest_on_a_fit_folder_prints_a_ranked_table_and_json(fit_folder):
     (["fit", "--budget", "3000", "--max-runs", "0"], "--max-runs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(fit_folder, args, needle):
-    one_line_error(cli("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
+    refused(run("suggest", *args, "--boot", "60", "--draws", "8", cwd=fit_folder), needle)
 
 
 # -- a sweep: its planned runs are candidates, and --launch submits the chosen ones ------------------
@@ -186,7 +188,7 @@ def _suggest_launches_the_chosen_planned_runs(root: Path, dataset: Path, *profil
     exactly those; again it submits nothing more; they train to the end."""
     sweep, env = _measured_sweep(root, dataset)
     args = ("suggest", str(sweep), "--experiment", "measured", "--json", "--boot", "100", "--draws", "8", *profile)
-    r = cli(*args, "--no-seeds", "--budget", "1e6", cwd=root, env=env)  # first without --launch
+    r = run(*args, "--no-seeds", "--budget", "1e6", cwd=root, env=env)  # first without --launch
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     width = out["current"]["linearised_width"]
@@ -200,7 +202,7 @@ def _suggest_launches_the_chosen_planned_runs(root: Path, dataset: Path, *profil
     assert chosen and set(chosen) <= set(planned) and len(set(chosen)) == len(chosen), out["budget"]
     assert not (tuple(root.glob("runs/*/ledger.json"))), "suggest without --launch submitted something"
 
-    r = cli(*args, "--no-seeds", "--budget", "1e6", "--launch", cwd=root, env=env)
+    r = run(*args, "--no-seeds", "--budget", "1e6", "--launch", cwd=root, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert [c["candidate"] for c in out["budget"]["runs"]] == chosen  # the same choice (the same seed)
@@ -211,25 +213,25 @@ def _suggest_launches_the_chosen_planned_runs(root: Path, dataset: Path, *profil
     assert all(len(a) == 1 for a in before.values()), before
 
     def states() -> dict[str, str]:
-        r = cli("status", str(sweep), *profile, "--json", cwd=root, env=env)
+        r = run("status", str(sweep), *profile, "--json", cwd=root, env=env)
         assert r.returncode == 0, r.stderr
         return {row["name"]: row["state"] for row in json.loads(r.stdout)["runs"]}
 
     assert all(states()[name] in ("pending", "running", "done") for name in chosen), states()
     # Again: the launched runs are no longer candidates (launch would not submit them), so nothing of
     # them is chosen or submitted again; the other seeds of measured points are chosen, listed, not launched.
-    r = cli(*args, "--budget", "1e6", "--max-runs", "2", "--launch", cwd=root, env=env)
+    r = run(*args, "--budget", "1e6", "--max-runs", "2", "--launch", cwd=root, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     again = json.loads(r.stdout)
     assert again["launched"] == [] and not set(chosen) & {c["candidate"] for c in again["candidates"]}
     assert again["budget"]["runs"] and attempts(runs) == before
     # they train to the end (launching them again submits nothing; --wait waits for them)
     only = "^(?:" + "|".join(re.escape(n) for n in chosen) + ")$"
-    w = cli("launch", str(sweep), *profile, "--only", only, "--wait", cwd=root, env=env, timeout=600)
+    w = run("launch", str(sweep), *profile, "--only", only, "--wait", cwd=root, env=env)
     assert w.returncode == 0, w.stdout + w.stderr
     assert attempts(runs) == before
     assert {name: state for name, state in states().items() if name in chosen} == dict.fromkeys(chosen, "done")
-    one_line_error(cli("suggest", str(root / "fits"), "--launch", "--budget", "1", cwd=root, env=env), "--launch")
+    refused(run("suggest", str(root / "fits"), "--launch", "--budget", "1", cwd=root, env=env), "--launch")
 
 
 @pytest.mark.slow  # synthetic runs logged, 4 suggest calls, 2 tiny runs of 4 steps: ~35 s on 2 busy cores
