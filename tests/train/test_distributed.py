@@ -1,6 +1,10 @@
 """Training on several processes as a user runs it: ``torchrun -m diffsweep train`` with two CPU
 processes on gloo, DDP and FSDP2, against single-process training of the same global batch; and
-checkpoints that resume on a different number of processes."""
+checkpoints that resume on a different number of processes.
+
+Real processes throughout: torchrun and its worker processes are what is tested. The launched runs
+track to a copy of an empty store (``store``); the one-process references they are compared with are
+trained once per module and config (``reference``)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ import pytest
 from diffsweep.train.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints
 from tests.helpers.tracking import mlflow_client
 from tests.helpers.training import (
+    History,
     assert_same,
     histories,
     only_run,
@@ -28,16 +34,32 @@ from tests.helpers.training import (
 GROUP_PROBE = Path(__file__).parent / "group_probe"  # a sitecustomize that counts live DDP models at teardown
 
 
+@pytest.fixture(scope="module")
+def reference(text_dataset, tmp_path_factory, mlflow_store) -> Callable[..., dict[str, History]]:
+    """``reference(*extra)``: ``reference_histories`` of the tiny run with ``extra``, trained once per
+    module (a config shared by several tests is trained once, here, not once per test) into the
+    session's store."""
+    root = tmp_path_factory.mktemp("reference")
+    done: dict[tuple[str, ...], dict[str, History]] = {}
+
+    def get(*extra: str) -> dict[str, History]:
+        if extra not in done:
+            done[extra] = reference_histories(text_dataset, root / str(len(done)), mlflow_store, *extra)
+        return done[extra]
+    return get
+
+
 @pytest.mark.parametrize(("kind", "parallel"), [
     ("transformer", "ddp"), ("transformer", "fsdp"), ("diff_v1", "ddp"), ("diff_v1", "fsdp"), ("diff_v2", "fsdp"),
 ])
-def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, kind, parallel):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, store, reference, kind,
+                                                                 parallel):
+    uri = store["MLFLOW_TRACKING_URI"]
     # 5 validation windows in micro-batches of 2: rank 0 gets two, rank 1 one (and a spare forward)
     extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160")
     probe = tmp_path / "probe"  # how many DDP models each process still held when it destroyed its group
     probe.mkdir()
-    env = process_env(store) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
+    env = process_env(uri) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
                                 "PYTHONPATH": os.pathsep.join([str(GROUP_PROBE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=600)
@@ -45,11 +67,10 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
     # none: the model is freed before the group is destroyed (else gloo's destructor can deadlock)
     assert {p.name: p.read_text() for p in probe.iterdir()} == {"rank0": "0", "rank1": "0"}
     assert result.stdout.count("step 6/6") == 1  # rank 0 alone prints
-    run_id, run = only_run(store)  # rank 0 alone tracks: one MLflow run
+    run_id, run = only_run(uri)  # rank 0 alone tracks: one MLflow run
     assert run.info.status == "FINISHED"
     assert run.data.metrics["train/tokens"] == 6 * 128  # the global batch, not a per-process one
-    assert_same(histories(store, run_id),
-                reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *extra))
+    assert_same(histories(uri, run_id), reference(*extra))
 
 
 def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path]:
@@ -71,24 +92,24 @@ LONG = ("model.attention.kind=diff_v1", "train.max_steps=40", "train.eval_every=
 
 @pytest.mark.parametrize("first,then,parallel", [(2, 1, "fsdp"), (1, 2, "fsdp"), (2, 1, "ddp")],
                          ids=["fsdp-2-then-1", "fsdp-1-then-2", "ddp-2-then-1"])
-def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, first, then, parallel):
+def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, store, reference, first, then,
+                                                              parallel):
     """Preempted (SIGTERM, as Slurm sends) on ``first`` processes, resumed by the same command on
     ``then``: the MLflow run continues and its whole history equals an uninterrupted run's."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store["MLFLOW_TRACKING_URI"]
     launch = {1: lambda *e: single(text_dataset, *LONG, *e), 2: lambda *e: torchrun(text_dataset, *LONG, *e)}
-    saved, run_dir = _interrupt(launch[first](f"train.parallel={parallel}"), tmp_path, store, 5, signal.SIGTERM)
+    saved, run_dir = _interrupt(launch[first](f"train.parallel={parallel}"), tmp_path, uri, 5, signal.SIGTERM)
     assert 5 <= saved < 40
     if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
         shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
         assert shards == [f"__{rank}_0.distcp" for rank in range(first)]
-    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=process_env(store),
+    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=process_env(uri),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert only_run(store)[0] == run_id and mlflow_client(store).get_run(run_id).info.status == "FINISHED"
-    assert_same(histories(store, run_id),
-                reference_histories(text_dataset, tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", *LONG))
+    assert only_run(uri)[0] == run_id and mlflow_client(uri).get_run(run_id).info.status == "FINISHED"
+    assert_same(histories(uri, run_id), reference(*LONG))
 
 
 def test_a_global_batch_that_does_not_split_over_the_processes_is_refused(text_dataset, tmp_path):
@@ -135,17 +156,17 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_process
 
 
 @pytest.mark.slow
-def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_path):
+def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_path, store):
     """Two FSDP2 processes each checksum the shard they write into the checkpoint's
     checksums.json. With 64 bytes flipped in rank 1's shard of the newest checkpoint, a relaunch on
     two processes checks the shards split between them (rank 1 finds it) and both fall back to the
     checkpoint before it; rank 0 warns once; the step is trained again to the same shards."""
     from diffsweep.train.checkpoint import CHECKSUMS_FILE, load_checkpoint, verify_shards
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store["MLFLOW_TRACKING_URI"]
     args = torchrun(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2",
                     "train.parallel=fsdp")
-    first = subprocess.run(args, cwd=tmp_path, env=process_env(store), capture_output=True, text=True, timeout=600)
+    first = subprocess.run(args, cwd=tmp_path, env=process_env(uri), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = next((tmp_path / "runs").iterdir())
     previous, newest = list_checkpoints(run_dir / "checkpoints")
@@ -156,7 +177,7 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
     shard.write_bytes(bytes(data))
 
-    again = subprocess.run(args, cwd=tmp_path, env=process_env(store), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(args, cwd=tmp_path, env=process_env(uri), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("warning:") == 1, again.stdout
     assert f"{newest.relative_to(tmp_path)}/__1_0.distcp: corrupt (CRC-32" in again.stdout
@@ -166,6 +187,6 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     rewritten = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
     assert {k: rewritten[k] for k in ("__0_0.distcp", "__1_0.distcp")} == \
         {k: written[k] for k in ("__0_0.distcp", "__1_0.distcp")}  # the same weights, bit for bit
-    run_id, run = only_run(store)
+    run_id, run = only_run(uri)
     assert run.info.status == "FINISHED"
-    assert [s for s, _ in histories(store, run_id)["train/loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in histories(uri, run_id)["train/loss"]] == [1, 2, 3, 4]
