@@ -98,11 +98,15 @@ def only_run(store: str) -> tuple[str, Any]:
 
 def reference_histories(dataset: Path, tmp_path: Path, store: str, *extra: str) -> dict[str, History]:
     """One process, in this test process: the ground truth a launched run is compared with."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = store
     try:
         result = train(tiny(dataset, *extra), tmp_path / "reference", experiment="reference", echo=quiet)
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
+    finally:  # as it was: unset, or what the caller had set
+        if before is None:
+            del os.environ["MLFLOW_TRACKING_URI"]
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
     return histories(store, result.run_id)
 
 
