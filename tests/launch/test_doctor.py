@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from diffsweep.launch.doctor import _constraint_features, _gpu_types
-from tests.launch.conftest import cli, require_slurm, wait_for
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import require_slurm, wait_for
 
 # The localhost cluster as a CPU-only profile: every check can pass there (its fake GPUs are not
 # CUDA devices, see test_fake_gpus_are_assigned_but_not_cuda_devices).

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.test_prepare_cli import one_line_error
-from tests.launch.conftest import cli
+from tests.helpers.badinput import refused
+from tests.helpers.cli import run as cli
 
 TOPICS = sorted(pydoc_data.topics.topics.items())
 
@@ -103,7 +103,7 @@ def test_a_failed_task_is_redone_alone_when_launched_again(tmp_path):
     assert len(before) == 14  # train and val of the 7 shards written
 
     # other settings: refused, naming what differs and --force
-    one_line_error(cli("data", "prepare", "corpus", "--tokenizer", "bytes", "--shard-size", "2", "--out", "ds",
+    refused(cli("data", "prepare", "corpus", "--tokenizer", "bytes", "--shard-size", "2", "--out", "ds",
                        "--launch", "--executor", "local", cwd=tmp_path), "--shard-size", "--force")
 
     broken.write_bytes(good)
@@ -127,15 +127,15 @@ def test_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path):
     text_corpus(tmp_path, 3)
     before = tree(tmp_path)
     common = ("data", "prepare", "corpus", "--tokenizer", "bytes", "--out", "new/ds")
-    one_line_error(cli(*common, "--launch", "--executor", "local", "--tasks", "0", cwd=tmp_path), "--tasks")
-    one_line_error(cli(*common, "--launch", "--profile", "no-such-profile", cwd=tmp_path), "--profile")
-    one_line_error(cli(*common, "--launch", "--executor", "local", "--vocab-size", "10", "--tokenizer", "bpe",
+    refused(cli(*common, "--launch", "--executor", "local", "--tasks", "0", cwd=tmp_path), "--tasks")
+    refused(cli(*common, "--launch", "--profile", "no-such-profile", cwd=tmp_path), "--profile")
+    refused(cli(*common, "--launch", "--executor", "local", "--vocab-size", "10", "--tokenizer", "bpe",
                        cwd=tmp_path), "--vocab-size")
-    one_line_error(cli(*common, "--tasks", "2", cwd=tmp_path), "--tasks", "--launch")
-    one_line_error(cli(*common, "--launch", "--demo", cwd=tmp_path), "--demo")
+    refused(cli(*common, "--tasks", "2", cwd=tmp_path), "--tasks", "--launch")
+    refused(cli(*common, "--launch", "--demo", cwd=tmp_path), "--demo")
     assert tree(tmp_path) == before
     for command in ("status", "logs", "cancel"):
-        one_line_error(cli("data", command, "new/ds", cwd=tmp_path), "new/ds", "no launched prepare")
+        refused(cli("data", command, "new/ds", cwd=tmp_path), "new/ds", "no launched prepare")
 
 
 
@@ -204,7 +204,7 @@ def test_slurm_pending_tasks_block_a_relaunch_and_cancel_stops_them(tmp_path, sl
     report = status("ds", tmp_path)
     assert [t["state"] for t in report["tasks"]] == ["CANCELLED"] * 2 and report["written"] == 0
 
-    r = cli(*launch, "--profile", "localhost", "--wait", cwd=tmp_path, timeout=300)
+    r = cli(*launch, "--profile", "localhost", "--wait", cwd=tmp_path)
     assert r.returncode == 0 and "launched 2 of 2 tasks" in r.stdout, r.stdout + r.stderr
     report = status("ds", tmp_path)
     assert report["finished"] and [t["attempts"] for t in report["tasks"]] == [2, 2]

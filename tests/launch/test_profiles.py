@@ -9,7 +9,7 @@ from diffsweep.cli.common import COMMON_FLAGS, rekeyed
 from diffsweep.config import ConfigError
 from diffsweep.launch.cluster import gpus_per_node
 from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile, slurm_minutes, with_overrides
-from tests.launch.conftest import cli
+from tests.helpers.cli import run as cli
 
 SLURM = {"executor": "slurm", "gpus_per_node": 2}
 
