@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.launch.conftest import cli
+from tests.helpers.cli import run as cli
 from tests.scaling.synthetic import log_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,11 +373,12 @@ def _loss(arch: str, n: float, d: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def fit_project(tmp_path_factory):
+def fit_project(tmp_path_factory, store_template):
     """A project folder with the README's sweeps and an MLflow store of their runs."""
     import shutil
 
     root = tmp_path_factory.mktemp("readme-fit")
+    shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
     shutil.copytree(ROOT / "sweeps", root / "sweeps")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
@@ -387,7 +388,8 @@ def fit_project(tmp_path_factory):
 
 def _fit(project, args: list[str], *extra: str) -> dict:
     root, env = project
-    r = cli("fit", *args, "--boot", "200", "--json", *extra, cwd=root, env=env)
+    # fewer bootstrap draws than the default: the examples run as written; their CIs are not checked here
+    r = cli("fit", *args, "--boot", "50", "--json", *extra, cwd=root, env=env)
     assert r.returncode == 0, f"fit {' '.join(args)}\n{r.stderr}"
     return json.loads(r.stdout)
 
@@ -463,7 +465,7 @@ TABLE6 = {"transformer-1.4B-hd_128": 3.087, "transformer-1.4B-hd_256": 3.088, "t
 
 
 @pytest.mark.slow  # 21 runs logged to SQLite and one CLI process, ~20 s on 2 busy cores
-def test_readme_compare_example_runs_as_written(tmp_path):
+def test_readme_compare_example_runs_as_written(tmp_path, store_template):
     """The paper's Table 6 losses at the end of every run, each seed off by up to 0.004 nats: removing
     GroupNorm (+0.060) is beyond seed noise, lambda_init 0.8 (+0.003) within it."""
     import shutil
@@ -471,6 +473,7 @@ def test_readme_compare_example_runs_as_written(tmp_path):
     command = "diffsweep compare sweeps/table6-ablation.yaml --baseline diff_v1-1.4B-hd_128"
     assert CHECKS[command][0] == "compare"
     shutil.copytree(ROOT / "sweeps", tmp_path / "sweeps")
+    shutil.copyfile(store_template, tmp_path / "mlflow.db")  # migrated once per session
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     def row(run) -> str:

@@ -5,7 +5,6 @@ give one-seed rows, missing rows and a sweep with no finished run."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
@@ -15,15 +14,17 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from tests.launch.conftest import cli, write_sweep
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import write_sweep
 
-pytestmark = pytest.mark.slow  # one tiny launch (4 runs) and a dozen CLI processes: ~1 min on 2 cores
+pytestmark = pytest.mark.slow  # one tiny launch (4 runs), the CLI in this process
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory, text_dataset):
+def launched(tmp_path_factory, text_dataset, store_template):
     """The project folder, its sweep file and its store, after ``launch --wait``."""
     root = tmp_path_factory.mktemp("compare")
+    shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
     sweep = write_sweep(root / "t.yaml", text_dataset, steps=6, name="cmp", extra="seeds: [0, 1]\n")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
     r = cli("launch", str(sweep), "--executor", "local", "--max-parallel", "2", "--wait", "--out", str(root / "runs"),
@@ -128,13 +129,13 @@ def test_table_and_json_equal_a_direct_computation_from_the_logged_metrics(launc
 def test_one_seed_per_row_says_seed_noise_unknown(launched, tmp_path):
     root, sweep, _ = launched
     env = _copy(launched, tmp_path, fail=("-s1",))
-    r = _run("compare", str(sweep), "--json", cwd=root, env=env)
+    r = cli("compare", str(sweep), "--json", cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["pooled_sd"] is None and data["df"] == 0 and data["noise"].startswith("seed noise unknown")
     diff = data["rows"][1]
     assert diff["verdict"] == "seed noise unknown" and diff["lo"] is None and diff["n"] == 1 and diff["planned"] == 2
-    r = _run("compare", str(sweep), cwd=root, env=env)
+    r = cli("compare", str(sweep), cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "seed noise unknown: one seed per row" in r.stdout
     assert next(line for line in r.stdout.splitlines() if line.startswith("diff_v1-tiny-xs ")).split()[1] == "1/2"
@@ -143,7 +144,7 @@ def test_one_seed_per_row_says_seed_noise_unknown(launched, tmp_path):
 def test_a_difference_far_beyond_the_seed_spread_is_beyond_seed_noise(launched, tmp_path):
     root, sweep, _ = launched
     env = _copy(launched, tmp_path, shift={"diff_v1-tiny-xs-s0": -1.0, "diff_v1-tiny-xs-s1": -1.0})
-    r = _run("compare", str(sweep), cwd=root, env=env)
+    r = cli("compare", str(sweep), cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("diff_v1-tiny-xs "))
     assert row.endswith("beyond seed noise")
@@ -153,7 +154,7 @@ def test_a_difference_far_beyond_the_seed_spread_is_beyond_seed_noise(launched, 
 def test_a_run_whose_final_metric_is_not_finite_is_left_out_with_a_warning(launched, tmp_path):
     root, sweep, _ = launched
     env = _copy(launched, tmp_path, shift={"diff_v1-tiny-xs-s1": math.nan})
-    r = _run("compare", str(sweep), "--json", cwd=root, env=env)
+    r = cli("compare", str(sweep), "--json", cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "warning: diff_v1-tiny-xs-s1: left out, its final val/loss is nan" in r.stderr
     diff = json.loads(r.stdout)["rows"][1]
@@ -164,38 +165,26 @@ def test_a_run_whose_final_metric_is_not_finite_is_left_out_with_a_warning(launc
 def test_a_row_without_finished_runs_is_listed_as_missing(launched, tmp_path):
     root, sweep, _ = launched
     env = _copy(launched, tmp_path, fail=("transformer-tiny-xs-s0", "transformer-tiny-xs-s1"))
-    r = _run("compare", str(sweep), "--json", cwd=root, env=env)
+    r = cli("compare", str(sweep), "--json", cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["missing"] == ["transformer-tiny-xs"] and data["baseline"] == "diff_v1-tiny-xs"
-    r = _run("compare", str(sweep), "--baseline", "transformer-tiny-xs", cwd=root, env=env)
+    r = cli("compare", str(sweep), "--baseline", "transformer-tiny-xs", cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 2 and "row transformer-tiny-xs has no finished run" in r.stderr
 
 
 def test_only_compares_the_rows_it_matches(launched):
     root, sweep, env = launched
-    r = _run("compare", str(sweep), "--only", "diff_v1", "--json", cwd=root, env=env)
+    r = cli("compare", str(sweep), "--only", "diff_v1", "--json", cwd=root, env=env)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert [row["row"] for row in data["rows"]] == ["diff_v1-tiny-xs"] and data["baseline"] == "diff_v1-tiny-xs"
     assert data["rows"][0]["runs"] == ["diff_v1-tiny-xs-s0", "diff_v1-tiny-xs-s1"]
 
 
-def _run(*args: str, cwd: Path, env: dict):
-    """``diffsweep ARGS`` in this process (the same app; a fresh process costs ~5 s of imports here)."""
-    from typer.testing import CliRunner
-
-    from diffsweep.cli import app
-
-    with contextlib.chdir(cwd):
-        r = CliRunner().invoke(app, list(args), env={**env, "COLUMNS": "200"})
-    r.returncode = r.exit_code
-    return r
-
-
 def _bad(args: list[str], root: Path, env: dict, *expected: str) -> None:
     before = sorted(p.name for p in root.iterdir())
-    r = _run("compare", *args, cwd=root, env=env)
+    r = cli("compare", *args, cwd=root, env={**env, "COLUMNS": "200"})
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     for text in expected:

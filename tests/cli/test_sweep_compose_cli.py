@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.conftest import TINY_SET, cli
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import TINY_SET
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [f"--set={k}={v}" for k, v in TINY_SET.items() if k != "model.size"]

@@ -21,7 +21,7 @@ from diffsweep.eval.lm_eval_adapter import DiffsweepLM  # noqa: E402
 from diffsweep.eval.loading import load_trained  # noqa: E402
 from diffsweep.eval.probe import EvalContext, probe_requests  # noqa: E402
 from diffsweep.eval.probes.downstream import DownstreamProbe, DownstreamSettings  # noqa: E402
-from tests.launch.conftest import cli  # noqa: E402
+from tests.helpers.cli import run as cli  # noqa: E402
 
 TASKS = Path(__file__).parent / "data" / "tiny_task"
 SEQ_LEN = 128  # the trained_run's train.seq_len

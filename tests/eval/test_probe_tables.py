@@ -22,7 +22,8 @@ from diffsweep.eval.probe import TableComparison
 from diffsweep.sweep.compare import BEYOND, UNKNOWN, WITHIN
 from diffsweep.sweep.probe_report import markdown
 from diffsweep.sweep.probe_tables import MEAN, EvalRecord, ProbeComparison, build_table, choose
-from tests.launch.conftest import cli, write_sweep
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import write_sweep
 
 OUTLIERS = TableComparison(table="outliers", title="Table 5", keys=("what",), values=("top1", "median"),
                            where=(("layer", "all"),))

@@ -16,8 +16,8 @@ from diffsweep.eval.loading import find_checkpoint, load_trained
 from diffsweep.eval.probe import Probe, ProbeResult, get_probe, parse_settings, probe_requests
 from diffsweep.eval.runner import evaluate
 from diffsweep.train.probes import token_losses
+from tests.helpers.cli import run as cli
 from tests.helpers.tracking import mlflow_client
-from tests.launch.conftest import cli
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def test_bad_requests_name_the_field(tmp_path):
         find_checkpoint(tmp_path)
 
 
-def test_bad_input_through_the_cli_is_one_line_and_runs_nothing(trained_run, tmp_path, store):
+def test_bad_input_through_the_cli_is_one_line_and_runs_nothing(trained_run, tmp_path, new_store):
     cases = [
         (["eval", str(trained_run), "--probe", "nosuch"], "error: --probe: expected one of ["),
         (["eval", str(tmp_path), "--probe", "outliers"], f"error: {tmp_path}: has no checkpoint"),
@@ -159,7 +159,7 @@ def test_bad_input_through_the_cli_is_one_line_and_runs_nothing(trained_run, tmp
     kept = trained_run / "eval"
     before = sorted(kept.rglob("*")) if kept.exists() else []  # other tests of the session may have evaluated it
     for args, line in cases:
-        r = cli(*args, cwd=tmp_path, env=store)
+        r = cli(*args, cwd=tmp_path, env=new_store)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(line), (args, r.stderr)
     assert not (tmp_path / "mlflow.db").exists()
     assert (sorted(kept.rglob("*")) if kept.exists() else []) == before

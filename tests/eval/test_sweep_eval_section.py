@@ -5,14 +5,12 @@ line at plan time and nothing is launched."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 
+from tests.helpers.cli import run as cli
 from tests.helpers.tracking import mlflow_client
-from tests.launch.conftest import cli, wait_for, write_sweep
+from tests.launch.conftest import require_slurm, wait_for, write_sweep
 
 EVAL = ("eval:\n  probes: [outliers, nll_position]\n  settings:\n    outliers: {tokens: 64}\n"
         "    nll_position: {documents: 2}\n  steps: [2]\n")
@@ -102,13 +100,7 @@ def test_local_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
 
 @pytest.mark.slurm
 def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, store):
-    ok = shutil.which("sinfo") is not None and subprocess.run(["sinfo", "-h"], capture_output=True,
-                                                              timeout=30).returncode == 0
-    if not ok:
-        reason = "no reachable Slurm controller (start one: bash slurm/start-cluster.sh)"
-        if os.environ.get("DIFFSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_slurm()
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=4, extra=EVAL)
     r = cli("launch", str(sweep), "--profile", "localhost", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "Slurm array" in r.stdout, r.stdout + r.stderr
@@ -117,7 +109,7 @@ def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
         s = cli("status", str(sweep), "--profile", "localhost", "--json", cwd=tmp_path, env=store)
         return json.loads(s.stdout)["counts"] == {"done": 2}
 
-    # polled cheaply (status is a process of its own): the run directories' job.json, then status once
+    # polled cheaply: the run directories' job.json, then status once
     wait_for(lambda: finished(tmp_path, evaluated=True), 300, "both runs trained and evaluated", poll=2)
     assert done()
     assert evaluations(store) == expected()
@@ -125,7 +117,7 @@ def test_slurm_jobs_evaluate_their_runs_once_trained(tmp_path, text_dataset, sto
         assert json.loads((run_dir / "job.json").read_text())["evaluated"] == ["nll_position", "outliers"]
     # another probe on the finished runs, as a Slurm array with the runs' training resources
     r = cli("eval", str(sweep), "--probe", "quantization", "--probe-set", "quantization.tokens=64", "--launch",
-            "--profile", "localhost", "--wait", cwd=tmp_path, env=store, timeout=420)
+            "--profile", "localhost", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "submitted 2 evaluation jobs" in r.stdout and "Slurm array" in r.stdout, r.stdout
     for name in ("transformer-tiny-xs-s0", "diff_v1-tiny-xs-s0"):
         assert f"{name}: evaluated quantization" in r.stdout, r.stdout
