@@ -44,7 +44,8 @@ def write_sweep(path: Path, dataset: Path, *, steps: int = 8, kinds=("transforme
 
 def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``diffsweep ARGS`` in a fresh process (``tests.helpers.cli.run_process``); kept for
-    tests/launch/test_slurm.py until it calls tests.helpers.cli itself. New tests use that module."""
+    the tests outside this folder that still import it (tests/sweep/test_audit.py). New tests use
+    tests.helpers.cli."""
     return run_process(*args, cwd=cwd, env=env, timeout=timeout)
 
 
