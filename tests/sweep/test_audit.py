@@ -11,7 +11,8 @@ import pytest
 
 from diffsweep.sweep import expand, load_sweep
 from diffsweep.sweep.audit import ArmRecord, audit_records, audit_runs
-from tests.launch.conftest import cli, write_sweep
+from tests.helpers.cli import run as cli
+from tests.launch.conftest import write_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 # The shipped sweeps that compare kinds at matched parameters (the demo ladder is a CPU demo
