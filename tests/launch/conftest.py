@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_process
-
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
     "model.size": "tiny-xs",
@@ -40,13 +38,6 @@ def write_sweep(path: Path, dataset: Path, *, steps: int = 8, kinds=("transforme
     lines += ["grid:", f"  model.attention.kind: [{', '.join(kinds)}]"]
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
-
-
-def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``diffsweep ARGS`` in a fresh process (``tests.helpers.cli.run_process``); kept for
-    the tests outside this folder that still import it (tests/sweep/test_audit.py). New tests use
-    tests.helpers.cli."""
-    return run_process(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def ledger(out: Path) -> dict:
