@@ -145,7 +145,7 @@ def test_slurm_launch_runs_an_array_on_the_cluster(tmp_path, slurm_cluster):
     text_corpus(tmp_path)
     common = ("corpus", "--tokenizer", "bytes", "--shard-size", "6K")
     r = cli("data", "prepare", *common, "--out", "ds", "--launch", "--profile", "localhost", "--tasks", "2", "--wait",
-            cwd=tmp_path, timeout=300)
+            cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "launched 2 of 2 tasks on a Slurm cluster (CPU, 2:00 h, 1 GB)" in r.stdout
     report = status("ds", tmp_path)
@@ -169,7 +169,7 @@ def test_a_slurm_task_with_two_cpus_writes_its_shards_in_two_processes(tmp_path,
     text_corpus(tmp_path, 8)
     common = ("corpus", "--tokenizer", "bytes", "--shard-size", "1")
     r = cli("data", "prepare", *common, "--out", "ds", "--launch", "--tasks", "1", "--profile", "two.yaml", "--wait",
-            cwd=tmp_path, timeout=300)
+            cwd=tmp_path)
     assert r.returncode == 0 and "launched 1 of 1 tasks on a Slurm cluster (2 CPUs, 2:00 h, 1 GB)" in r.stdout, r.stdout + r.stderr
     assert "writing shards 0-7 (those not written yet) in 2 processes" in cli("data", "logs", "ds", cwd=tmp_path).stdout
     r = cli("data", "prepare", *common, "--out", "plain", "--workers", "1", cwd=tmp_path)

@@ -50,29 +50,29 @@ def no_nan(text: str) -> dict:
     return json.loads(text, parse_constant=refuse)
 
 
-def test_a_csv_whose_lr_is_not_a_number_is_refused_naming_the_column(tmp_path, store, points):
+def test_a_csv_whose_lr_is_not_a_number_is_refused_naming_the_column(tmp_path, new_store, points):
     points["lr"] = "3e-4"
     points.loc[3, "lr"] = "fast"
     points.to_csv(tmp_path / "p.csv", index=False)
-    refuses(tmp_path, "--csv", "p.csv", env=store, needles=("p.csv: lr", "expected a number (or nothing)"))
+    refuses(tmp_path, "--csv", "p.csv", env=new_store, needles=("p.csv: lr", "expected a number (or nothing)"))
     points["lr"] = np.nan  # blank: unknown, not compared
     points.loc[3, "lr"] = 3e-4
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = run("fit", "--csv", "p.csv", "--no-log", "--boot", "50", "--out", "ok", cwd=tmp_path, env=store)
+    r = run("fit", "--csv", "p.csv", "--no-log", "--boot", "50", "--out", "ok", cwd=tmp_path, env=new_store)
     assert r.returncode == 0, r.stderr
 
 
-def test_a_csv_that_is_a_directory_is_refused(tmp_path, store):
+def test_a_csv_that_is_a_directory_is_refused(tmp_path, new_store):
     (tmp_path / "points.csv").mkdir()
-    refuses(tmp_path, "--csv", "points.csv", env=store, needles=("points.csv", "is a directory"))
+    refuses(tmp_path, "--csv", "points.csv", env=new_store, needles=("points.csv", "is a directory"))
 
 
 @pytest.mark.parametrize(("column", "value"), [("num_params", 1e305), ("tokens", 0.0),
                                              ("num_non_embedding_params", math.nan)])
-def test_a_count_no_run_can_have_is_refused_naming_column_and_line(tmp_path, store, points, column, value):
+def test_a_count_no_run_can_have_is_refused_naming_column_and_line(tmp_path, new_store, points, column, value):
     points.loc[3, column] = value
     points.to_csv(tmp_path / "p.csv", index=False)
-    r = refuses(tmp_path, "--csv", "p.csv", env=store,
+    r = refuses(tmp_path, "--csv", "p.csv", env=new_store,
                 needles=(f"p.csv: {column}", "line 5", points.loc[3, "run_name"]))
     assert "from 1 to 1e+18" in r.stderr
 
@@ -110,10 +110,10 @@ def test_an_absurd_loss_is_dropped_with_a_warning_and_the_fit_stays_finite(tmp_p
     assert 0.4 < ratio["ratio"] < 0.8 and ratio["lo"] < ratio["ratio"] < ratio["hi"]  # the truth is 0.62
 
 
-def test_every_loss_absurd_is_refused(tmp_path, store, points):
+def test_every_loss_absurd_is_refused(tmp_path, new_store, points):
     points["loss"] = 1e305
     points.to_csv(tmp_path / "p.csv", index=False)
-    refuses(tmp_path, "--csv", "p.csv", env=store, needles=("loss", "outside"))
+    refuses(tmp_path, "--csv", "p.csv", env=new_store, needles=("loss", "outside"))
 
 
 @pytest.mark.parametrize("args", [["--noise-sd", "1e305"], ["--noise-sd", "nan"], ["--at", "1e400"]],
