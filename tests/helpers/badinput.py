@@ -8,7 +8,7 @@ traceback, and prove that nothing was created, changed or deleted.
 ``diffsweep`` runs the command in this process (``tests.helpers.cli.run``: what the command does,
 in milliseconds); ``diffsweep_process`` in a fresh ``python -m diffsweep`` process, for the few
 tests where the process boundary is the point (what the interpreter prints and returns at exit).
-``refused`` reads either result, and any CompletedProcess-like object (e.g. ``tests.launch.conftest.cli``).
+``refused`` reads either result (any CompletedProcess-like object).
 """
 
 from __future__ import annotations
