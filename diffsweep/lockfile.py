@@ -135,6 +135,12 @@ def _refusal(path: Path, theirs: Holder | None, busy: str) -> str:
     return f"{busy} ({theirs.describe()}); {hint}"
 
 
+def takes(name: str, lock: str) -> bool:
+    """Whether a file named ``name`` is one that taking the lock file ``lock`` writes beside it for
+    a moment (its temporary file, its ``.break``): another process's launch may be taking it now."""
+    return name == f"{lock}.break" or name.startswith(f".{lock}.")
+
+
 def _create(path: Path, raw: bytes, key: str) -> bool:
     """Make ``path`` hold ``raw`` if it does not exist (atomically: write in full, then link)."""
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}")

@@ -22,6 +22,7 @@ from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-ex
 FORMAT = "diffsweep-ledger/1"
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = ".ledger.lock"
+LAUNCH_LOCK = ".launch.lock"  # in the sweep directory: held by a launch or cancel of it
 
 
 @dataclass

@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diffsweep import lockfile
 from diffsweep.config import ConfigError
-from diffsweep.launch.ledger import LEDGER_FILE, LOCK_FILE, Entry, Ledger, read_ledger
+from diffsweep.launch.ledger import LAUNCH_LOCK, LEDGER_FILE, LOCK_FILE, Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, Profile, load_profile, pick_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_resources
 from diffsweep.launch.scheduler import get_scheduler
@@ -110,7 +111,7 @@ def output_dir(spec: SweepSpec, out: Path | None) -> Path:
 
 # What diffsweep writes in a sweep output directory (the ledger, its lock and temporary file, the
 # launch lock, code snapshots, job files, logs, run directories, the local queue's markers).
-SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, f".{LEDGER_FILE}.tmp", ".launch.lock", "code", "jobs",
+SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, f".{LEDGER_FILE}.tmp", LAUNCH_LOCK, "code", "jobs",
                                 "logs", "runs"})
 
 
@@ -122,7 +123,8 @@ def _refuse_foreign(path: Path, key: str) -> None:
         return
     try:
         foreign = sorted(p.name for p in path.iterdir() if p.name not in SWEEP_OUTPUT_NAMES
-                         and not (p.name.startswith(".queue-") and p.name.endswith(".closed")))
+                         and not (p.name.startswith(".queue-") and p.name.endswith(".closed"))
+                         and not any(lockfile.takes(p.name, lock) for lock in (LOCK_FILE, LAUNCH_LOCK)))
     except OSError as exc:
         raise ConfigError(key, f"cannot read {path} ({exc.strerror}); expected a sweep output directory") from None
     if foreign:

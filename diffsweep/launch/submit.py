@@ -18,7 +18,7 @@ from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.fsutil import empty_folder
-from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
+from diffsweep.launch.ledger import LAUNCH_LOCK, Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.scheduler import Submission, get_scheduler
 from diffsweep.rundir import write_launch_config, write_launch_eval
@@ -75,7 +75,6 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
             raise ConfigError(exc.key, f"{exc.message} (in {r.run.name})") from None
 
 
-LAUNCH_LOCK = ".launch.lock"  # in the sweep directory: held by a launch or cancel of it
 
 
 @contextlib.contextmanager

@@ -66,6 +66,19 @@ def test_the_default_output_beside_the_sweep_is_refused_when_it_holds_a_users_fi
     refused(r, "launch.output", "results.csv")
 
 
+@pytest.mark.parametrize("name", ["..launch.lock.login1.4242.68c88c9a", ".launch.lock.break",
+                                  "..ledger.lock.vm.17.0123abcd", ".launch.lock"])
+def test_the_files_of_another_launch_taking_its_lock_are_not_a_users(tmp_path, sweep, name):
+    """A second launch that looks while the first is taking the lock finds the lock's temporary
+    file (or its ``.break``) in a sweep directory that has no ledger yet: that is a launch in
+    progress, not a user's folder (CI once saw "holds files that are not a sweep's" here)."""
+    (tmp_path / "runs" / "t").mkdir(parents=True)
+    (tmp_path / "runs" / "t" / name).write_text("{}")
+    r = diffsweep("plan", str(sweep), "--executor", "local", cwd=tmp_path, env=STORE)
+    assert r.returncode == 0, r.stderr
+    assert "not a sweep's" not in r.stderr
+
+
 def test_a_base_that_is_a_sweep_file_is_named_with_what_was_expected(tmp_path, sweep):
     (tmp_path / "b.yaml").write_text("name: b\nbase: t.yaml\ngrid:\n  train.lr: [0.001]\n")
     with untouched(tmp_path):
