@@ -194,6 +194,9 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, LAM, O, O2, LSE1, LSE2,
     k2_ptr = K2 + b * stride_kb + kv * stride_kh
     v_ptr = V + b * stride_vb + kv * stride_vh
     lam = tl.load(LAM).to(tl.float32)
+    # fp32 whatever the caller passed: torch.compile hands a Python float over as fp64, which would
+    # make the loop-carried accumulators fp64.
+    sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp2 instead of exp
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -244,6 +247,7 @@ def _dkdv_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DK1, DK2, DV
     k1, k2, v = _kv_tile(K1 + k_base, K2 + k_base, V + b * stride_vb + kv * stride_vh, stride_kt, stride_vt,
                          offs_n, offs_d, offs_dv, d_cols, dv_cols, T)
     lam = tl.load(LAM).to(tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp32, as in _fwd_kernel
     qk_scale = sm_scale * 1.4426950408889634
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -328,6 +332,7 @@ def _dq_kernel(Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, R, DQ1, DQ2,
                  mask=rows & dv_cols, other=0.0)
     lse1, lse2, delta1, r = _row_stats(LSE1, LSE2, DELTA1, R, bh * T, offs_m, T)
     lam = tl.load(LAM).to(tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp32, as in _fwd_kernel
     qk_scale = sm_scale * 1.4426950408889634
     k1_ptr = K1 + b * stride_kb + kv * stride_kh
     k2_ptr = K2 + b * stride_kb + kv * stride_kh

@@ -163,12 +163,18 @@ class FlashBackend(AttentionBackend):
         return split_v(call, q, v)
 
 
+_TRITON_DIFF = []  # the kernel module once imported: torch.compile cannot trace an import
+
+
 def _triton_diff():
-    """``diffsweep_kernels.triton_diff``, or None without the triton package."""
-    try:
-        return importlib.import_module("diffsweep_kernels.triton_diff")
-    except ImportError:
-        return None
+    """``diffsweep_kernels.triton_diff``, or None without the triton package. Imported once, when
+    the backend is first checked (model build), so that a compiled forward only reads it."""
+    if not _TRITON_DIFF:
+        try:
+            _TRITON_DIFF.append(importlib.import_module("diffsweep_kernels.triton_diff"))
+        except ImportError:
+            return None
+    return _TRITON_DIFF[0]
 
 
 class TritonBackend(AttentionBackend):
