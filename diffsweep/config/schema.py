@@ -67,8 +67,9 @@ class ModelConfig:
     vocab_size: int = 100_288
     d_model: int = 2048
     n_layers: int = 24
-    # SwiGLU hidden size. None: floor(8 * d_model / 3) (paper App. C: "FFN size is 8/3 d_model";
-    # the floor keeps every Table 9 size within 1% of its label; 3072 -> 8192 as in Table 8).
+    # SwiGLU hidden size. None: 8 * d_model / 3 (paper App. C: "FFN size is 8/3 d_model") rounded
+    # up to a multiple of 8, which GPU GEMMs need to run fast (default_ffn_hidden); every Table 9
+    # size stays within 1% of its label; 3072 -> 8192 as in Table 8.
     ffn_hidden: int | None = None
     tie_embeddings: bool = True  # Table 9's counts need tied input/output embeddings
     rope_theta: float = 10_000.0

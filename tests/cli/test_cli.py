@@ -43,7 +43,7 @@ def test_model_info_json_reports_counts_flops_and_lambda_init():
 def test_model_info_table_output():
     r = run("model", "info", "--size", "1.4B", "--arch", "diff_v1")
     assert r.returncode == 0, r.stderr
-    for text in ("1,413,419,008", "λ_init per layer", "lambda_q1", "V head dim"):
+    for text in ("1,413,861,376", "λ_init per layer", "lambda_q1", "V head dim"):
         assert text in r.stdout
 
 
