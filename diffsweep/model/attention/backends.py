@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import types
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -163,7 +164,7 @@ class FlashBackend(AttentionBackend):
         return split_v(call, q, v)
 
 
-_TRITON_DIFF = []  # the kernel module once imported: torch.compile cannot trace an import
+_TRITON_DIFF: list[types.ModuleType] = []  # the kernel module once imported: torch.compile cannot trace an import
 
 
 def _triton_diff():
