@@ -52,6 +52,7 @@ from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model import counting
 from diffsweep.model.memory import GIB, estimate_memory
 from diffsweep.model.transformer import build_model
+from diffsweep.train.metrics import peak_flops
 from diffsweep.train.optim import build_optimizer
 
 
@@ -81,6 +82,11 @@ class ModelRow(TypedDict):
     estimate_excl_overhead_bytes: int  # the same without the fixed overhead: what peak_alloc_bytes can see
     estimate_grads_bytes: int  # the gradients in it (alive during the forward only with accumulation)
     estimate_ratio: float | None  # peak_alloc_bytes / estimate_excl_overhead_bytes
+    # GPU: memory in use on the device that PyTorch's allocator does not hold (CUDA context, cuBLAS and
+    # cuDNN workspaces), after the kind's steps: what the planner's GPU_OVERHEAD_BYTES stands for.
+    outside_allocator_bytes: int | None
+    model_tflops: float | None  # counting.train_flops_per_token x tokens/s (the FLOPs of the math, no recompute)
+    mfu: float | None  # model_tflops / the GPU's dense bf16 peak (train.metrics.peak_flops; None on CPU or unknown GPU)
 
 
 GPU_DEFAULTS: _Defaults = {"size": "1.4B", "seq": 2048, "micro_batch": 4, "steps": 10, "warmup": 3}
@@ -119,8 +125,9 @@ def _estimate_config(cfg: Config, seq: int, micro_batch: int, dtype: torch.dtype
 
 
 def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_batch: int, steps: int,
-                warmup: int, compile_model: bool) -> tuple[list[float], int | None]:
-    """Every step's seconds (warm-up included), and on a GPU the peak allocated bytes over them."""
+                warmup: int, compile_model: bool) -> tuple[list[float], int | None, int | None]:
+    """Every step's seconds (warm-up included), and on a GPU the peak allocated bytes over them and
+    the device memory in use outside PyTorch's allocator after them."""
     model = build_model(cfg.model, device=device, compute_dtype=dtype)
     optimizer = build_optimizer(model, cfg.train)
     forward = torch.compile(model) if compile_model else model
@@ -139,7 +146,10 @@ def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_b
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     times = [time_call(step, device) for _ in range(warmup + steps)]
-    return times, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    if device.type != "cuda":
+        return times, None, None
+    free, total = torch.cuda.mem_get_info(device)
+    return times, torch.cuda.max_memory_allocated(device), total - free - torch.cuda.memory_reserved(device)
 
 
 def run_model(*, size: str | None = None, kinds: list[str] | None = None, backend: str = "sdpa",
@@ -179,6 +189,8 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
     gpu = dev.type == "cuda"
     gpu_memory = torch.cuda.get_device_properties(dev).total_memory if gpu else GPU_MEMORY_DEFAULT
+    peak = peak_flops(dev) if torch_dtype == torch.bfloat16 else None  # the trainer's train/mfu denominator
+    peak_tflops = peak / 1e12 if peak else None
     configs = {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
                                         f"model.attention.backend={backend_name.value}"])
                for kind in dict.fromkeys(chosen)}
@@ -190,6 +202,7 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
         "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "size": size, "seq": seq,
         "micro_batch": micro_batch, "tokens_per_step": micro_batch * seq, "steps": steps, "warmup": warmup,
         "compile": compile_model, "baseline": baseline.value, "note": None if gpu else CPU_NOTE,
+        "peak_bf16_tflops": peak_tflops,
         "peak_memory": PEAK_MEMORY[dev.type], "memory_note": MEMORY_NOTE,
     }
     report = on_progress or (lambda result: None)
@@ -203,10 +216,12 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
                "ms_per_step": None, "tokens_per_s": None, "ratio": None, "compile_s": None, "autotune": None,
                "peak_alloc_bytes": None, "estimate_bytes": estimate.total,
                "estimate_excl_overhead_bytes": estimate.total - estimate.overhead,
-               "estimate_grads_bytes": estimate.grads, "estimate_ratio": None}
+               "estimate_grads_bytes": estimate.grads, "estimate_ratio": None, "outside_allocator_bytes": None,
+               "model_tflops": None, "mfu": None}
         torch.manual_seed(0)
         try:
-            times, peak = _time_steps(cfg, dev, torch_dtype, seq, micro_batch, steps, warmup, compile_model)
+            times, peak, outside = _time_steps(cfg, dev, torch_dtype, seq, micro_batch, steps, warmup,
+                                               compile_model)
         except EnvironmentUnavailable as exc:
             row["reason"] = str(exc).removeprefix(f"model.attention.backend: '{backend_name.value}' ")
         except Exception as exc:  # noqa: BLE001 (out of memory, a Triton compile error: the kind's row fails)
@@ -214,6 +229,10 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
         else:
             t = statistics.median(times[warmup:])
             row["ms_per_step"], row["tokens_per_s"], row["compile_s"] = t * 1e3, micro_batch * seq / t, times[0]
+            row["model_tflops"] = counting.train_flops_per_token(cfg.model, seq) * row["tokens_per_s"] / 1e12
+            if peak_tflops is not None:
+                row["mfu"] = row["model_tflops"] / peak_tflops
+            row["outside_allocator_bytes"] = outside
             if gpu and backend_name is Backend.TRITON:
                 row["autotune"] = triton_autotune()
             if peak is not None:
@@ -279,14 +298,15 @@ def render(result: dict) -> None:
                   pad_edge=False)
     table.add_column("attention")
     table.add_column("backend")
-    for col in ("params", "non-embedding", "ms/step", "tokens/s", "ratio"):
+    for col in ("params", "ms/step", "tokens/s", "ratio", "TF/s", "MFU"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
-        table.add_row(r["kind"], escape(r["backend"]),
-                      f"{r['params']:,}", f"{r['non_embedding_params']:,}",
+        table.add_row(r["kind"], escape(r["backend"]), f"{r['params']:,}",
                       "—" if r["ms_per_step"] is None else f"{r['ms_per_step']:.1f}",
                       "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}",
-                      "—" if r["ratio"] is None else f"{r['ratio']:.3f}")
+                      "—" if r["ratio"] is None else f"{r['ratio']:.3f}",
+                      "—" if r["model_tflops"] is None else f"{r['model_tflops']:.3g}",
+                      "—" if r["mfu"] is None else f"{r['mfu']:.1%}")
     console.print(table)
     for r in result["rows"]:
         if r["reason"] is not None:
@@ -295,7 +315,11 @@ def render(result: dict) -> None:
             configs = "; ".join(f"{k} {v or '—'}" for k, v in r["autotune"].items())
             console.print(f"  {r['kind']} / {r['backend']}: first step {r['compile_s']:.2f} s (autotune + compile); "
                           f"chose {configs}", markup=False, highlight=False)
-    console.print(f"ratio = tokens/s / {result['baseline']}'s tokens/s (measured in this run).", highlight=False)
+    peak = result["peak_bf16_tflops"]
+    console.print(f"ratio = tokens/s / {result['baseline']}'s tokens/s (measured in this run). TF/s = training FLOPs "
+                  "per token (the math's, no recomputation) x tokens/s; MFU = TF/s / "
+                  + (f"this GPU's dense bf16 peak, {peak:g} TFLOP/s." if peak else "a GPU's bf16 peak (none here)."),
+                  highlight=False)
     memory = Table(title="memory (MB)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     memory.add_column("attention")
     for col in ("peak", "estimate", "excl. overhead", "of it grads", "peak/estimate"):

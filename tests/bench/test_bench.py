@@ -123,7 +123,10 @@ def test_bench_model_json_every_kind(tmp_path):
         assert _positive(row["compile_s"]) and row["estimate_bytes"] > 0 and row["peak_alloc_bytes"] is None
         cfg = load_config(None, ["model.size=tiny-3xs", f"model.attention.kind={row['kind']}"]).model
         assert row["params"] == counting.num_params(cfg)
-    assert data["rows"][0]["ratio"] == 1.0
+        flops = counting.train_flops_per_token(cfg, data["seq"])
+        assert row["model_tflops"] == pytest.approx(flops * row["tokens_per_s"] / 1e12)
+        assert row["mfu"] is None and row["outside_allocator_bytes"] is None  # a GPU's only
+    assert data["rows"][0]["ratio"] == 1.0 and data["peak_bf16_tflops"] is None
 
 
 def test_bench_attention_killed_partway_leaves_what_it_measured(tmp_path):

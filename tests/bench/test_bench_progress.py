@@ -115,6 +115,9 @@ def test_on_a_gpu_rows_carry_peak_memory_and_the_triton_configs():
     assert row["reason"] is None, row["reason"]
     assert _positive(row["peak_alloc_bytes"]) and _positive(row["estimate_ratio"]) and _positive(row["compile_s"])
     assert row["estimate_bytes"] > row["estimate_excl_overhead_bytes"]  # the GPU's fixed overhead
+    assert _positive(row["outside_allocator_bytes"])  # at least the CUDA context
+    if model["peak_bf16_tflops"] is not None:  # a GPU in the table (an H100 on the device machine)
+        assert row["mfu"] == pytest.approx(row["model_tflops"] / model["peak_bf16_tflops"]) and 0 < row["mfu"] < 1
     assert all(CONFIG.fullmatch(value or "") for value in row["autotune"].values()), row["autotune"]
     attention = run_attention(layouts=["tiny-l"], seqs=[256], batch_tokens=512, backends=["triton"], reps=1,
                               warmup=0, device="cuda")
