@@ -88,7 +88,7 @@ def test_constrained_decoding_is_the_argmax_of_the_direct_log_likelihood(ctx, mo
     if model == "random":  # noisy logits (init std 1): predictions differ between queries
         from diffsweep.model.transformer import build_model
 
-        torch.manual_seed(1)
+        torch.manual_seed(2)  # a seed whose 12 predictions are not all one label (seed 1 gave 'food' x 12)
         ctx = dataclasses.replace(ctx, model=build_model(dataclasses.replace(ctx.config.model, init_std=1.0)).eval())
     examples = icl.load_examples(DATA)
     labels = icl.labels_of(examples)
