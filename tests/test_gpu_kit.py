@@ -218,3 +218,20 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def test_profile_step_times_every_phase_and_lists_the_top_kernels(capsys):
+    """analysis/gpu/profile_step.py, the tool that found the unaligned FFN on the H100, runs here on
+    the CPU at a tiny size: one line for the step, one per phase adding up to it, then the table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_step", ROOT / "analysis/gpu/profile_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["diff_v1", "sdpa", "model.size=tiny-3xs", "train.seq_len=32", "train.micro_batch_size=2", "--table"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("diff_v1/sdpa tiny-3xs on CPU, FFN 48, 2 x 32 tokens"), out[0]
+    phases = {line.split()[0]: float(line.split()[1]) for line in out[1:6]}
+    assert list(phases) == ["forward", "loss", "backward", "clip", "optimizer"] and all(v > 0 for v in phases.values())
+    assert float(out[0].split("step ")[1].removesuffix(" ms")) == pytest.approx(sum(phases.values()), abs=0.3)
+    assert any("aten::mm" in line for line in out[6:]) and any("AdamW.step" in line for line in out[6:])

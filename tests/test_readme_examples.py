@@ -240,6 +240,12 @@ CHECKS: dict[str, tuple] = {
     'PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out "$OUT" --budget 450':
         ("elsewhere", "tests/test_gpu_kit.py::test_prepare_checks_the_wheels_offline_and_prints_the_command",
          "it needs the GPU machine; the test checks that prepare.py prints this very command"),
+    "python3 analysis/gpu/profile_step.py transformer sdpa --table":
+        ("elsewhere", "tests/test_gpu_kit.py::test_profile_step_times_every_phase_and_lists_the_top_kernels",
+         "a 1.4B step needs the GPU machine; the test runs the same script at tiny-3xs on the CPU"),
+    "python3 analysis/gpu/profile_step.py diff_v1 triton model.ffn_hidden=5632":
+        ("elsewhere", "tests/test_gpu_kit.py::test_profile_step_times_every_phase_and_lists_the_top_kernels",
+         "a 1.4B step and the triton backend need the GPU machine; the test runs the script at tiny-3xs on the CPU"),
 }
 
 
