@@ -30,7 +30,7 @@ def default_ffn_hidden(d_model: int) -> int:
 
     Measured on an H100 (analysis/benchmarks/RESULTS.md): at 1.4B, floor(8 * 2048 / 3) = 5461 made
     the FFN's bf16 GEMMs run at 135-144 TFLOP/s against 688-775 at 5464 or 5632, and a whole
-    training step take 1.9x as long. Rounding changes a size's count by at most 0.03%."""
+    training step take 1.9x as long. Rounding adds at most 0.06% to a Table 9 size's count."""
     return -(-(8 * d_model // 3) // FFN_MULTIPLE) * FFN_MULTIPLE
 
 
