@@ -19,7 +19,8 @@ def test_rows_per_test_and_the_report_by_file(tmp_path):
         "    subprocess.run([sys.executable, '-c', 'x = sum(i * i for i in range(3_000_000))'], check=True)\n"
         "def test_idle():\n"
         "    pass\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "analysis/benchmarks"), "CPUPROF_DIR": str(tmp_path / "out")}
+    outer = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # an xdist worker's PYTEST_XDIST_WORKER
+    env = {**outer, "PYTHONPATH": str(ROOT / "analysis/benchmarks"), "CPUPROF_DIR": str(tmp_path / "out")}
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "cpuprof", "-p", "no:cacheprovider", "-q", "test_x.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
