@@ -19,16 +19,16 @@ KINDS = ("transformer", "diff_v1", "diff_v2")
 # tokens) moved by at most 6e-5 (bound 1e-3); the whole gradient by at most 0.6% relative, each
 # parameter's by at most 1% (bound 5%). Gradients smaller than 1e-3 of the largest parameter's are
 # small differences of large terms, and in bf16 they are rounding noise: DIFF V1's λ vectors got a
-# bf16 gradient 10x their fp32 one, and compiled and eager bf16 differ by 24-94% depending on the
-# FFN size. Those are compared in fp32, where compiled matches eager to 2e-4 relative (bound 1e-2),
-# which a zero, a sign flip or a missing term still breaks.
-LOSS_ABS, GRAD_REL, SMALL, FP32_REL = 1e-3, 5e-2, 1e-3, 1e-2
+# bf16 gradient 10x their fp32 one, and compiled and eager bf16 differed by 24-94% of it depending
+# on the FFN size (in fp32, compiled matched eager to 2e-4). So those are held in absolute terms,
+# to half the noise floor (SMALL / 2 of the largest gradient's norm): a blow-up fails, bf16 noise
+# does not. (The attention backends' dλ is checked against the fp64 reference in tests/model/test_backends.py.)
+LOSS_ABS, GRAD_REL, SMALL = 1e-3, 5e-2, 1e-3
 
 
-def _loss_and_grads(model: torch.nn.Module, forward, tokens: torch.Tensor,
-                    autocast: bool = True) -> tuple[float, dict[str, torch.Tensor]]:
+def _loss_and_grads(model: torch.nn.Module, forward, tokens: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = forward(tokens[:, :-1])
     loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
@@ -50,14 +50,6 @@ def test_compiles_in_one_graph_and_matches_eager(kind):
     flat_compiled = torch.cat([g.flatten() for g in compiled.values()])
     assert (flat_compiled - flat_eager).norm() <= GRAD_REL * flat_eager.norm()
     largest = max(g.norm() for g in eager.values())
-    small = [name for name, grad in eager.items() if grad.norm() < SMALL * largest]
     for name, grad in eager.items():
-        if name not in small:
-            assert (compiled[name] - grad).norm() <= GRAD_REL * grad.norm(), name
-    if not small:
-        return
-    # The small gradients, above bf16's rounding: the same model (fp32 parameters) without autocast.
-    _, eager32 = _loss_and_grads(model, model, tokens, autocast=False)
-    _, compiled32 = _loss_and_grads(model, torch.compile(model, fullgraph=True), tokens, autocast=False)
-    for name in small:
-        assert (compiled32[name] - eager32[name]).norm() <= FP32_REL * eager32[name].norm(), name
+        bound = GRAD_REL * grad.norm() if grad.norm() >= SMALL * largest else SMALL / 2 * largest
+        assert (compiled[name] - grad).norm() <= bound, name
