@@ -189,8 +189,8 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
     gpu = dev.type == "cuda"
     gpu_memory = torch.cuda.get_device_properties(dev).total_memory if gpu else GPU_MEMORY_DEFAULT
-    peak = peak_flops(dev) if torch_dtype == torch.bfloat16 else None  # the trainer's train/mfu denominator
-    peak_tflops = peak / 1e12 if peak else None
+    device_flops = peak_flops(dev) if torch_dtype == torch.bfloat16 else None  # the trainer's train/mfu denominator
+    peak_tflops = device_flops / 1e12 if device_flops else None
     configs = {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
                                         f"model.attention.backend={backend_name.value}"])
                for kind in dict.fromkeys(chosen)}
