@@ -401,6 +401,7 @@ def _fit(project, args: list[str], *extra: str) -> dict:
 
 
 @pytest.mark.slow  # five fits with MLflow logging, ~1 min (3 under load); CI runs it
+@pytest.mark.xdist_group("readme_fit")  # one worker logs the runs of fit_project
 def test_readme_fit_examples_run_as_written(fit_project):
     """In the README's order: the sweep fit writes fits/fig3a-size-scan-N/points.csv, which the
     --csv example then refits exactly."""
@@ -421,6 +422,7 @@ def test_readme_fit_examples_run_as_written(fit_project):
 
 
 @pytest.mark.slow  # four more fits, one of them Chinchilla's 4,500-start grid
+@pytest.mark.xdist_group("readme_fit")  # one worker logs the runs of fit_project
 def test_readme_fit_option_list_runs(fit_project):
     root = fit_project[0]
     assert CHECKS["diffsweep fit ... --form chinchilla | --form pure | --shared-e | --count non_embedding | --json"]
@@ -440,6 +442,7 @@ def test_readme_fit_option_list_runs(fit_project):
 
 
 @pytest.mark.slow  # a fit and four rankings of ~20 candidates, fewer draws than the default, ~1 min
+@pytest.mark.xdist_group("readme_fit")  # one worker logs the runs of fit_project
 def test_readme_suggest_examples_run_as_written(fit_project):
     """On the fig3a runs (and the fit folder the README's sweep fit writes): a ranked table of the
     measured points' other seeds (and 20B/30B), and with --budget the greedy set within it."""

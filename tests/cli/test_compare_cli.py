@@ -17,7 +17,8 @@ from scipy import stats
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import write_sweep
 
-pytestmark = pytest.mark.slow  # one tiny launch (4 runs), the CLI in this process
+# one tiny launch (4 runs), the CLI in this process; one xdist group, so that one worker launches it
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare_cli")]
 
 
 @pytest.fixture(scope="module")

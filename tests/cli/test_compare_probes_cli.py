@@ -20,7 +20,8 @@ SIZES = ("tiny-3xs", "tiny-2xs", "tiny-xs", "tiny-s", "tiny-m")
 KINDS = ("transformer", "diff_v1", "diff_v2")
 MISSING = "diff_v2-tiny-m"  # an arm whose evaluation failed: not in the store
 
-pytestmark = pytest.mark.slow  # 28 evaluation runs logged once, then ~20 CLI runs in this process
+# 28 evaluation runs logged once, then ~20 CLI runs in this process; one xdist group: logged by one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare_probes_cli")]
 
 
 def _nll(name: str) -> list[dict]:

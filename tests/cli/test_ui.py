@@ -30,6 +30,9 @@ from tests.helpers.cli import run
 
 from ..conftest import TINY_RUN
 
+# One xdist group with tests/scaling/test_fit_ui.py: one worker trains the project and starts Chromium.
+pytestmark = pytest.mark.xdist_group("browser")
+
 KINDS = ("transformer", "diff_v1")
 RUNS_PAGE = r"http://127\.0\.0\.1:{port}/#/experiments/\d+/runs\?workflowType=machine_learning"
 

@@ -3,6 +3,7 @@ process held still (SIGSTOP) while a test signals it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,13 +83,15 @@ def pending(pid: int, sig: int) -> bool:
 @contextmanager
 def held(pid: int) -> Iterator[None]:
     """The job process ``pid`` stopped (SIGSTOP) for the block: whatever the block sends it is
-    handled after, at whatever step it had reached, so no run can finish before a signal arrives."""
+    handled after, at whatever step it had reached, so no run can finish before a signal arrives.
+    (Slurm's signals come with a SIGCONT of their own: a Slurm job may go on, and end, before.)"""
     os.kill(pid, signal.SIGSTOP)
     try:
         wait_for(lambda: stopped(pid), 30, f"process {pid} to stop", poll=0.01)
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:

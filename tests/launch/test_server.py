@@ -294,6 +294,7 @@ def tracking_server(tmp_path_factory) -> Iterator[ServerProcess]:
         kill(server)
 
 
+@pytest.mark.xdist_group("tracking_server")  # one worker starts the module's server
 def test_the_server_prints_the_uri_to_export_and_keeps_its_store_on_local_disk(tracking_server):
     host = socket.gethostname()
     assert tracking_server.uri == f"http://{host}:{tracking_server.port}"
@@ -330,6 +331,7 @@ def _writer(uri: str, experiment_id: str, index: int, start, results) -> None:
     results.put((index, run_id, began, time.time()))
 
 
+@pytest.mark.xdist_group("tracking_server")  # one worker starts the module's server
 def test_16_processes_log_through_the_server_at_once_and_no_metric_is_lost(tracking_server):
     from mlflow.tracking import MlflowClient
 

@@ -18,9 +18,10 @@ import sys
 
 import pytest
 
+from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import attempts, ledger, metric_steps, wait_for, write_sweep
+from tests.launch.conftest import attempts, held, ledger, metric_steps, pending, stopped, wait_for, write_sweep
 from tests.launch.slurm_jobs import counts, job_state, own_jobs, sacct_states, squeue_ids  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slurm
@@ -33,6 +34,22 @@ def launch(sweep, tmp_path, store, *extra):
 def newest_step(run_dir) -> int:
     """The step of the run's newest checkpoint (0: none yet)."""
     return max((checkpoint_step(p) for p in list_checkpoints(run_dir / "checkpoints")), default=0)
+
+
+def sparse(sweep):
+    """``sweep`` checkpointing every 10 steps and evaluating every 20, not every 2 and 4: a saved
+    checkpoint costs a tiny run as much CPU as 2-3 steps (~60 ms), and these runs train hundreds."""
+    sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2\n", "train.checkpoint_every: 10\n")
+                     .replace("train.eval_every: 4\n", "train.eval_every: 20\n"))
+    return sweep
+
+
+def signalled(pid: int) -> bool:
+    """Whether a held job process has been sent USR2 (pending, or continued to handle it, or gone)."""
+    try:
+        return pending(pid, signal.SIGUSR2) or not stopped(pid)
+    except FileNotFoundError:
+        return True
 
 
 def resumed_at(log: str) -> list[int]:
@@ -51,7 +68,7 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
     a success. ``launch`` again resubmits both, which resume and finish, every step logged once;
     their jobs then complete, and a third ``launch`` submits nothing."""
     steps = 400
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps)
+    sweep = sparse(write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps))
     out = tmp_path / "runs" / "t"
     r = launch(sweep, tmp_path, store)
     assert r.returncode == 0 and "submitted 2 runs as Slurm array" in r.stdout, r.stdout + r.stderr
@@ -74,36 +91,39 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
     run_ids[b] = json.loads((dirs[b] / "run.json").read_text())["run_id"]
     os.kill(job_state(dirs[b])["pid"], signal.SIGKILL)
 
-    def resumed() -> str | None:
+    def requeued() -> dict | None:  # A's job after Slurm's requeue, training again
+        job = job_state(dirs[a])
+        return job if job.get("starts") == 2 and job.get("state") == "running" and "step" in job else None
+
+    # held (SIGSTOP) from its first step after the requeue: still running when it is cancelled below
+    with held(wait_for(requeued, 240, f"{a} requeued and training", poll=0.05)["pid"]):
         log = cli("logs", a, cwd=tmp_path, env=store).stdout
-        return log if resumed_at(log) else None
+        # a failure shows the whole log (once in CI the first start ended with exit code 1, not requeued)
+        assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
+        saved = [int(s) for s in re.findall(r"preempted by SIGUSR2 at step (\d+)", log)]
+        assert resumed_at(log) == saved and saved[0] >= 30, log  # from the checkpoint it saved, not step 0
+        assert len(ledger(out)["entries"][entries[a]["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
 
-    log = wait_for(resumed, 240, f"{a} requeued and resumed", poll=1)
-    # a failure shows the whole log (once in CI the first start ended with exit code 1, not requeued)
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
-    saved = [int(s) for s in re.findall(r"preempted by SIGUSR2 at step (\d+)", log)]
-    assert resumed_at(log) == saved and saved[0] >= 6, log  # from the checkpoint it saved, not step 0
-    assert len(ledger(out)["entries"][entries[a]["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
-
-    # cancel A: scancel fails and Slurm still runs the job: an error naming it, nothing marked
-    real = shutil.which("scancel")
-    shims = {}
-    for name, body in (("delivered", f'"{real}" "$@"\n'), ("refused", "")):
-        shims[name] = tmp_path / name
-        shims[name].mkdir()
-        (shims[name] / "scancel").write_text(f"#!/bin/sh\n{body}echo 'scancel: error: Kill job error on job id "
-                                             "1: Job/step already completing or completed' >&2\nexit 1\n")
-        (shims[name] / "scancel").chmod(0o755)
-    cancel = ("cancel", str(sweep), "--profile", "localhost", "--only", "^transformer")
-    r = cli(*cancel, cwd=tmp_path, env={**store, "PATH": f"{shims['refused']}{os.pathsep}{os.environ['PATH']}"})
-    assert r.returncode == 3 and r.stderr.startswith(f"error: scancel did not stop Slurm jobs {first_ids[a]} ("), \
-        r.stdout + r.stderr
-    assert "Job/step already completing" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    assert [x["state"] for x in ledger(out)["entries"][entries[a]["key"]]["attempts"]] == ["submitted"]
-    # scancel fails but the job was cancelled (what was seen in 3 of 6 tries): success
-    r = cli(*cancel, cwd=tmp_path, env={**store, "PATH": f"{shims['delivered']}{os.pathsep}{os.environ['PATH']}"})
-    assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0" in r.stdout, r.stdout + r.stderr
-    assert [x["state"] for x in ledger(out)["entries"][entries[a]["key"]]["attempts"]] == ["cancelled"]
+        # cancel A: scancel fails and Slurm still runs the job: an error naming it, nothing marked
+        real = shutil.which("scancel")
+        shims = {}
+        for name, body in (("delivered", f'"{real}" "$@"\n'), ("refused", "")):
+            shims[name] = tmp_path / name
+            shims[name].mkdir()
+            (shims[name] / "scancel").write_text(f"#!/bin/sh\n{body}echo 'scancel: error: Kill job error on job "
+                                                 "id 1: Job/step already completing or completed' >&2\nexit 1\n")
+            (shims[name] / "scancel").chmod(0o755)
+        cancel = ("cancel", str(sweep), "--profile", "localhost", "--only", "^transformer")
+        r = cli(*cancel, cwd=tmp_path, env={**store, "PATH": f"{shims['refused']}{os.pathsep}{os.environ['PATH']}"})
+        assert r.returncode == 3 and r.stderr.startswith(f"error: scancel did not stop Slurm jobs {first_ids[a]} ("), \
+            r.stdout + r.stderr
+        assert "Job/step already completing" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert [x["state"] for x in ledger(out)["entries"][entries[a]["key"]]["attempts"]] == ["submitted"]
+        # scancel fails but the job was cancelled (what was seen in 3 of 6 tries): success
+        r = cli(*cancel, cwd=tmp_path,
+                env={**store, "PATH": f"{shims['delivered']}{os.pathsep}{os.environ['PATH']}"})
+        assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0" in r.stdout, r.stdout + r.stderr
+        assert [x["state"] for x in ledger(out)["entries"][entries[a]["key"]]["attempts"]] == ["cancelled"]
 
     wait_for(lambda: counts(sweep, tmp_path, store) == {"cancelled": 1, "failed": 1}, 120, "cancelled + failed")
     from mlflow.tracking import MlflowClient
@@ -142,7 +162,8 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
     (30-60 s in, as slurmctld checks limits every 30 s), submitit counts a time-out, the job
     saves and requeues itself, and the requeued job resumes from the step it saved, in the same
     MLflow run, and trains on. The run is longer than any job could train (nothing is sized
-    against the clock); once it has trained past the requeue it is cancelled. (A requeued job
+    against the clock), and held (SIGSTOP) while it waits for the signal; once it has trained
+    past the requeue it is cancelled. (A requeued job
     finishing its run: test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued.)"""
     (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 2\n"
                                      "min_time_minutes: 2\nmax_time_hours: 0.0334\nsignal_delay_s: 60\n"
@@ -161,6 +182,15 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
     assert "#SBATCH --time=2\n" in script and "#SBATCH --signal=USR2@60\n" in script, script
     wait_for(lambda: (run_dir / "run.json").is_file(), 180, "the run to start")
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    # Held (SIGSTOP) from its first step until Slurm signals it (Slurm continues a stopped job to
+    # deliver its USR2): the minute it waits for the limit uses no CPU.
+    def training() -> dict | None:
+        job = read_job_state(run_dir) or {}
+        return job if job.get("state") == "running" and "step" in job else None
+
+    job = wait_for(training, 180, "the job to train", poll=0.05)
+    with held(job["pid"]):
+        wait_for(lambda: signalled(job["pid"]), 180, "Slurm's USR2 before the time limit")
 
     def resumed() -> str | None:
         log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
@@ -211,8 +241,8 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     (USR2 to both tasks, as Slurm sends it), both stop at the same step after a sharded
     checkpoint; the first requeues the job, which resumes and finishes the same run."""
     steps = 120
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
-                        extra="launch: {gpus_per_run: 2}\n")
+    sweep = sparse(write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
+                               extra="launch: {gpus_per_run: 2}\n"))
     out = tmp_path / "runs" / "t"
     r = cli("plan", str(sweep), "--profile", "localhost", "--json", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stderr

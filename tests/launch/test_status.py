@@ -5,6 +5,7 @@ names ``logs`` accepts. Slurm tests run on the localhost cluster (see tests/laun
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -62,7 +63,8 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     prints queued vs running, a running run's step and every state change as plain lines.
 
     The two that run are long and cancelled by the test: a short one could finish before status
-    or --wait ever saw two running (it did on a fast CI machine)."""
+    or --wait ever saw two running (it did on a fast CI machine). Each is held (SIGSTOP) once it has
+    trained a step: still running to Slurm, using no CPU while status is read."""
     require_slurm()
     kinds = {"transformer": 5000, "diff_v1": 5000, "diff_v2": 20}  # the two long ones are cancelled
     sweep = zip_sweep(tmp_path / "t.yaml", text_dataset, list(kinds), list(kinds.values()),
@@ -90,27 +92,35 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             s = status(sweep, tmp_path, store)
             return s if s["counts"] == {"pending": 1, "running": 2} else None
 
-        held = rows(wait_for(two_running, 480, "two running, one pending"))[third]
-        assert (held["state"], held["job_id"], held["detail"]) == ("pending", jobs[third], "JobHeldUser")
-        table = cli("status", str(sweep), cwd=tmp_path, env=store).stdout
-        assert re.search(rf"{re.escape(jobs[third])}\s*│\s*pending \(JobHeldUser\)", table), table
-        assert "RUNNING" not in table  # a running run shows its step, not Slurm's word for it
-        r = cli("logs", third, cwd=tmp_path, env=store)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines()[-1] == f"{third}: job {jobs[third]} is pending (JobHeldUser); no logs yet"
+        def stepping(name: str) -> int | None:  # the job's pid once it has reported a step
+            job_file = next((out / "runs").glob(f"{name}-*/job.json"), None)
+            job = json.loads(job_file.read_text()) if job_file else {}
+            return job["pid"] if isinstance(job.get("step"), int) and job.get("state") == "running" else None
 
-        # another profile would ask for other resources; status shows what the jobs asked for
-        big = tmp_path / "big.yaml"
-        big.write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 7\nmin_time_minutes: 90\n"
-                       "slurm: {partition: debug}\n")
-        for row in status(sweep, tmp_path, store, "--profile", str(big))["runs"]:
-            assert (row["resources_source"], row["submitted_profile"]) == ("submitted", "localhost")
-            assert (row["gpus"], row["time_min"], row["mem_gb"]) == (1, 60, 2)
-        table = cli("status", str(sweep), "--profile", str(big), cwd=tmp_path, env=store).stdout
-        assert table.count("1 GPU, 1:00 h, 2 GB") == 3 and "1:30 h" not in table
+        with contextlib.ExitStack() as holding:
+            for name in (first, long):
+                holding.enter_context(held(wait_for(lambda n=name: stepping(n), 480, f"{name} to train")))
+            pending_row = rows(wait_for(two_running, 120, "two running, one pending"))[third]
+            assert (pending_row["state"], pending_row["job_id"], pending_row["detail"]) == (
+                "pending", jobs[third], "JobHeldUser")
+            step_line = re.compile(rf"  {long}: step \d+/5000 \(\d+%\), ~(<1 min|\d+ min|\d+:\d\d h) left")
+            wait_for(lambda: any(step_line.fullmatch(line) for line in list(lines)), 300, "a step line from --wait")
+            table = cli("status", str(sweep), cwd=tmp_path, env=store).stdout
+            assert re.search(rf"{re.escape(jobs[third])}\s*│\s*pending \(JobHeldUser\)", table), table
+            assert "RUNNING" not in table  # a running run shows its step, not Slurm's word for it
+            r = cli("logs", third, cwd=tmp_path, env=store)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.splitlines()[-1] == f"{third}: job {jobs[third]} is pending (JobHeldUser); no logs yet"
 
-        step_line = re.compile(rf"  {long}: step \d+/5000 \(\d+%\), ~(<1 min|\d+ min|\d+:\d\d h) left")
-        wait_for(lambda: any(step_line.fullmatch(line) for line in list(lines)), 300, "a step line from --wait")
+            # another profile would ask for other resources; status shows what the jobs asked for
+            big = tmp_path / "big.yaml"
+            big.write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 7\n"
+                           "min_time_minutes: 90\nslurm: {partition: debug}\n")
+            for row in status(sweep, tmp_path, store, "--profile", str(big))["runs"]:
+                assert (row["resources_source"], row["submitted_profile"]) == ("submitted", "localhost")
+                assert (row["gpus"], row["time_min"], row["mem_gb"]) == (1, 60, 2)
+            table = cli("status", str(sweep), "--profile", str(big), cwd=tmp_path, env=store).stdout
+            assert table.count("1 GPU, 1:00 h, 2 GB") == 3 and "1:30 h" not in table
         r = cli("cancel", str(sweep), "--only", "^(transformer|diff_v1)-", cwd=tmp_path, env=store)
         assert r.returncode == 0 and f"cancelled {first}" in r.stdout and f"cancelled {long}" in r.stdout, \
             r.stdout + r.stderr

@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(__file__).parent / "toy_kind"
 
 
+# One xdist group: one worker installs the toy package.
+pytestmark = pytest.mark.xdist_group("toy_kind")
+
+
 @pytest.fixture(scope="module")
 def toy_env(tmp_path_factory) -> dict[str, str]:
     """Environment of a process that has the toy package installed (``pip install --target``)."""
