@@ -59,13 +59,15 @@ def text_dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mlflow_store(tmp_path_factory) -> str:
-    """One SQLite MLflow store for the session (creating one costs seconds); tests use their own
+def mlflow_store(tmp_path_factory, store_template) -> str:
+    """One SQLite MLflow store for the session (a copy of ``store_template``); tests use their own
     experiments in it."""
     from diffsweep.store import ensure_experiment
 
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    ensure_experiment(uri, "warm-up")  # creates the tables once
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(store_template, path)
+    uri = f"sqlite:///{path}"
+    ensure_experiment(uri, "warm-up")
     return uri
 
 
@@ -87,12 +89,22 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def store_template(tmp_path_factory) -> Path:
-    """An empty SQLite MLflow store, its schema created once per test process (MLflow's migrations
-    take 3-4 s on the CI machine; a copy takes milliseconds)."""
+    """An empty SQLite MLflow store, its schema created once per test run (MLflow's migrations take
+    1-4 s on the CI machine; a copy takes milliseconds). Under pytest-xdist the workers share it:
+    the first to get the lock in their common base folder makes it; tests copy it, never write it."""
+    from filelock import FileLock
+
     from diffsweep.store import init_store
 
-    path = tmp_path_factory.mktemp("store-template") / "mlflow.db"
-    init_store(f"sqlite:///{path}")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's
+    path = root / "store-template.db"
+    with FileLock(str(root / "store-template.lock")):
+        if not path.is_file():
+            staging = root / f"store-template.{os.getpid()}.tmp"
+            init_store(f"sqlite:///{staging}")
+            staging.rename(path)
     return path
 
 
