@@ -176,6 +176,16 @@ def check_tracking(uri: str) -> None:
                           "sqlite:///mlflow.db) or the http(s):// address of an MLflow server")
 
 
+def import_mlflow(uri: str) -> None:
+    """Import MLflow's client, and for a SQLite ``uri`` its SQL store (which the first call of a
+    client imports): a command imports them with its other start-up imports
+    (``diffsweep.startup.imports_frozen``)."""
+    import mlflow.tracking  # noqa: F401
+
+    if uri.startswith("sqlite:"):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def init_store(uri: str) -> None:
     """Open the store at ``uri`` for this process, creating its schema if it is new, safely when
     many processes start at once (see the module's notes). Call it after ``check_tracking`` and

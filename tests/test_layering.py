@@ -40,11 +40,12 @@ SOURCES = {"diffsweep": ROOT / "diffsweep", "diffsweep_kernels": ROOT / "kernels
 # Each part of the package (a subpackage or a top-level module; the kernels are
 # ``diffsweep_kernels``) and the parts it may import, anywhere in it. Lowest first.
 # ``store`` and ``rundir`` are where the run store moves (issue #17's store/rundir refactor).
-BASE = {"diffsweep", "fsutil", "lockfile", "config"}  # ``diffsweep`` is the root __init__ (__version__)
+BASE = {"diffsweep", "fsutil", "lockfile", "config", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
 ALLOWED: dict[str, set[str]] = {
     "diffsweep": set(),
     "diffsweep_kernels": set(),  # a leaf: imports nothing of diffsweep
     "fsutil": set(),
+    "startup": set(),  # heavy imports with the garbage collector paused
     "config": set(),  # typed configs and enums: pure Python
     "lockfile": {"config"},
     "store": BASE | {"rundir"},

@@ -63,4 +63,7 @@ def _root(
 
 def main() -> None:
     """Console-script entry point (and ``python -m diffsweep``'s, named the same in messages)."""
+    from diffsweep.startup import command_process
+
+    command_process()  # a command's start-up imports may be frozen out of the garbage collector
     app(prog_name="diffsweep")

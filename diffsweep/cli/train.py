@@ -40,10 +40,15 @@ def train(
     cfg = cli_config(config, size, arch, set_)  # before importing torch: bad input fails in a blink
 
     from diffsweep.config.identity import run_name
-    from diffsweep.store import tracking_uri
+    from diffsweep.startup import imports_frozen
+    from diffsweep.store import import_mlflow, tracking_uri
     from diffsweep.train.preemption import EXIT_PREEMPTED
-    from diffsweep.train.trainer import Diverged
-    from diffsweep.train.trainer import train as run_training
+
+    with imports_frozen():
+        from diffsweep.train.trainer import Diverged
+        from diffsweep.train.trainer import train as run_training
+
+        import_mlflow(tracking_uri())
 
     run_dir = out / run_name(cfg)
     typer.echo(f"run {run_dir.name} -> {run_dir}")

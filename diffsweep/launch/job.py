@@ -48,8 +48,16 @@ class TrainJob(submitit.helpers.Checkpointable):
 
         catch_early_sigterm()  # first: a cancel while the imports below run must not be lost
         from diffsweep.config import config_from_dict
-        from diffsweep.train.optim import total_steps
-        from diffsweep.train.trainer import Diverged, train
+        from diffsweep.startup import command_process, imports_frozen
+        from diffsweep.store import import_mlflow
+
+        if _under_submitit():  # this process is the job's
+            command_process()
+        with imports_frozen():
+            from diffsweep.train.optim import total_steps
+            from diffsweep.train.trainer import Diverged, train
+
+            import_mlflow(self.tracking_uri)
 
         run_dir = Path(self.run_dir)
         os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
