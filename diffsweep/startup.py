@@ -2,8 +2,8 @@
 
 Importing torch, torch.distributed.checkpoint and MLflow with its SQL store makes some 300,000
 long-lived objects. CPython's collector scans all of them in every full collection: several while
-they load and more while a run trains. A ``diffsweep train`` of 12 tiny steps spent 7.7 CPU-s
-with them scanned and 4.5 with them frozen (``gc.freeze``: moved out of the collector's reach;
+they load and more while a run trains. A ``diffsweep train`` of 12 tiny steps spent 8.1 CPU-s
+with them scanned and 5.1 with them frozen (``gc.freeze``: moved out of the collector's reach;
 mean of 5 runs on the 2-core CI machine, ``analysis/benchmarks/test-durations.md``).
 
 Only a process that is a diffsweep command or job freezes (its entry point says so with

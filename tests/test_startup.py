@@ -4,6 +4,7 @@ nothing else is: not a library user's process, not this test process."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -33,7 +34,7 @@ print("frozen", gc.get_freeze_count(), gc.isenabled())
 def _frozen(how: str, dataset, tmp_path, store) -> tuple[int, bool]:
     sets = [*TINY_RUN, f"data.path={dataset}", "train.max_steps=3", "train.eval_every=3"]
     result = subprocess.run([sys.executable, "-c", SCRIPT, how, *sets], cwd=tmp_path, capture_output=True, text=True,
-                            env={**__import__("os").environ, **store}, timeout=600)
+                            env={**os.environ, **store}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip().splitlines()[-1].split()
     return int(line[1]), line[2] == "True"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.rundir import read_job_state
+
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
     "model.size": "tiny-xs",
@@ -92,6 +94,14 @@ def held(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+def training(run_dir: Path, starts: int | None = None) -> dict | None:
+    """The run's ``job.json`` once its job (its start number ``starts``, if given) is running and
+    has reported a step, e.g. to hold its ``pid``; None before."""
+    job = read_job_state(run_dir) or {}
+    running = job.get("state") == "running" and isinstance(job.get("step"), int)
+    return job if running and starts in (None, job.get("starts")) else None
 
 
 def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:

@@ -18,10 +18,19 @@ import sys
 
 import pytest
 
-from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import attempts, held, ledger, metric_steps, pending, stopped, wait_for, write_sweep
+from tests.launch.conftest import (
+    attempts,
+    held,
+    ledger,
+    metric_steps,
+    pending,
+    stopped,
+    training,
+    wait_for,
+    write_sweep,
+)
 from tests.launch.slurm_jobs import counts, job_state, own_jobs, sacct_states, squeue_ids  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slurm
@@ -91,12 +100,8 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
     run_ids[b] = json.loads((dirs[b] / "run.json").read_text())["run_id"]
     os.kill(job_state(dirs[b])["pid"], signal.SIGKILL)
 
-    def requeued() -> dict | None:  # A's job after Slurm's requeue, training again
-        job = job_state(dirs[a])
-        return job if job.get("starts") == 2 and job.get("state") == "running" and "step" in job else None
-
-    # held (SIGSTOP) from its first step after the requeue: still running when it is cancelled below
-    with held(wait_for(requeued, 240, f"{a} requeued and training", poll=0.05)["pid"]):
+    # held (SIGSTOP) from its first step after Slurm's requeue: still running when it is cancelled below
+    with held(wait_for(lambda: training(dirs[a], starts=2), 240, f"{a} requeued and training", poll=0.05)["pid"]):
         log = cli("logs", a, cwd=tmp_path, env=store).stdout
         # a failure shows the whole log (once in CI the first start ended with exit code 1, not requeued)
         assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
@@ -184,11 +189,7 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     # Held (SIGSTOP) from its first step until Slurm signals it (Slurm continues a stopped job to
     # deliver its USR2): the minute it waits for the limit uses no CPU.
-    def training() -> dict | None:
-        job = read_job_state(run_dir) or {}
-        return job if job.get("state") == "running" and "step" in job else None
-
-    job = wait_for(training, 180, "the job to train", poll=0.05)
+    job = wait_for(lambda: training(run_dir), 180, "the job to train", poll=0.05)
     with held(job["pid"]):
         wait_for(lambda: signalled(job["pid"]), 180, "Slurm's USR2 before the time limit")
 

@@ -20,7 +20,7 @@ import pytest
 from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import TINY_SET, held, ledger, pending, require_slurm, wait_for, write_sweep
+from tests.launch.conftest import TINY_SET, held, ledger, pending, require_slurm, training, wait_for, write_sweep
 
 
 @pytest.fixture
@@ -85,6 +85,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     try:
         wait_for(lambda: (out / "ledger.json").is_file() and len(ledger(out)["entries"]) == 3, 120, "the ledger")
         jobs = {e["name"]: e["attempts"][0]["job_id"] for e in ledger(out)["entries"].values()}
+        dirs = {e["name"]: out / "runs" / f"{e['name']}-{e['key']}" for e in ledger(out)["entries"].values()}
         assert jobs[third].endswith("_2")  # the array's third task waits for a free slot (array_parallelism 2)
         subprocess.run(["scontrol", "uhold", jobs[third]], check=True, capture_output=True)
 
@@ -92,14 +93,9 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             s = status(sweep, tmp_path, store)
             return s if s["counts"] == {"pending": 1, "running": 2} else None
 
-        def stepping(name: str) -> int | None:  # the job's pid once it has reported a step
-            job_file = next((out / "runs").glob(f"{name}-*/job.json"), None)
-            job = json.loads(job_file.read_text()) if job_file else {}
-            return job["pid"] if isinstance(job.get("step"), int) and job.get("state") == "running" else None
-
         with contextlib.ExitStack() as holding:
             for name in (first, long):
-                holding.enter_context(held(wait_for(lambda n=name: stepping(n), 480, f"{name} to train")))
+                holding.enter_context(held(wait_for(lambda n=name: training(dirs[n]), 480, f"{name} to train")["pid"]))
             pending_row = rows(wait_for(two_running, 120, "two running, one pending"))[third]
             assert (pending_row["state"], pending_row["job_id"], pending_row["detail"]) == (
                 "pending", jobs[third], "JobHeldUser")
@@ -161,11 +157,7 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     wait_for(lambda: list_checkpoints(run_dir / "checkpoints"), 300, "a checkpoint")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # preemption: Slurm requeues the job
 
-    def training_again():
-        job = read_job_state(run_dir) or {}
-        return job if job.get("state") == "running" and job.get("starts") == 2 and "step" in job else None
-
-    job = wait_for(training_again, 300, "the requeued job to train")
+    job = wait_for(lambda: training(run_dir, starts=2), 300, "the requeued job to train")
     os.kill(job["pid"], signal.SIGTERM)  # not diffsweep's cancel: e.g. an administrator's kill
 
     def failed():
