@@ -441,7 +441,7 @@ def test_readme_fit_option_list_runs(fit_project):
     assert re.fullmatch(r"N,D", result["axis"])
 
 
-@pytest.mark.slow  # a fit and four rankings of ~20 candidates, fewer draws than the default, ~1 min
+@pytest.mark.slow  # a fit and four rankings of ~20 candidates, the fewest draws suggest takes, ~30 s
 @pytest.mark.xdist_group("readme_fit")  # one worker logs the runs of fit_project
 def test_readme_suggest_examples_run_as_written(fit_project):
     """On the fig3a runs (and the fit folder the README's sweep fit writes): a ranked table of the
@@ -452,7 +452,7 @@ def test_readme_suggest_examples_run_as_written(fit_project):
     for command, check in CHECKS.items():
         if check[0] != "suggest":
             continue
-        r = cli("suggest", *check[1], "--boot", "100", "--draws", "12", cwd=root, env=env)
+        r = cli("suggest", *check[1], "--boot", "50", "--draws", "8", cwd=root, env=env)  # 8: the fewest it takes
         assert r.returncode == 0, f"{command}\n{r.stderr}"
         if "--json" in check[1]:
             out = json.loads(r.stdout)

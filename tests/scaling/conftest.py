@@ -36,7 +36,7 @@ def mini_ladder(tmp_path_factory, text_dataset) -> dict:
     ``xdist_group("mini_ladder")`` (``MINI_LADDER``), so ``-n N --dist loadgroup`` builds it once."""
     root = tmp_path_factory.mktemp("ladder")
     sweep = tiny_ladder_sweep(root, "mini-ladder", SIZES, text_dataset,
-                              **{"train.max_steps": 12, "train.eval_every": 6})
+                              **{"train.max_steps": 12, "train.eval_every": 6, "train.checkpoint_every": 6})
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri}
     r = run("launch", str(sweep), "--executor", "local", "--wait", cwd=root, env=env)
