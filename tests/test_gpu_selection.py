@@ -56,6 +56,7 @@ def _collect_gpu(env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list
     return result, [line for line in result.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.slow
 def test_the_gpu_selection_collects_without_the_packages_the_gpu_machine_lacks(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != REQUIRE_GPU_ENV}
     normal, selected = _collect_gpu(env)

@@ -179,6 +179,7 @@ def test_accuracy_is_the_share_of_items_whose_gold_choice_scores_highest(trained
         probe.run(ctx, DownstreamSettings(tasks=("arc_easy",), include_path=str(TASKS), limit=1))
 
 
+@pytest.mark.slow
 def test_quantization_runs_the_tasks_at_each_bit_width(trained, hf_cache):
     """Fig. 8's downstream half: at 16 bits the downstream probe's numbers exactly; at 4 bits the
     accuracy of the model scored directly with its attention logits quantized."""

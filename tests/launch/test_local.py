@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import attempts, held, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
@@ -171,6 +173,7 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resumes_them(tmp_path, text_dataset,
                                                                                        store):
     """A real ``launch`` process, for the signal. Ctrl-C (twice) while ``launch --executor local --wait`` waits: the running run saves a

@@ -171,6 +171,7 @@ def test_the_csv_schema_is_in_the_help(tmp_path):
 
 # -- the hold-out check: a prediction interval ----------------------------------------------------
 
+@pytest.mark.slow
 def test_the_holdout_prediction_interval_covers_the_observed_point():
     """The observed value at the held-out size is one noisy run, not the curve: a 95% interval for it
     must cover ≈95% of the time. The curve's confidence band (the old check) covered 84% here."""
