@@ -1,8 +1,9 @@
 """The Monte Carlo acceptance tests against planted bugs: each bug is a one-line edit of the
 product, made in a throw-away clone of this repository's HEAD; every test must fail on at least
 one of them (issue #30: a test at the smallest size that still separates right from wrong).
+Run it with the project's venv active: the clone's tests run on this Python.
 
-    python3 analysis/benchmarks/planted_bugs.py              # every bug (~15 min on 2 cores)
+    python3 analysis/benchmarks/planted_bugs.py              # every bug (~25 min on 2 cores)
     python3 analysis/benchmarks/planted_bugs.py P1 P8        # these bugs only ("none": the clean clone)
 
 Prints one JSON line per bug (which tests failed) and each failure's assertion line.
