@@ -57,12 +57,6 @@ def counts(sweep: Path, cwd: Path, env: dict, *profile: str) -> dict:
     return status(sweep, cwd, env, *profile)["counts"]
 
 
-def job_state(run_dir: Path) -> dict:
-    """The run's ``job.json`` (what its job last recorded), or {} before it starts."""
-    path = run_dir / "job.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def sacct_states(job_ids: list[str]) -> list[str]:
     out = subprocess.run(["sacct", "-n", "-P", "-X", "--format=State", "-j", ",".join(job_ids)],
                          capture_output=True, text=True, timeout=60)

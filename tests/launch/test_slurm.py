@@ -31,7 +31,7 @@ from tests.launch.conftest import (
     wait_for,
     write_sweep,
 )
-from tests.launch.slurm_jobs import counts, job_state, own_jobs, sacct_states, squeue_ids  # noqa: F401 (fixture)
+from tests.launch.slurm_jobs import counts, own_jobs, sacct_states, squeue_ids  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -98,7 +98,7 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
     # B: its process dies without a word (SIGKILL: no handler runs, job.json says running)
     wait_for(lambda: len(list_checkpoints(dirs[b] / "checkpoints")) >= 2, 180, f"checkpoints of {b}")
     run_ids[b] = json.loads((dirs[b] / "run.json").read_text())["run_id"]
-    os.kill(job_state(dirs[b])["pid"], signal.SIGKILL)
+    os.kill(training(dirs[b])["pid"], signal.SIGKILL)  # training: it has saved checkpoints
 
     # held (SIGSTOP) from its first step after Slurm's requeue: still running when it is cancelled below
     with held(wait_for(lambda: training(dirs[a], starts=2), 240, f"{a} requeued and training", poll=0.05)["pid"]):
