@@ -39,15 +39,22 @@ class ChinchillaLaw(LawForm):
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         assert v is not None, "the Chinchilla law needs log D"
         batch, n = theta.shape[0], u.shape[0]
-        jac = np.zeros((batch, n, law.num_params))
-        terms = np.stack([np.broadcast_to(theta[:, :1], (batch, n)),
-                          theta[:, 1:2] - theta[:, 3:4] * u,
-                          theta[:, 2:3] - theta[:, 4:5] * v])  # (3, B, n)
-        log_loss = _logsumexp(terms)
-        weights = np.exp(terms - log_loss)
-        jac[:, :, 0], jac[:, :, 1], jac[:, :, 2] = weights
-        jac[:, :, 3] = -u * weights[1]
-        jac[:, :, 4] = -v * weights[2]
+        terms = (np.broadcast_to(theta[:, :1], (batch, n)),
+                 theta[:, 1:2] - theta[:, 3:4] * u,
+                 theta[:, 2:3] - theta[:, 4:5] * v)
+        # log-sum-exp of the three terms, and each term's share exp(term - log L) as the Jacobian
+        # (written in place: this runs for every start of the 4,500-start grid at every iteration)
+        top = np.maximum(np.maximum(terms[0], terms[1]), terms[2])
+        total = np.exp(terms[0] - top)
+        total += np.exp(terms[1] - top)
+        total += np.exp(terms[2] - top)
+        log_loss = np.log(total)
+        log_loss += top
+        jac = np.empty((batch, n, law.num_params))
+        for i, term in enumerate(terms):
+            np.exp(term - log_loss, out=jac[:, :, i])
+        np.multiply(jac[:, :, 1], -u, out=jac[:, :, 3])
+        np.multiply(jac[:, :, 2], -v, out=jac[:, :, 4])
         return log_loss, jac
 
     def starts(self, law: Law, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
@@ -73,7 +80,3 @@ class ChinchillaLaw(LawForm):
         return (p["E"][:, None] + p["A"][:, None] * n ** -p["alpha"][:, None]
                 + p["B"][:, None] * d ** -p["beta"][:, None])
 
-
-def _logsumexp(terms: np.ndarray) -> np.ndarray:
-    top = terms.max(axis=0)
-    return top + np.log(np.exp(terms - top).sum(axis=0))
