@@ -115,16 +115,19 @@ def _solve_block(law: Predicts, data: Data, theta: np.ndarray, objective: Object
     out_theta, out_f = theta.copy(), f.copy()
     rows = np.arange(batch)  # the rows of the output that the working arrays hold
     damping = np.full(batch, 1e-3)
-    eye = np.eye(p)
+    on_diagonal = np.arange(p)
+    least_squares = objective is Objective.L2  # every IRLS weight is 1: W is the points' counts
     for _ in range(max_iter):
         if rows.size == 0:
             break
-        w = _weighted(_weight(objective, r), count)
-        jw_t = (jac * w[:, :, None]).transpose(0, 2, 1)
+        if least_squares:
+            jw_t = (jac if count is None else jac * count[..., None]).transpose(0, 2, 1)
+        else:
+            jw_t = (jac * _weighted(_weight(objective, r), count)[:, :, None]).transpose(0, 2, 1)
         grad = (jw_t @ r[:, :, None])[:, :, 0]
-        hess = jw_t @ jac
-        diag = np.einsum("bpp->bp", hess)
-        lhs = hess + (damping[:, None] * (diag + 1e-12))[:, :, None] * eye
+        lhs = jw_t @ jac
+        diag = lhs[:, on_diagonal, on_diagonal]  # a copy: JᵀWJ's diagonal before damping
+        lhs[:, on_diagonal, on_diagonal] += damping[:, None] * (diag + 1e-12)
         try:
             step = -np.linalg.solve(lhs, grad[:, :, None])[:, :, 0]
         except np.linalg.LinAlgError:
@@ -136,11 +139,15 @@ def _solve_block(law: Predicts, data: Data, theta: np.ndarray, objective: Object
         better = np.isfinite(t_f) & (t_f <= f)
         gain = np.where(better, f - t_f, 0.0)
         moved = np.abs(trial - theta).max(axis=1)
-        theta = np.where(better[:, None], trial, theta)
-        f = np.where(better, t_f, f)
-        r = np.where(better[:, None], t_r, r)
-        jac = np.where(better[:, None, None], t_jac, jac)
-        damping = np.where(better, np.maximum(damping * 0.3, 1e-12), damping * 8.0)
+        if better.all():
+            theta, f, r, jac = trial, t_f, t_r, t_jac
+            damping = np.maximum(damping * 0.3, 1e-12)
+        else:
+            theta = np.where(better[:, None], trial, theta)
+            f = np.where(better, t_f, f)
+            r = np.where(better[:, None], t_r, r)
+            jac = np.where(better[:, None, None], t_jac, jac)
+            damping = np.where(better, np.maximum(damping * 0.3, 1e-12), damping * 8.0)
         converged = (better & ((gain <= tol * np.maximum(f, 1e-300)) | (moved < 1e-12))) | (damping > 1e12)
         if converged.any():
             out_theta[rows[converged]], out_f[rows[converged]] = theta[converged], f[converged]

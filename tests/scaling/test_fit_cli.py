@@ -204,7 +204,7 @@ def test_a_sweep_file_fits_only_its_current_runs(mini_ladder, tmp_path):
     """Editing the sweep (here: dropping a size) and refitting leaves the other runs out, saying so."""
     d, env = mini_ladder["dir"], mini_ladder["env"]
     edited = d / "mini-ladder-edited.yaml"
-    edited.write_text(mini_ladder["sweep"].read_text().replace(", tiny-l]", "]"))
+    edited.write_text(mini_ladder["sweep"].read_text().replace(", tiny-s]", "]"))
     r = run("fit", str(edited), "--noise-sd", "0.01", "--boot", "100", "--no-log", "--json", "--out",
             str(tmp_path / "fit"), cwd=d, env=env)
     assert r.returncode == 0, r.stderr
