@@ -54,7 +54,7 @@ def reference(text_dataset, tmp_path_factory, mlflow_store) -> Callable[..., dic
 
 
 # DIFF V1 on two processes, DDP and FSDP2, is trained against one process by the resume tests below
-# (fsdp-2-then-1, ddp-2-then-1: the steps before the interruption; fsdp-1-then-2: the steps after).
+# (ddp-2-then-1: the steps before the interruption; fsdp-1-then-2-then-1: the steps between the two).
 @pytest.mark.parametrize(("kind", "parallel"), [("transformer", "ddp"), ("transformer", "fsdp"), ("diff_v2", "fsdp")])
 def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, store, reference, kind,
                                                                  parallel):
@@ -77,40 +77,53 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
     assert_same(histories(uri, run_id), reference(*extra))
 
 
-def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path]:
-    """Run ``args``, send ``sig`` once step ``at_step`` is printed; the step of the newest checkpoint."""
+def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path, str]:
+    """Run ``args``, send ``sig`` once step ``at_step`` is printed: the step of the newest
+    checkpoint, the run's folder and what the command printed."""
     proc = subprocess.Popen(args, cwd=cwd, env=process_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    printed = []
     for line in proc.stdout:
+        printed.append(line)
         if line.startswith(f"step {at_step}/"):
             proc.send_signal(sig)
             break
     out, err = proc.communicate(timeout=300)
     assert "preempted by" in out, err[-3000:]
     run_dir = next((cwd / "runs").iterdir())
-    return checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]), run_dir
+    return checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]), run_dir, "".join(printed) + out
 
 
 LONG = ("model.attention.kind=diff_v1", "train.max_steps=40", "train.eval_every=20", "train.checkpoint_every=40")
 
 
-@pytest.mark.parametrize("first,then,parallel", [(2, 1, "fsdp"), (1, 2, "fsdp"), (2, 1, "ddp")],
-                         ids=["fsdp-2-then-1", "fsdp-1-then-2", "ddp-2-then-1"])
-def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, store, reference, first, then,
-                                                              parallel):
-    """Preempted (SIGTERM, as Slurm sends) on ``first`` processes, resumed by the same command on
-    ``then``: the MLflow run continues and its whole history equals an uninterrupted run's."""
+@pytest.mark.parametrize(("parallel", "processes"), [("fsdp", (1, 2, 1)), ("ddp", (2, 1))],
+                         ids=["fsdp-1-then-2-then-1", "ddp-2-then-1"])
+def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_path, store, reference, parallel,
+                                                              processes):
+    """Preempted (SIGTERM, as Slurm sends) on ``processes[0]`` processes and resumed by the same
+    command on the next number, preempted again and resumed on the next (FSDP: one process, two,
+    one; both directions in one run): the MLflow run continues and its whole history equals an
+    uninterrupted run's."""
     uri = store["MLFLOW_TRACKING_URI"]
     launch = {1: lambda *e: single(text_dataset, *LONG, *e), 2: lambda *e: torchrun(text_dataset, *LONG, *e)}
-    saved, run_dir = _interrupt(launch[first](f"train.parallel={parallel}"), tmp_path, uri, 5, signal.SIGTERM)
-    assert 5 <= saved < 40
-    if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
-        shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
-        assert shards == [f"__{rank}_0.distcp" for rank in range(first)]
-    resumed = subprocess.run(launch[then](f"train.parallel={parallel}"), cwd=tmp_path, env=process_env(uri),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
+    command = {n: launch[n](f"train.parallel={parallel}") for n in set(processes)}
+    saved, run_dir, _ = _interrupt(command[processes[0]], tmp_path, uri, 5, signal.SIGTERM)
+    assert 5 <= saved < 20
+    for i, n in enumerate(processes[1:], start=1):
+        if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
+            shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
+            assert shards == [f"__{rank}_0.distcp" for rank in range(processes[i - 1])]
+        if i < len(processes) - 1:  # preempted again, past step 20
+            then_saved, _, out = _interrupt(command[n], tmp_path, uri, 20, signal.SIGTERM)
+            assert 20 <= then_saved < 40
+        else:
+            resumed = subprocess.run(command[n], cwd=tmp_path, env=process_env(uri), capture_output=True, text=True,
+                                     timeout=600)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            out = resumed.stdout
+        assert f"resuming {run_dir.name} at step {saved}" in out
+        saved = then_saved if i < len(processes) - 1 else saved
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert only_run(uri)[0] == run_id and mlflow_client(uri).get_run(run_id).info.status == "FINISHED"
     assert_same(histories(uri, run_id), reference(*LONG))
