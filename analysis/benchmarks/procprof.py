@@ -49,4 +49,11 @@ def report(path: str, top: int = 25) -> None:
 
 
 if __name__ == "__main__":
-    report(sys.argv[1] if len(sys.argv) > 1 else "/tmp/procprof.jsonl")
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
+    path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/procprof.jsonl"
+    if not os.path.isfile(path):
+        print(f"error: {path}: no such file (PROCPROF_FILE of a recorded run; --help says how)", file=sys.stderr)
+        sys.exit(2)
+    report(path)
