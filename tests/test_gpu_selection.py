@@ -64,9 +64,8 @@ def _selected_in_this_session(request: pytest.FixtureRequest) -> list[str] | Non
     when it did not (a file, ``-m``, ``-k``, ``--lf`` ...)."""
     config = request.config
     whole = [Path(a).resolve() for a in config.args] in ([ROOT / "tests"], [ROOT])
-    filtered = config.option.markexpr or config.option.keyword or getattr(config.option, "lf", False) or \
-        config.option.deselect or config.option.ignore or config.option.ignore_glob
-    if not whole or filtered:
+    filters = ("markexpr", "keyword", "lf", "deselect", "ignore", "ignore_glob")
+    if not whole or any(getattr(config.option, name, None) for name in filters):
         return None
     return [item.nodeid.split("@")[0] for item in request.session.items if item.get_closest_marker("gpu")]
 

@@ -110,20 +110,22 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_p
     command = {n: launch[n](f"train.parallel={parallel}") for n in set(processes)}
     saved, run_dir, _ = _interrupt(command[processes[0]], tmp_path, uri, 5, signal.SIGTERM)
     assert 5 <= saved < 20
-    for i, n in enumerate(processes[1:], start=1):
-        if parallel == "fsdp":  # each process wrote its own shards (DDP's replicas are written once)
-            shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", saved).glob("*.distcp"))
-            assert shards == [f"__{rank}_0.distcp" for rank in range(processes[i - 1])]
-        if i < len(processes) - 1:  # preempted again, past step 20
-            then_saved, _, out = _interrupt(command[n], tmp_path, uri, 20, signal.SIGTERM)
-            assert 20 <= then_saved < 40
-        else:
-            resumed = subprocess.run(command[n], cwd=tmp_path, env=process_env(uri), capture_output=True, text=True,
-                                     timeout=600)
-            assert resumed.returncode == 0, resumed.stderr[-3000:]
-            out = resumed.stdout
-        assert f"resuming {run_dir.name} at step {saved}" in out
-        saved = then_saved if i < len(processes) - 1 else saved
+
+    def written_by(n: int, step: int) -> None:  # each FSDP process wrote its own shards (DDP's replicas once)
+        if parallel == "fsdp":
+            shards = sorted(p.name for p in checkpoint_path(run_dir / "checkpoints", step).glob("*.distcp"))
+            assert shards == [f"__{rank}_0.distcp" for rank in range(n)]
+
+    for before, n in zip(processes, processes[1:-1]):  # resumed, and preempted again past step 20
+        written_by(before, saved)
+        then, _, out = _interrupt(command[n], tmp_path, uri, 20, signal.SIGTERM)
+        assert f"resuming {run_dir.name} at step {saved}" in out and 20 <= then < 40
+        saved = then
+    written_by(processes[-2], saved)
+    resumed = subprocess.run(command[processes[-1]], cwd=tmp_path, env=process_env(uri), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir.name} at step {saved}" in resumed.stdout
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert only_run(uri)[0] == run_id and mlflow_client(uri).get_run(run_id).info.status == "FINISHED"
     assert_same(histories(uri, run_id), reference(*LONG))
