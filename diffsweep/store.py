@@ -41,6 +41,7 @@ import re
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -57,6 +58,8 @@ T = TypeVar("T")
 
 CONNECT_TIMEOUT = 5.0  # seconds a tracking server gets to answer /health
 BUSY_SECONDS = 120.0  # how long a locked SQLite database is retried before the error stands
+LOCK_SECONDS = 300.0  # how long the store's lock file is waited for (``_store_lock``)
+LOCK_NOTICE = 10.0  # after which a process waiting for it says so on stderr
 KEY = "MLFLOW_TRACKING_URI"
 SQL_DATABASES = ("postgresql", "mysql", "mssql")  # MLflow's other SQLAlchemy stores (need a driver)
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
@@ -386,10 +389,34 @@ def shown(uri: str) -> str:
 @contextmanager
 def _store_lock(database: Path, *, exclusive: bool) -> Iterator[None]:
     """An inter-process lock on ``<database>.lock`` (``flock``; NFS maps it to its own locks). The
-    file stays: removing a lock file lets two processes lock two different files."""
-    fd = os.open(database.with_name(database.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    file stays: removing a lock file lets two processes lock two different files.
+
+    It is held for the seconds a store takes to open, never longer; a process that finds it taken
+    waits, says so on stderr after ``LOCK_NOTICE`` seconds, and gives up after ``LOCK_SECONDS``
+    with a ``ConfigError`` naming the file: its holder is stopped (Ctrl-Z, a suspended job) or
+    hung, and waiting on would hang this command with it."""
+    path = database.with_name(database.name + ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        start = time.monotonic()
+        delay, noticed = 0.01, False
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+            if waited > LOCK_SECONDS:
+                raise ConfigError(KEY, f"{path} stayed locked by another process for {LOCK_SECONDS:g} s; a "
+                                  "process opening this store is stopped (Ctrl-Z, a suspended job) or hung: "
+                                  f"`fuser -v {path}` names it")
+            if waited > LOCK_NOTICE and not noticed:
+                print(f"diffsweep: waiting for {path} (locked by another process; gives up after "
+                      f"{LOCK_SECONDS:g} s)", file=sys.stderr, flush=True)
+                noticed = True
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.5)
         yield
     finally:
         os.close(fd)  # releases the lock

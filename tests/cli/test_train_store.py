@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -227,3 +228,59 @@ def test_a_run_is_created_even_when_the_store_stays_locked_past_sqlites_timeout(
     assert time.monotonic() - started > 20
     tracker.finish("FINISHED")
     assert mlflow_client(uri).get_run(tracker.run_id).info.status == "FINISHED"
+
+
+# A process that takes the store's lock file, says so, and stops itself (as Ctrl-Z would stop a
+# diffsweep process while it opens the store); it releases the lock when continued.
+STOPPED_HOLDER = """
+import fcntl, os, signal, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(sys.argv[2], "w").close()
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def stopped_holder(database: Path, ready: Path) -> subprocess.Popen:
+    """A stopped process holding ``<database>.lock`` (see ``STOPPED_HOLDER``)."""
+    holder = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDER, f"{database}.lock", str(ready)])
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and Path(f"/proc/{holder.pid}/stat").read_text().split(")")[1].split()[0] == "T"):
+        assert time.monotonic() < deadline and holder.poll() is None, "the holder did not stop"
+        time.sleep(0.01)
+    return holder
+
+
+def test_a_store_whose_lock_a_stopped_process_holds_is_one_line_exit_2_not_a_hang(text_dataset, tmp_path, store,
+                                                                                  monkeypatch):
+    """A process stopped while it holds the store's lock file (Ctrl-Z at the wrong moment; in CI, a
+    test's SIGSTOP hung a launch for 13 minutes): ``train`` says on stderr that it waits, then gives
+    up after ``LOCK_SECONDS`` with one line naming the lock file, exit 2, and nothing created.
+    Continued within that time, the holder lets the same command train."""
+    from diffsweep import store as store_module
+
+    monkeypatch.setattr(store_module, "LOCK_NOTICE", 0.2)
+    monkeypatch.setattr(store_module, "LOCK_SECONDS", 1.0)
+    database = tmp_path / "mlflow.db"
+    holder = stopped_holder(database, tmp_path / "ready")
+    try:
+        before = database.read_bytes()
+        result = run(*train_args(text_dataset), cwd=tmp_path, env=store)
+        notice, error = [line for line in result.stderr.splitlines() if line.strip()]
+        assert notice.startswith(f"diffsweep: waiting for {database}.lock (locked by another process"), notice
+        refused(result, "MLFLOW_TRACKING_URI", f"{database}.lock stayed locked by another process for 1 s",
+                f"fuser -v {database}.lock")
+        assert database.read_bytes() == before and not (tmp_path / "runs").exists()
+
+        monkeypatch.setattr(store_module, "LOCK_SECONDS", 120.0)
+        threading.Timer(1.0, lambda: os.kill(holder.pid, signal.SIGCONT)).start()  # it exits, unlocking
+        started = time.monotonic()
+        result = run(*train_args(text_dataset, "train.max_steps=3", "train.eval_every=3"), cwd=tmp_path, env=store)
+        assert result.returncode == 0 and time.monotonic() - started > 1.0, result.stderr
+        assert "waiting for" in result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    client = mlflow_client(store["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
+    assert [r.info.status for r in runs] == ["FINISHED"]

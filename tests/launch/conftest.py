@@ -82,14 +82,48 @@ def pending(pid: int, sig: int) -> bool:
     return in_mask(pid, sig, "SigPnd", "ShdPnd")
 
 
+def store_locks(pid: int) -> list[str]:
+    """The locks process ``pid`` holds (``/proc/locks``, not those it waits for) on files of an
+    SQLite MLflow store: ``mlflow.db`` (SQLite's own), ``mlflow.db.lock`` (``diffsweep.store``'s)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(fd)).name.startswith("mlflow.db"):
+                inodes.add(os.stat(fd).st_ino)
+    found = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters have "->"
+        if "->" not in fields and fields[4] == str(pid) and int(fields[5].rsplit(":", 1)[1]) in inodes:
+            found.append(line)
+    return found
+
+
+def stop_outside_the_store(pid: int) -> bool:
+    """Stop ``pid`` (SIGSTOP); True once it is stopped holding no lock on its MLflow store, else it
+    is continued (False: try again). A job stopped holding one hangs every command that opens the
+    store until it is continued (a launch waited 13 minutes in CI)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not stopped(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop")
+        time.sleep(0.001)
+    if not store_locks(pid):
+        return True
+    os.kill(pid, signal.SIGCONT)
+    return False
+
+
 @contextmanager
 def held(pid: int) -> Iterator[None]:
     """The job process ``pid`` stopped (SIGSTOP) for the block: whatever the block sends it is
     handled after, at whatever step it had reached, so no run can finish before a signal arrives.
+    It is stopped holding no lock on its MLflow store (``stop_outside_the_store``), so commands that
+    open the store meanwhile do not wait for it.
     (Slurm's signals come with a SIGCONT of their own: a Slurm job may go on, and end, before.)"""
-    os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: stopped(pid), 30, f"process {pid} to stop", poll=0.01)
+        wait_for(lambda: stop_outside_the_store(pid), 30, f"process {pid} to stop outside the store's locks",
+                 poll=0.005)
         yield
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -36,15 +36,11 @@ def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_no
     r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "launched 1 runs on the local queue" in r.stdout, r.stdout + r.stderr
     job_file = wait_for(lambda: next((out / "runs").glob("*/job.json"), None), 120, "the job to start", poll=0.05)
-    pid = json.loads(job_file.read_text())["pid"]
-    os.kill(pid, signal.SIGSTOP)  # held: the queue stays alive while the second launch hands it a run
-    try:
+    with held(json.loads(job_file.read_text())["pid"]):  # the queue stays alive while the second launch hands it a run
         sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1]"))
         r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "skip transformer-tiny-xs-s0: running" in r.stdout and "launched 1 runs on the local queue" in r.stdout
-    finally:
-        os.kill(pid, signal.SIGCONT)
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("] 2 done"), r.stdout + r.stderr
     entries = ledger(out)["entries"].values()
