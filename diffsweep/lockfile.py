@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -40,11 +39,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from diffsweep import slurm
 from diffsweep.config import ConfigError
 
-# Slurm job states (squeue %T) in which a job may still run (the holder is not gone).
-_SLURM_LIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
-                         "COMPLETING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
 _TRIES = 20  # a take-over by another process in progress is waited for this many times 50 ms
 
 
@@ -199,7 +196,7 @@ def _gone(holder: Holder) -> str | None:
         if pid_alive(holder.pid, holder.start):
             return None
         return f"pid {holder.pid} is no longer running on {holder.host}"
-    if holder.job is not None and _slurm_job_ended(holder.job):
+    if holder.job is not None and slurm.job_ended(holder.job):
         return f"Slurm job {holder.job} is no longer running"
     return None
 
@@ -211,18 +208,6 @@ def slurm_job() -> str | None:
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     return env.get("SLURM_JOB_ID") or None
-
-
-def _slurm_job_ended(job: str) -> bool:
-    """Whether Slurm says ``job`` no longer runs; False when Slurm cannot be asked."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    if out.returncode != 0:
-        return "invalid job id" in out.stderr.lower()  # long gone from the controller
-    states = out.stdout.split()
-    return not any(s in _SLURM_LIVE for s in states)
 
 
 def proc_start(pid: int) -> int | None:

@@ -40,14 +40,15 @@ SOURCES = {"diffsweep": ROOT / "diffsweep", "diffsweep_kernels": ROOT / "kernels
 # Each part of the package (a subpackage or a top-level module; the kernels are
 # ``diffsweep_kernels``) and the parts it may import, anywhere in it. Lowest first.
 # ``store`` and ``rundir`` are where the run store moves (issue #17's store/rundir refactor).
-BASE = {"diffsweep", "fsutil", "lockfile", "config", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
+BASE = {"diffsweep", "fsutil", "lockfile", "slurm", "config", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
 ALLOWED: dict[str, set[str]] = {
     "diffsweep": set(),
     "diffsweep_kernels": set(),  # a leaf: imports nothing of diffsweep
     "fsutil": set(),
     "startup": set(),  # heavy imports with the garbage collector paused
     "config": set(),  # typed configs and enums: pure Python
-    "lockfile": {"config"},
+    "slurm": {"config"},  # the one Slurm client: every Slurm command and job-state word
+    "lockfile": {"config", "slurm"},  # asks Slurm whether a holder's job still runs
     "store": BASE | {"rundir"},
     "rundir": BASE,
     "data": BASE,
@@ -376,3 +377,25 @@ def test_help_of_every_command_loads_no_heavy_module(fresh_interpreter):
     counted, heavy = fresh_interpreter["help"].split(" HEAVY ")
     assert int(counted.split()[1]) > 10, counted  # the walk found the commands
     assert heavy == "[]", f"diffsweep --help loaded {heavy}"
+
+
+# Slurm's commands and its job-state words (a few distinctive ones), spelled only in diffsweep.slurm.
+SLURM_COMMANDS = {"sbatch", "squeue", "sacct", "scancel", "sinfo", "sacctmgr", "scontrol", "srun", "salloc"}
+SLURM_STATE_WORDS = {"REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "COMPLETING", "STAGE_OUT"}
+
+
+def test_slurm_is_spoken_in_one_module():
+    """Every Slurm command diffsweep runs is an argv in ``diffsweep/slurm.py`` and nowhere else (a
+    list or tuple whose first item is the command, or an f-string starting with it), and only it
+    lists Slurm's job states."""
+    bad = []
+    for name, path in modules().items():
+        if name == "diffsweep.slurm":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                    and node.elts[0].value in SLURM_COMMANDS:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: runs {node.elts[0].value}")
+            elif isinstance(node, ast.Constant) and node.value in SLURM_STATE_WORDS:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: spells the Slurm state {node.value}")
+    assert not bad, "use diffsweep.slurm:\n" + "\n".join(bad)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import getpass
 import re
-import shutil
-import subprocess
 
+from diffsweep import slurm
 from diffsweep.config import ConfigError
 from diffsweep.launch.plan import SweepPlan
 from diffsweep.launch.profiles import Profile
@@ -22,7 +21,7 @@ from diffsweep.launch.profiles import Profile
 
 def check_cluster(plan: SweepPlan) -> None:
     """Everything ``launch`` checks with Slurm; raises ConfigError naming the profile key."""
-    check_slurm()
+    slurm.check_controller()
     check_partition(plan.profile)
     check_gpus(plan)
     check_association(plan)
@@ -32,44 +31,15 @@ def check_planned(plan: SweepPlan) -> None:
     """What ``plan`` checks of a Slurm profile (``SlurmScheduler.check_plan``): the GPUs, account
     and QoS, if its partition is one of the reachable cluster's."""
     wanted = plan.profile.slurm.get("partition")
-    if wanted is not None and str(wanted) in partitions():
+    if wanted is not None and str(wanted) in slurm.partitions():
         check_gpus(plan)
         check_association(plan)
-
-
-def check_slurm() -> None:
-    """A Slurm controller must answer before anything is written or submitted."""
-    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
-        if shutil.which(tool) is None:
-            raise ConfigError("executor", f"slurm: {tool} is not on PATH (no Slurm client here); use --executor "
-                              "local, or run where Slurm is installed")
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigError("executor", f"slurm: sinfo failed ({exc})") from None
-    if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        raise ConfigError("executor", f"slurm: cannot reach the Slurm controller ({first}); is SLURM_CONF set?")
-
-
-def partitions() -> dict[str, list[str]]:
-    """Each partition's node GRES strings (``sinfo %G``: ``gpu:2``, ``gpu:h100:8(S:0-1)``,
-    ``(null)``); the default partition also as ``""``. Empty if sinfo does not answer."""
-    out = _run(["sinfo", "-h", "-o", "%P|%G"])
-    found: dict[str, list[str]] = {}
-    for line in (out or "").splitlines():
-        name, _, gres = line.strip().partition("|")
-        if not name:
-            continue
-        for key in (name.rstrip("*"), "") if name.endswith("*") else (name,):
-            found.setdefault(key, []).append(gres.strip())
-    return found
 
 
 def check_partition(profile: Profile) -> None:
     """The profile's partition must exist (sbatch would refuse every array otherwise)."""
     wanted = profile.slurm.get("partition")
-    known = sorted(p for p in partitions() if p)
+    known = sorted(p for p in slurm.partitions() if p)
     if wanted is not None and known and str(wanted) not in known:
         raise ConfigError(profile.slurm_key("partition"), f"{wanted!r} is not a partition of this cluster; "
                           f"expected one of [{', '.join(known)}]")
@@ -90,7 +60,7 @@ def check_gpus(plan: SweepPlan) -> None:
     if need is None or need.estimate.resources.gpus_per_node == 0:
         return
     wanted = str(plan.profile.slurm.get("partition") or "")
-    gres = partitions().get(wanted)
+    gres = slurm.partitions().get(wanted)
     if not gres:
         return  # sinfo did not answer, or an unknown partition (check_partition's)
     most = max(gpus_per_node(g) for g in gres)
@@ -109,8 +79,7 @@ def check_association(plan: SweepPlan) -> None:
     if account is None and qos is None:
         return
     user = getpass.getuser()
-    out = _run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=account,qos"])
-    rows = [line.split("|") for line in (out or "").splitlines() if "|" in line]
+    rows = slurm.associations(user)
     if not rows:
         return  # no accounting here, or it does not answer: nothing to check against
     accounts = sorted({a for a, _ in rows if a})
@@ -122,12 +91,3 @@ def check_association(plan: SweepPlan) -> None:
         of = f"account {account}" if account is not None else f"user {user}"
         raise ConfigError(plan.profile.slurm_key("qos"), f"{qos!r} is not a QoS of {of} on this cluster (sacctmgr); "
                           f"expected one of [{', '.join(allowed)}]")
-
-
-def _run(argv: list[str]) -> str | None:
-    """The command's stdout, or None if it is missing, fails or hangs (the check is then skipped)."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None

@@ -42,12 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diffsweep import slurm
 from diffsweep.config import ConfigError
 from diffsweep.launch import cluster, doctor_probe
 from diffsweep.launch.doctor_probe import METRIC
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, slurm_parameters
-from diffsweep.launch.state import ACTIVE
 
 JOB_TIME_MIN = 15  # doctor's jobs' time limit (they take seconds)
 
@@ -109,18 +109,17 @@ def cancel_submitted() -> tuple[list[str], str]:
     """Cancel the jobs this doctor run submitted that Slurm still holds (all of them if Slurm does
     not answer): their ids, and what went wrong, if anything."""
     from diffsweep.config import EnvironmentUnavailable
-    from diffsweep.launch.slurm_scheduler import scancel, slurm_states
 
     ids = list(dict.fromkeys(_submitted))
     try:
-        states = slurm_states(ids)
-        ids = [j for j in ids if j not in states or states[j].split(" ")[0] in ACTIVE]
+        states = slurm.states(ids)
+        ids = [j for j in ids if j not in states or slurm.word(states[j]) in slurm.LIVE]
     except EnvironmentUnavailable:
         pass  # cancelling an ended job is harmless
     if not ids:
         return [], ""
     try:
-        still, said = scancel(ids)
+        still, said = slurm.cancel(ids)
     except (OSError, subprocess.SubprocessError, EnvironmentUnavailable) as exc:
         return ids, f"scancel failed ({exc})"
     if still:
@@ -253,24 +252,19 @@ SUITES: dict[str, Callable[..., None]] = {"slurm": slurm_suite}
 def check_controller() -> Check:
     """The Slurm client tools are here and the controller answers."""
     try:
-        cluster.check_slurm()
+        slurm.check_controller()
     except ConfigError as exc:
         problem, _, fix = exc.message.removeprefix("slurm: ").partition("; ")
         return Check("slurm", False, problem, fix or "start the Slurm controller, or run doctor where Slurm answers")
-    names = sorted(p for p in cluster.partitions() if p)
+    names = sorted(p for p in slurm.partitions() if p)
     return Check("slurm", True, f"the controller answers (partitions: {', '.join(names) or 'none'})")
 
 
 def check_accounting() -> Check:
     """``sacct`` answers: submitit reads job states with it."""
-    try:
-        out = subprocess.run(["sacct", "-n", "-P", "-X", "--format=JobID", "-j", "1"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        out = subprocess.CompletedProcess([], 1, "", str(exc))
-    if out.returncode == 0:
+    said = slurm.accounting()
+    if not said:
         return Check("accounting", True, "sacct answers")
-    said = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[0]
     return Check("accounting", False, f"sacct does not answer ({said})",
                  "run slurmdbd (AccountingStorageType=accounting_storage/slurmdbd in slurm.conf): submitit reads job "
                  "states with sacct, and without it waits forever on a job that died without a result")
@@ -278,7 +272,7 @@ def check_accounting() -> Check:
 
 def check_partition(profile: Profile) -> Check:
     """The profile's partition (or the cluster's default one) exists."""
-    found = cluster.partitions()
+    found = slurm.partitions()
     wanted = profile.slurm.get("partition")
     known = sorted(p for p in found if p)
     if wanted is None:
@@ -300,7 +294,7 @@ def check_gpu_type(profile: Profile) -> Check:
     types, and the profile's ``constraint`` is one of their features."""
     wanted = str(profile.slurm.get("partition") or "")
     where = f"partition {wanted}" if wanted else "the default partition"
-    gres = cluster.partitions().get(wanted) or []
+    gres = slurm.partitions().get(wanted) or []
     most = max((cluster.gpus_per_node(g) for g in gres), default=0)
     if profile.gpus_per_node > most:
         return Check("gpus", False, f"profile {profile.name} has {profile.gpus_per_node} GPUs per node, but the nodes "
@@ -314,7 +308,7 @@ def check_gpu_type(profile: Profile) -> Check:
                      f"{profile.name} to the partition's GPU, or pick its partition")
     constraint = profile.slurm.get("constraint")
     if constraint is not None:
-        features = _features(wanted)
+        features = slurm.node_features(wanted)
         missing = [f for f in _constraint_features(str(constraint)) if features and f not in features]
         if missing:
             return Check("gpus", False, f"constraint {constraint!r}: {', '.join(missing)} is no feature of the nodes of "
@@ -333,12 +327,6 @@ def _gpu_types(gres: str) -> list[str]:
         if parts[0] == "gpu" and len(parts) == 3:
             found.append(parts[1])
     return found
-
-
-def _features(partition: str) -> set[str]:
-    argv = ["sinfo", "-h", "-o", "%f"] + (["-p", partition] if partition else [])
-    out = cluster._run(argv) or ""
-    return {f for line in out.split() for f in line.split(",") if f and f != "(null)"}
 
 
 def _constraint_features(constraint: str) -> list[str]:
@@ -421,11 +409,9 @@ def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) 
             jobs[tasks] = (submit(executor, doctor_probe.probe, str(work), token, uri if tasks == 1 else None),
                            time.monotonic())
         except Exception as exc:  # noqa: BLE001 (sbatch refused: limits, account, memory)
-            from diffsweep.launch.slurm_scheduler import _first_line
-
             for job, _ in jobs.values():  # the 1-task job, if only the 2-task one was refused
-                subprocess.run(["scancel", job.job_id], capture_output=True, timeout=60)
-            return [Check(f"{tasks}-task job", False, f"sbatch refused it: {_first_line(exc)}",
+                slurm.cancel_quietly(job.job_id)
+            return [Check(f"{tasks}-task job", False, f"sbatch refused it: {slurm.sbatch_error(exc)}",
                           f"fix profile {profile.name}'s slurm: settings (account, qos, partition limits) so sbatch "
                           "accepts its jobs")]
     reports: dict[int, list[dict] | None] = {}
@@ -447,20 +433,19 @@ def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) 
 def _wait(job: Any, tasks: int, started: float, timeout_s: float, work: Path) -> tuple[Check, list[dict] | None]:
     """Wait for ``job`` to end (``timeout_s`` from its submission): a Check and the tasks' reports."""
     from diffsweep.config import EnvironmentUnavailable
-    from diffsweep.launch.slurm_scheduler import slurm_states
 
     name = f"{tasks}-task job"
     state = ""
     while time.monotonic() - started < timeout_s:
         try:
-            state = slurm_states([job.job_id]).get(job.job_id, state)
+            state = slurm.states([job.job_id]).get(job.job_id, state)
         except EnvironmentUnavailable:
             pass
-        if state and state.split(" ")[0] not in ACTIVE:  # ended (launch.state's words for the others)
+        if state and slurm.word(state) not in slurm.LIVE:  # ended
             break
         time.sleep(0.5)
     else:
-        subprocess.run(["scancel", job.job_id], capture_output=True, timeout=60)
+        slurm.cancel_quietly(job.job_id)
         pending = state.startswith("PENDING")
         return Check(name, False, f"job {job.job_id} {'did not start' if pending else 'did not end'} within "
                      f"{timeout_s:.0f} s ({state or 'state unknown'}; cancelled)",

@@ -9,10 +9,10 @@ resume from its checkpoint and finish the same MLflow run, with every step's los
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
+from diffsweep import slurm
 from diffsweep.launch.doctor import Check, doctor_executor, doctor_resources, submit
 from diffsweep.launch.doctor_probe import EXPERIMENT
 from diffsweep.launch.profiles import Profile
@@ -80,7 +80,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
                      f"fix profile {profile.name}'s slurm: settings so sbatch accepts its jobs")
 
     def fail(what: str, fix: str) -> Check:
-        subprocess.run(["scancel", job.job_id], capture_output=True, timeout=60)
+        slurm.cancel_quietly(job.job_id)
         return Check(NAME, False, f"job {job.job_id}: {what}", fix)
 
     logs = f"read the job's log: {job.paths.stdout} and .err"
@@ -90,7 +90,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
     if _state(run_dir) != "running":
         return fail(f"{_state(run_dir)} before it could be preempted", logs)
     run_id = run_info(run_dir).get("run_id")
-    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=False, capture_output=True, timeout=60)
+    slurm.send_signal(job.job_id, "USR2")
     signalled = time.monotonic()
     if not _wait(lambda: _state(run_dir) in ("finished", "failed"), start, timeout_s + 120):
         state = read_job_state(run_dir) or {}

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from diffsweep import lockfile
+from diffsweep import lockfile, slurm
 from diffsweep.config import ConfigError, ConfigWarning, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import DatasetMeta, check_replaceable
 from diffsweep.data.prepare import check_apart, finish, input_paths, stage
@@ -53,7 +53,6 @@ from diffsweep.launch.prepare_record import (
 from diffsweep.launch.profiles import Profile, pick_profile
 from diffsweep.launch.resources import cpu_resources
 from diffsweep.launch.scheduler import Scheduler, TaskArray, get_scheduler
-from diffsweep.launch.state import ACTIVE
 from diffsweep.rundir import now
 
 MAX_TASKS = 16  # default array size on a cluster (fewer when there are fewer shards)
@@ -321,7 +320,7 @@ class PrepareStatus:
 
     @property
     def active(self) -> list[int]:
-        return [t.task for t in self.tasks if t.state.split()[0] in ACTIVE]
+        return [t.task for t in self.tasks if slurm.word(t.state) in slurm.LIVE]
 
     def to_json(self) -> dict[str, Any]:
         return {"out": str(self.out), "folder": str(self.folder), "shards": self.num_shards, "written": self.written,
@@ -346,7 +345,7 @@ def _states(record: dict[str, Any]) -> dict[int, tuple[str, str | None]]:
     for t, a in latest.items():
         state = known.get((a.executor, a.job_id or ""), "UNKNOWN")
         error = None
-        if state.split()[0] not in ACTIVE:
+        if slurm.word(state) not in slurm.LIVE:
             outcome = _outcome(a)
             if outcome is not None:
                 state = "COMPLETED" if outcome[0] == "success" else "FAILED"
@@ -376,7 +375,7 @@ def _last_line(text: Any) -> str:
 
 
 def active_tasks(record: dict[str, Any]) -> list[int]:
-    return [t for t, (state, _) in _states(record).items() if state.split()[0] in ACTIVE]
+    return [t for t, (state, _) in _states(record).items() if slurm.word(state) in slurm.LIVE]
 
 
 def prepare_status(out: Path) -> PrepareStatus:

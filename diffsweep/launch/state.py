@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffsweep import slurm
 from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
@@ -29,13 +30,9 @@ NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
 ACTIVE_STATES = (PENDING, RUNNING)  # a job exists and may still train: never submit another one
 UNKNOWN_STATE = "unknown"  # launched, but neither the scheduler nor the job says what became of it
 UNKNOWN = "UNKNOWN"  # scheduler state of a job id nobody reports
-# Schedulers report states in Slurm's words (``Scheduler.states``); these are the words read here.
-# Slurm job states (squeue %T / sacct State) in which a job may still run.
-ACTIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
-                    "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
-# ... of which these mean it is waiting, not executing (squeue's %r says why).
-WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
-KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "REVOKED"})  # -> MLflow KILLED; other failures -> FAILED
+# Schedulers report states in Slurm's words (``Scheduler.states``), the vocabulary of ``diffsweep.slurm``:
+# LIVE (a job may still run), of which WAITING (not executing; squeue's %r says why), and KILLED
+# (its MLflow run ends KILLED; other failures FAILED).
 
 
 @dataclass(frozen=True)
@@ -91,13 +88,13 @@ def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str])
     sched = scheduler.get(attempt.job_id or "", UNKNOWN)
     word, reason = split_state(sched)
     if attempt.state == "cancelled":
-        if word in ACTIVE:  # still saving its checkpoint: a new job must not start on its directory yet
+        if word in slurm.LIVE:  # still saving its checkpoint: a new job must not start on its directory yet
             return RunState(RUNNING, "cancelling", blocked="it is still stopping")
         return RunState(CANCELLED)
-    if word in WAITING:
+    if word in slurm.WAITING:
         requeued = f"requeued at step {job['step']}" if job and job.get("state") == "preempted" else ""
         return RunState(PENDING, ", ".join(x for x in (word if word != "PENDING" else "", reason, requeued) if x))
-    if word in ACTIVE:
+    if word in slurm.LIVE:
         return RunState(RUNNING, ", ".join(x for x in (word if word != "RUNNING" else "", progress(job)) if x))
     if job and job.get("state") == "failed":
         reason = str(job.get("reason", ""))[:200]
@@ -169,13 +166,13 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
         if a is None or a.job_id is None or a.reconciled:
             continue
         sched = scheduler.get(a.job_id)
-        if sched is None or sched.split()[0] in ACTIVE or sched == "COMPLETED":
+        if sched is None or slurm.word(sched) in slurm.LIVE or sched == "COMPLETED":
             continue
         job = read_job_state(run_dir)
         if job and job.get("state") in ("finished", "failed", "preempted"):
             continue  # the job reported how it ended
         where = f"{a.executor} job"
-        cancelled = a.state == "cancelled" or sched.split()[0] in KILLED_STATES
+        cancelled = a.state == "cancelled" or slurm.word(sched) in slurm.KILLED
         reason = f"{where} {a.job_id} ended as {sched} without reporting" + (" (cancelled)" if a.state == "cancelled"
                                                                                else "")
         status = "KILLED" if cancelled else "FAILED"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep import lockfile
+from diffsweep import lockfile, slurm
 from diffsweep.lockfile import Holder, LockBusy, hold, proc_start
 
 from ..conftest import TINY_RUN
@@ -71,7 +71,7 @@ def test_a_dead_or_reused_pid_on_this_host_is_taken_over_with_a_warning(tmp_path
 
 
 def test_a_holder_on_another_host_is_refused_with_how_to_clear_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(lockfile, "_slurm_job_ended", lambda job: False)
+    monkeypatch.setattr(slurm, "job_ended", lambda job: False)
     path = tmp_path / ".x.lock"
     write_lock(path, host="login2", pid=4242)
     with pytest.raises(LockBusy, match=rf"on host login2, pid 4242.*if that process is gone, delete {path}$"):
@@ -85,7 +85,7 @@ def test_a_holder_on_another_host_is_refused_with_how_to_clear_it(tmp_path, monk
 
 def test_slurm_holders_gone_by_slurms_word_or_requeued_are_taken_over(tmp_path, monkeypatch):
     path = tmp_path / ".x.lock"
-    monkeypatch.setattr(lockfile, "_slurm_job_ended", lambda job: job == "77_3")
+    monkeypatch.setattr(slurm, "job_ended", lambda job: job == "77_3")
     write_lock(path, host="node7", pid=4242, job="77_3")
     warnings = []
     with hold(path, "train", "run", "busy", warn=warnings.append):
@@ -93,7 +93,7 @@ def test_slurm_holders_gone_by_slurms_word_or_requeued_are_taken_over(tmp_path, 
     assert "Slurm job 77_3 is no longer running" in warnings[0]
 
     # The same job, requeued onto another node: its earlier run is dead (Slurm runs one at a time).
-    monkeypatch.setattr(lockfile, "_slurm_job_ended", lambda job: False)
+    monkeypatch.setattr(slurm, "job_ended", lambda job: False)
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "80")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from diffsweep import lockfile
+from diffsweep import lockfile, slurm
 from diffsweep.lockfile import LockBusy, hold
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import ledger, wait_for, write_sweep
@@ -71,7 +71,7 @@ def test_a_lock_held_by_a_slurm_job_on_another_host_lasts_as_long_as_the_job(tmp
                 pass
     finally:
         subprocess.run(["scancel", job], check=True)
-    wait_for(lambda: lockfile._slurm_job_ended(job), 60, f"job {job} to end")
+    wait_for(lambda: slurm.job_ended(job), 60, f"job {job} to end")
     warnings = []
     with hold(path, "train", "run", "busy", warn=warnings.append):
         pass
