@@ -1,11 +1,13 @@
-"""File-system helpers for commands that must leave the file system as they found it when they fail,
-and the one atomic writer of the files the project writes."""
+"""File-system helpers for commands that must leave the file system as they found it when they fail:
+the one atomic writer of the files the project writes, and the one way a staged folder is put in
+place (``publish``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,30 @@ def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def publish(staged: Path, target: Path) -> None:
+    """Put the finished folder ``staged`` (beside ``target``: one file system) at ``target``, so
+    that readers find the earlier folder or the new one, never a mix:
+
+    - no ``target``: ``staged`` is renamed to it;
+    - an empty folder (one the user made for it, say): kept, with its permissions, it receives
+      ``staged``'s entries;
+    - anything else (an earlier folder; a link, which is replaced, not followed): it is renamed
+      aside (into ``.NAME.old.*`` beside it), ``staged`` is renamed into place, and only then is
+      the old one removed.
+    """
+    if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+        for entry in sorted(staged.iterdir()):
+            os.replace(entry, target / entry.name)
+        staged.rmdir()
+    elif target.exists() or target.is_symlink():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, aside / target.name)
+        os.replace(staged, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staged, target)
 
 
 def empty_folder(folder: Path, *, keep: str) -> None:

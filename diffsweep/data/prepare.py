@@ -61,7 +61,7 @@ from diffsweep.data.sources import (
     sha256_file,
 )
 from diffsweep.data.tokenizers import check_bpe_vocab, has_eos, new_tokenizer
-from diffsweep.fsutil import parents_made_for
+from diffsweep.fsutil import parents_made_for, publish
 
 __all__ = ["VAL_SPLITS", "Corpus", "Document", "prepare"]  # Document and Corpus: what prepare takes
 # Wraps a stream of progress increments (bytes of text; for shards written by workers, of each
@@ -315,7 +315,7 @@ def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
     for i in range(len(plan["shards"])):
         (staging / record_name(i)).unlink(missing_ok=True)
     (staging / PLAN_FILE).unlink()
-    _replace_dir(staging, out)
+    publish(staging, out)  # a symlink is replaced, not its target
     return meta
 
 
@@ -406,15 +406,3 @@ def _library_version(kind: TokenizerKind) -> str:
 def _check_writable(out: Path) -> None:
     if not os.access(out.parent, os.W_OK):
         raise ConfigError(str(out), f"cannot write in {out.parent}")
-
-
-def _replace_dir(staging: Path, out: Path) -> None:
-    """Move the finished ``staging`` directory to ``out``, replacing an old one only at the end
-    (a dataset, checked by ``check_replaceable`` before; a symlink is replaced, not its target)."""
-    if out.exists() or out.is_symlink():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        os.replace(out, old / out.name)
-        os.replace(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, out)

@@ -41,6 +41,7 @@ from typing import Any
 from diffsweep.eval.identity import code_digest, eval_key
 from diffsweep.eval.loading import Trained
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, settings_dict
+from diffsweep.fsutil import publish
 from diffsweep.store import EVAL_KIND, check_tracking, ensure_experiment, retry_busy, source_tags, tracking_uri
 from diffsweep.train.run_record import run_tracking_uri
 
@@ -242,8 +243,7 @@ def _keep(out_dir: Path, trained: Trained, probe: str) -> Path | None:
         tmp = target.with_name(f".{probe}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(out_dir, tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+        publish(tmp, target)
     except OSError:
         return None
     return target

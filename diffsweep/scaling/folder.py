@@ -11,8 +11,6 @@ A fit folder read back is the user's to edit or damage: fit.json's fields are de
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -83,22 +81,6 @@ def _load(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def publish(staged: Path, folder: Path) -> None:
-    """Put the staged outputs at ``folder`` (checked by ``check_out``): a new folder is renamed into
-    place; an earlier fit's folder is swapped out and removed only after the new one is in place; an
-    empty folder (kept, with its permissions) receives the staged files."""
-    if not folder.exists():
-        os.replace(staged, folder)
-    elif not any(folder.iterdir()):
-        for entry in sorted(staged.iterdir()):
-            os.replace(entry, folder / entry.name)
-    else:
-        old = staged.with_name(staged.name + ".old")
-        os.replace(folder, old)
-        os.replace(staged, folder)
-        shutil.rmtree(old)
 
 
 # -- reading back -----------------------------------------------------------------------------------

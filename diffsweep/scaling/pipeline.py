@@ -22,10 +22,10 @@ import pandas as pd
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
-from diffsweep.fsutil import parents_made_for
+from diffsweep.fsutil import parents_made_for, publish
 from diffsweep.scaling import table as tables
 from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
-from diffsweep.scaling.folder import check_out, publish
+from diffsweep.scaling.folder import check_out
 from diffsweep.scaling.plots import write_plots
 from diffsweep.scaling.report import markdown
 

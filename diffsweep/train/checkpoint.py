@@ -48,6 +48,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from diffsweep.config import ConfigError
+from diffsweep.fsutil import publish
 
 FORMAT = "diffsweep-checkpoint/3"
 UNVERIFIED_FORMAT = "diffsweep-checkpoint/2"  # sharded, without checksums.json (before checksums)
@@ -133,7 +134,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, A
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
-            _replace_dir(tmp, path)
+            publish(tmp, path)  # replaces a checkpoint of the same step (a resumed run saving it again)
             _fsync_dir(directory)
     except BaseException:
         if rank == 0:
@@ -304,19 +305,6 @@ def _check_metadata(path: Path) -> None:
     untensors = [k for k, v in found.state_dict_metadata.items() if type(v).__name__ != "TensorStorageMetadata"]
     if untensors:  # DCP would unpickle these unsafely
         raise ConfigError(str(path), f"checkpoint shards hold a non-tensor entry ({untensors[0]})")
-
-
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``, replacing a checkpoint of the same step (a resumed run saving
-    a step again): the old one is moved aside first, then removed."""
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
 
 
 def _dcp_error(exc: BaseException) -> str:

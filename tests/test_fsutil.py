@@ -1,0 +1,60 @@
+"""``diffsweep.fsutil.publish``: the one way a staged folder (a dataset, a checkpoint, a fit's
+outputs, a probe's copy) is put in place, in each case it meets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from diffsweep.fsutil import publish
+
+
+def staged(parent: Path, text: str) -> Path:
+    folder = parent / ".staged"
+    folder.mkdir()
+    (folder / "a.txt").write_text(text)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "b.txt").write_text(text)
+    return folder
+
+
+def contents(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_new_target_is_the_staged_folder_renamed(tmp_path):
+    publish(staged(tmp_path, "new"), tmp_path / "out")
+    assert contents(tmp_path / "out") == {"a.txt": "new", "sub/b.txt": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_earlier_folder_is_replaced_whole_and_removed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")  # a file the new folder does not have: gone with the old one
+    publish(staged(tmp_path, "new"), out)
+    assert contents(out) == {"a.txt": "new", "sub/b.txt": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left aside
+
+
+def test_an_empty_folder_is_kept_with_its_permissions_and_filled(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir(mode=0o750)
+    os.chmod(out, 0o750)
+    inode = out.stat().st_ino
+    publish(staged(tmp_path, "new"), out)
+    assert out.stat().st_ino == inode and out.stat().st_mode & 0o777 == 0o750
+    assert contents(out) == {"a.txt": "new", "sub/b.txt": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_link_is_replaced_and_its_target_left_alone(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("theirs")
+    out = tmp_path / "out"
+    out.symlink_to(elsewhere)
+    publish(staged(tmp_path, "new"), out)
+    assert not out.is_symlink() and contents(out) == {"a.txt": "new", "sub/b.txt": "new"}
+    assert contents(elsewhere) == {"keep.txt": "theirs"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out"]
