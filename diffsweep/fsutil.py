@@ -34,11 +34,24 @@ def parents_made_for(path: Path) -> Iterator[None]:
         raise
 
 
+def temporary_name(name: str) -> str:
+    """The temporary file ``write_atomically`` writes ``name`` through: one per process, so two
+    writers never share one."""
+    return f".{name}.{os.getpid()}.tmp"
+
+
+def is_temporary(entry: str, name: str) -> bool:
+    """Whether ``entry`` is a temporary file of ``name`` (``temporary_name``: a writer may have
+    been killed before its rename)."""
+    middle = entry.removeprefix(f".{name}.").removesuffix(".tmp")
+    return entry.startswith(f".{name}.") and entry.endswith(".tmp") and middle.isdigit()
+
+
 def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: readers see
     the old or the new file, never half of one. ``sync``: fsync before the rename, so a crash
     right after cannot leave an empty file behind the rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share one
+    tmp = path.with_name(temporary_name(path.name))
     with open(tmp, "w") as f:
         f.write(text)
         if sync:

@@ -58,3 +58,13 @@ def test_a_link_is_replaced_and_its_target_left_alone(tmp_path):
     assert not out.is_symlink() and contents(out) == {"a.txt": "new", "sub/b.txt": "new"}
     assert contents(elsewhere) == {"keep.txt": "theirs"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out"]
+
+
+def test_a_temporary_file_of_an_atomic_write_is_known_by_its_name(tmp_path):
+    from diffsweep.fsutil import is_temporary, temporary_name, write_atomically
+
+    write_atomically(tmp_path / "ledger.json", "{}\n", sync=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.json"]  # the temporary file was renamed
+    assert is_temporary(temporary_name("ledger.json"), "ledger.json")
+    assert not any(is_temporary(n, "ledger.json") for n in (".ledger.json.tmp", ".ledger.json.x1.tmp",
+                                                            "ledger.json", ".other.json.12.tmp", ".ledger.json.12"))

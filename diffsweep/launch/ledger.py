@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import decode
+from diffsweep.fsutil import write_atomically
 from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-exported for the launcher)
 
 FORMAT = "diffsweep-ledger/1"
@@ -93,18 +93,12 @@ def read_ledger(out: Path) -> Ledger | None:
 
 
 def write_ledger(out: Path, ledger: Ledger) -> None:
-    """Write atomically (temp file, fsync, rename)."""
+    """Write atomically (``write_atomically``, fsynced)."""
     out.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "sweep": ledger.sweep, "experiment": ledger.experiment,
             "tracking_uri": ledger.tracking_uri,
             "entries": {k: asdict(e) for k, e in sorted(ledger.entries.items())}}
-    tmp = out / f".{LEDGER_FILE}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ledger_path(out))
+    write_atomically(ledger_path(out), json.dumps(data, indent=1) + "\n", sync=True)
 
 
 @contextlib.contextmanager

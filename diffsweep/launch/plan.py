@@ -12,6 +12,7 @@ from pathlib import Path
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError
+from diffsweep.fsutil import is_temporary
 from diffsweep.launch.ledger import LAUNCH_LOCK, LEDGER_FILE, LOCK_FILE, Entry, Ledger, read_ledger
 from diffsweep.launch.profiles import LOCAL, Profile, load_profile, pick_profile  # noqa: F401  (LOCAL: bench_plan imports it here)
 from diffsweep.launch.resources import ResourceEstimate, Resources, estimate_resources
@@ -111,8 +112,7 @@ def output_dir(spec: SweepSpec, out: Path | None) -> Path:
 
 # What diffsweep writes in a sweep output directory (the ledger, its lock and temporary file, the
 # launch lock, code snapshots, job files, logs, run directories, the local queue's markers).
-SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, f".{LEDGER_FILE}.tmp", LAUNCH_LOCK, "code", "jobs",
-                                "logs", "runs"})
+SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, LAUNCH_LOCK, "code", "jobs", "logs", "runs"})
 
 
 def _refuse_foreign(path: Path, key: str) -> None:
@@ -123,6 +123,7 @@ def _refuse_foreign(path: Path, key: str) -> None:
         return
     try:
         foreign = sorted(p.name for p in path.iterdir() if p.name not in SWEEP_OUTPUT_NAMES
+                         and not is_temporary(p.name, LEDGER_FILE)
                          and not (p.name.startswith(".queue-") and p.name.endswith(".closed"))
                          and not any(lockfile.takes(p.name, lock) for lock in (LOCK_FILE, LAUNCH_LOCK)))
     except OSError as exc:

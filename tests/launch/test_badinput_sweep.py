@@ -67,11 +67,11 @@ def test_the_default_output_beside_the_sweep_is_refused_when_it_holds_a_users_fi
 
 
 @pytest.mark.parametrize("name", ["..launch.lock.login1.4242.68c88c9a", ".launch.lock.break",
-                                  "..ledger.lock.vm.17.0123abcd", ".launch.lock"])
+                                  "..ledger.lock.vm.17.0123abcd", ".launch.lock", ".ledger.json.4242.tmp"])
 def test_the_files_of_another_launch_taking_its_lock_are_not_a_users(tmp_path, sweep, name):
     """A second launch that looks while the first is taking the lock finds the lock's temporary
-    file (or its ``.break``) in a sweep directory that has no ledger yet: that is a launch in
-    progress, not a user's folder (CI once saw "holds files that are not a sweep's" here)."""
+    file (or its ``.break``, or the ledger's temporary file) in a sweep directory that has no ledger
+    yet: that is a launch in progress, not a user's folder (CI once saw "holds files that are not a sweep's" here)."""
     (tmp_path / "runs" / "t").mkdir(parents=True)
     (tmp_path / "runs" / "t" / name).write_text("{}")
     r = diffsweep("plan", str(sweep), "--executor", "local", cwd=tmp_path, env=STORE)
