@@ -16,7 +16,6 @@ from diffsweep.config.errors import ConfigError, ConfigWarning, EnvironmentUnava
 from diffsweep.config.loading import config_from_dict, declared_config, dump_yaml, load_config, load_declared, to_dict
 from diffsweep.config.schema import AttentionConfig, Config, DataConfig, ModelConfig, TrainConfig
 from diffsweep.config.sizes import SIZES
-from diffsweep.config.validate import parse_lambda_init
 
 __all__ = [
     "SIZES",
@@ -43,6 +42,5 @@ __all__ = [
     "dump_yaml",
     "load_config",
     "load_declared",
-    "parse_lambda_init",
     "to_dict",
 ]

@@ -80,9 +80,3 @@ def _parse(text: str, key: str) -> LambdaInit:
     if not 0.0 < value < 1.0:  # paper §2.1: lambda_init in (0, 1)
         raise ConfigError(key, f"constant value must be in (0, 1) (paper §2.1), got {value}")
     return LambdaInit(strategy, value)
-
-
-def parse_lambda_init(text: str, key: str = KEY) -> tuple[LambdaInitStrategy, float | None]:
-    """``LambdaInit.parse`` as a (strategy, value) pair (kept for existing callers)."""
-    parsed = LambdaInit.parse(text, key)
-    return parsed.strategy, parsed.value

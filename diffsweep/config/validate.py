@@ -15,11 +15,11 @@ import warnings
 from diffsweep.config.enums import AttentionKind, LRSchedule
 from diffsweep.config.errors import ConfigError, ConfigWarning
 from diffsweep.config.kinds import kind_spec, kind_specs
-from diffsweep.config.lambda_init import LambdaInit, parse_lambda_init
+from diffsweep.config.lambda_init import LambdaInit
 from diffsweep.config.schema import AttentionConfig, Config, ModelConfig, TrainConfig
 from diffsweep.config.units import human
 
-__all__ = ["default_ffn_hidden", "estimated_params", "parse_lambda_init", "resolve"]
+__all__ = ["default_ffn_hidden", "estimated_params", "resolve"]
 
 
 FFN_MULTIPLE = 8  # bf16 elements in 16 bytes, the alignment cuBLAS's fast GEMM kernels need

@@ -17,14 +17,13 @@ Conventions (stated because scaling-law results depend on them):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
 
-from diffsweep.config import AttentionConfig, AttentionKind, ModelConfig
-from diffsweep.config.kinds import ParamInfo, kind_spec, kind_specs
+from diffsweep.config import AttentionConfig, ModelConfig
+from diffsweep.config.kinds import ParamInfo, kind_spec
 
 Shape = tuple[int, ...]
 
-__all__ = ["ATTENTION_FLOPS", "ATTENTION_PARAMS", "ParamInfo", "Shape", "attention_params", "forward_flops_per_token",
+__all__ = ["ParamInfo", "Shape", "attention_params", "forward_flops_per_token",
            "num_attention_params", "num_embedding_params", "num_non_embedding_params", "num_params",
            "parameter_shapes", "train_flops_per_token"]
 
@@ -32,28 +31,6 @@ __all__ = ["ATTENTION_FLOPS", "ATTENTION_PARAMS", "ParamInfo", "Shape", "attenti
 def attention_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
     """Parameters of one attention module of resolved ``a`` (names inside the module), from its kind."""
     return kind_spec(a.kind).attention_params(a, d_model)
-
-
-class _PerKind(Mapping):
-    """``ATTENTION_PARAMS[kind]`` / ``ATTENTION_FLOPS[kind]``: one formula of every registered kind's spec
-    (kept for existing callers; the spec is the one definition)."""
-
-    def __init__(self, formula: str) -> None:
-        self.formula = formula
-
-    def __getitem__(self, kind: AttentionKind) -> Callable:
-        return getattr(kind_spec(kind), self.formula)
-
-    def __iter__(self) -> Iterator[AttentionKind]:
-        return iter(kind_specs())
-
-    def __len__(self) -> int:
-        return len(kind_specs())
-
-
-ATTENTION_PARAMS: Mapping[AttentionKind, Callable[[AttentionConfig, int], dict[str, ParamInfo]]] = _PerKind(
-    "attention_params")
-ATTENTION_FLOPS: Mapping[AttentionKind, Callable[[AttentionConfig, int], int]] = _PerKind("attention_flops")
 
 
 def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:

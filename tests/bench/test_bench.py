@@ -16,6 +16,7 @@ import pytest
 
 from diffsweep.bench.attention import forward_backward_flops, forward_flops, layout_calls
 from diffsweep.config import AttentionKind, Backend, load_config
+from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 from diffsweep.model.attention.backends import AttentionCall
 from tests.helpers.cli import run
@@ -59,7 +60,7 @@ def test_layouts_come_from_the_presets_and_agree_with_counting(size):
     # The same attention FLOPs as the model counter (per token, full T×T), halved for the causal mask.
     for kind, call in calls.items():
         a = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model.attention
-        assert forward_flops(call, 2, 4096) == 2 * 4096 * counting.ATTENTION_FLOPS[kind](a, 4096) // 2
+        assert forward_flops(call, 2, 4096) == 2 * 4096 * kind_spec(kind).attention_flops(a, 4096) // 2
 
 
 def _positive(x) -> bool:

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from diffsweep.config import Backend, ConfigWarning, load_config
+from diffsweep.config.lambda_init import LambdaInit
 from diffsweep.model.attention.backends import BACKENDS
 from diffsweep.model.attention.diff_v1 import DiffAttentionV1
 from diffsweep.model.attention.diff_v2 import DiffAttentionV2
-from diffsweep.model.attention.lambda_init import lambda_init_schedule
 from diffsweep.model.attention.standard import StandardAttention
 from diffsweep.model.layers import Rotary
 from diffsweep.model.transformer import build_model
@@ -396,11 +396,16 @@ def test_diff_v2_lambda_switch_parameter_layout(v2_lambda, has_wlambda):
 # 4. λ_init schedules
 
 
+def lambda_init_schedule_of(spec: str, n_layers: int) -> list[float]:
+    """λ_init of layers 1..n_layers for a config spelling (``exp_decay``, ``constant:0.8``)."""
+    return LambdaInit.parse(spec).schedule(n_layers)
+
+
 @pytest.mark.parametrize("n_layers", [1, 4, 12])
 def test_lambda_init_exp_decay_schedule(n_layers):
     """exp_decay gives λ_init(l) = 0.8 − 0.6·exp(−0.3·(l − 1)) for l = 1..L (paper §2.1): 0.2 at
     the first layer, increasing towards 0.8."""
-    got = lambda_init_schedule("exp_decay", n_layers)
+    got = lambda_init_schedule_of("exp_decay", n_layers)
     want = [0.8 - 0.6 * math.exp(-0.3 * (layer - 1)) for layer in range(1, n_layers + 1)]
     assert len(got) == n_layers
     assert got == pytest.approx(want, abs=1e-15)
@@ -411,7 +416,7 @@ def test_lambda_init_exp_decay_schedule(n_layers):
 @pytest.mark.parametrize("value", [0.8, 0.5, 0.3])
 def test_lambda_init_constant_schedule(value):
     """constant:<v> (Table 6 ablation) gives the same λ_init = v in every layer."""
-    assert lambda_init_schedule(f"constant:{value}", 6) == pytest.approx([value] * 6, abs=1e-15)
+    assert lambda_init_schedule_of(f"constant:{value}", 6) == pytest.approx([value] * 6, abs=1e-15)
 
 
 @pytest.mark.parametrize("spec", ["exp_decay", "constant:0.8", "constant:0.5"])
@@ -419,7 +424,7 @@ def test_diff_v1_layer_lambda_init_follows_schedule(spec):
     """A DiffAttentionV1 built at 1-based layer l, alone or inside build_model's layer l, has
     ``.lambda_init`` equal to the schedule's l-th value."""
     n_layers = 5
-    schedule = lambda_init_schedule(spec, n_layers)
+    schedule = lambda_init_schedule_of(spec, n_layers)
     cfg = model_cfg(
         "model.attention.kind=diff_v1", "model.attention.head_dim=16", f"model.attention.lambda_init={spec}",
         "model.vocab_size=97", f"model.n_layers={n_layers}",
