@@ -291,6 +291,28 @@ def test_doc_links_resolve():
     assert not bad, bad
 
 
+def test_repository_paths_the_pages_name_exist():
+    """A path of this repository a page names in backticks (``tests/...py``, ``diffsweep/...py``, ...)
+    exists (``docs/extending.md`` once sent readers to a test file that was not there)."""
+    named = r"`((?:diffsweep|tests|kernels|analysis|slurm|sweeps)/[\w./-]+\.(?:py|yaml|sh|md))"
+    to_create = {"diffsweep/model/attention/diff_v3.py", "diffsweep/launch/pbs_scheduler.py"}  # extending.md's examples
+    bad = [f"{page.name}: {path}" for page in PAGES for path in re.findall(named, page.read_text())
+           if "*" not in path and path not in to_create and not (ROOT / path).exists()]
+    assert not bad, bad
+
+
+def test_markdown_tables_are_not_broken_by_a_blank_line():
+    """A blank line inside a table ends it: the rows after it render as a paragraph of pipes."""
+    bad = []
+    for page in PAGES:
+        lines = re.sub(r"```.*?```", lambda m: "\n" * m.group().count("\n"), page.read_text(), flags=re.DOTALL)
+        rows = lines.split("\n")
+        for i in range(1, len(rows) - 1):
+            if not rows[i].strip() and rows[i - 1].startswith("|") and rows[i + 1].startswith("| "):
+                bad.append(f"{page.name}:{i + 1}")
+    assert not bad, bad
+
+
 def test_no_file_points_outside_the_repository_to_shared_notes():
     """The notes outside the repository are not shipped: what the code relied on is in docs/references.md."""
     outside = "../" + "shared/"
