@@ -53,12 +53,13 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": BASE,
     "data": BASE,
     "model": BASE | {"diffsweep_kernels"},
-    "sweep": BASE | {"model", "store"},  # model.counting: sizes without building a model; compare reads the store
+    "sweep": BASE | {"model"},  # model.counting: sizes without building a model; pure: no store
     "train": BASE | {"data", "model", "store", "rundir"},
     "bench": BASE | {"data", "model", "train", "diffsweep_kernels"},
     "eval": BASE | {"data", "model", "train", "store", "rundir"},  # probes of trained checkpoints
     "launch": BASE | {"data", "model", "sweep", "train", "eval", "store", "rundir", "diffsweep_kernels"},
     "scaling": BASE | {"sweep", "launch", "store", "rundir"},  # fit: reads runs, never trains
+    "compare": BASE | {"sweep", "store"},  # a sweep's finished runs and evaluations, read from the store
     "ui": BASE | {"store", "rundir"},  # the MLflow UI over the run store
 }
 LIBRARY = set(ALLOWED)
@@ -80,7 +81,8 @@ NOT_AT_IMPORT: dict[str, tuple[str, ...]] = {
     "diffsweep.config": ("torch", "mlflow", "numpy"),  # pure Python
     "diffsweep.model.counting": ("torch",),  # a config knows its size without a model (rule 6)
     "diffsweep.model.summary": ("torch",),
-    "diffsweep.sweep": ("torch", "mlflow"),  # expansion is pure; `plan` shows it before anything runs
+    "diffsweep.sweep": ("torch", "mlflow", "numpy", "scipy", "matplotlib"),  # pure spec and expansion: `plan` shows it before anything runs
+    "diffsweep.compare": ("torch", "mlflow", "matplotlib"),  # reads the store and plots only when asked
     "diffsweep.launch": ("torch", "mlflow"),  # planning and submitting; the job imports the trainer
     "diffsweep.scaling": ("torch", "mlflow", "matplotlib"),  # fit reads runs; plots and logging import theirs
     "diffsweep.eval.probe": HEAVY,  # the probe registry: `diffsweep eval --help` lists probes without torch

@@ -1,4 +1,4 @@
-"""Coverage of diffsweep.sweep.compare's CI of a row difference, and how often each Table 6
+"""Coverage of diffsweep.compare.runs's CI of a row difference, and how often each Table 6
 difference is called "within seed noise": the paper's Table 6 losses as the truth, seed sd 0.005
 nats, 7 rows x 2, 3 and 5 seeds, 3,000 replicates each, baseline DIFF 8x128.
 
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from diffsweep.sweep.compare import WITHIN, compare_rows
+from diffsweep.compare.runs import WITHIN, compare_rows
 
 # Paper Table 6, validation loss at 1.4B.
 TABLE6 = {"transformer-hd_128": 3.087, "transformer-hd_256": 3.088, "transformer-hd_256-gn_on": 3.086,

@@ -51,9 +51,9 @@ def compare(
     """Each row's mean over its seeds and its difference from the baseline row with a confidence
     interval from the seed-to-seed spread: within or beyond seed noise. With --probes, the same for
     every table of the probes the sweep was evaluated with."""
+    from diffsweep.compare.runs import compare_sweep
     from diffsweep.store import existing_store, tracking_uri
     from diffsweep.sweep import expand, load_sweep
-    from diffsweep.sweep.compare import compare_sweep
     from diffsweep.sweep.expand import select
 
     if not 0.5 < level < 1:
@@ -104,8 +104,8 @@ def _print(result) -> None:
 
 
 def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:
+    from diffsweep.compare.probe_tables import compare_probes
     from diffsweep.eval.probe import get_probe
-    from diffsweep.sweep.probe_tables import compare_probes
 
     def comparisons(name: str):
         try:
@@ -117,7 +117,7 @@ def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:
     if json_out:
         print_json(result.to_dict())
         return
-    from diffsweep.sweep.probe_report import group_heading, group_markdown, sections
+    from diffsweep.compare.probe_report import group_heading, group_markdown, sections
 
     for tables in sections(result.tables):
         typer.echo(f"{tables[0].probe}: {tables[0].spec.title}")

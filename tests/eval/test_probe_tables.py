@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from diffsweep.compare.probe_report import markdown
+from diffsweep.compare.probe_tables import MEAN, EvalRecord, ProbeComparison, build_table, choose
+from diffsweep.compare.runs import BEYOND, UNKNOWN, WITHIN
 from diffsweep.eval.probe import TableComparison
-from diffsweep.sweep.compare import BEYOND, UNKNOWN, WITHIN
-from diffsweep.sweep.probe_report import markdown
-from diffsweep.sweep.probe_tables import MEAN, EvalRecord, ProbeComparison, build_table, choose
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import write_sweep
 
@@ -148,8 +148,8 @@ def _probe_rows(probe: str, shift: float) -> list[dict]:
                                           ("attention_focus", 0),
                                           ("nll_position", 0), ("downstream", 0), ("icl", 0), ("icl", 1)])
 def test_every_probe_table_is_built_written_and_plotted(probe, index, tmp_path):
+    from diffsweep.compare.probe_report import plot
     from diffsweep.eval.probe import get_probe
-    from diffsweep.sweep.probe_report import plot
 
     spec = get_probe(probe).comparisons[index]
     shape = spec.table if probe == "icl" or index else probe

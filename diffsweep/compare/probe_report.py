@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from diffsweep.sweep.probe_tables import ArmGroup, ArmStat, Cell, Difference, ProbeComparison, ProbeTable
+    from diffsweep.compare.probe_tables import ArmGroup, ArmStat, Cell, Difference, ProbeComparison, ProbeTable
 
 
 def _num(x: float) -> str:

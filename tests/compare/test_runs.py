@@ -1,4 +1,4 @@
-"""Row differences judged against seed noise (diffsweep.sweep.compare): verdicts on Table 6-shaped
+"""Row differences judged against seed noise (diffsweep.compare.runs): verdicts on Table 6-shaped
 synthetic data with a known truth, and the coverage of the CI of a difference (Monte Carlo)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from diffsweep.compare.runs import BEYOND, UNKNOWN, WITHIN, compare_rows
 from diffsweep.config import ConfigError
-from diffsweep.sweep.compare import BEYOND, UNKNOWN, WITHIN, compare_rows
 
 # Paper Table 6 (validation loss at 1.4B), used as the truth; seed sd 0.005 nats is a plausible
 # seed-to-seed spread at this scale (the rows' own differences are 0.001-0.004 nats).

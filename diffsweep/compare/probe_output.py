@@ -23,7 +23,7 @@ from diffsweep.fsutil import parents_made_for
 from diffsweep.store import COMPARISON_KIND, ensure_experiment, retry_busy, source_tags
 
 if TYPE_CHECKING:
-    from diffsweep.sweep.probe_tables import ProbeComparison
+    from diffsweep.compare.probe_tables import ProbeComparison
 
 REPORT = "probes.json"
 # The keys of a probes.json that ``ProbeComparison.to_dict`` wrote (how an earlier comparison is known).
@@ -77,7 +77,7 @@ def write_outputs(result: ProbeComparison, folder: Path, old: tuple[Path, ...], 
     comparison's files there, from ``check_out``, which are replaced), and the comparison run when
     ``uri`` is given. Everything is written into a new temporary folder beside ``folder`` first,
     then renamed into place."""
-    from diffsweep.sweep.probe_report import markdown, plot, sections
+    from diffsweep.compare.probe_report import markdown, plot, sections
 
     try:
         with parents_made_for(folder):

@@ -11,9 +11,9 @@ import itertools
 import matplotlib
 import pytest
 
+from diffsweep.compare.probe_report import arm_styles, figure, markdown, sections
+from diffsweep.compare.probe_tables import EvalRecord, ProbeComparison, arm_groups, build_table
 from diffsweep.eval.probe import TableComparison
-from diffsweep.sweep.probe_report import arm_styles, figure, markdown, sections
-from diffsweep.sweep.probe_tables import EvalRecord, ProbeComparison, arm_groups, build_table
 
 matplotlib.use("Agg")
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from diffsweep.compare.runs import BEYOND, WITHIN, compare_rows, sweep_rows
 from diffsweep.config import Config, ConfigError
 from diffsweep.store import EVAL_KIND, all_runs, retry_busy
-from diffsweep.sweep.compare import BEYOND, WITHIN, compare_rows, sweep_rows
 from diffsweep.sweep.expand import SweepRun
 from diffsweep.sweep.spec import SweepSpec
 
@@ -346,7 +346,7 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     evaluation, or ``out`` may not be written."""
     from mlflow.tracking import MlflowClient
 
-    from diffsweep.sweep.probe_output import check_out, write_outputs
+    from diffsweep.compare.probe_output import check_out, write_outputs
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per table read, on stderr
     rows = sweep_rows(runs)
