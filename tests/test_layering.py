@@ -275,12 +275,42 @@ def test_what_importing_a_module_loads(prefix):
 def test_no_import_cycles():
     """Module-level imports between diffsweep modules form no cycle (one would make the import
     order matter, and break whoever imports the cycle from its other end)."""
-    graph: dict[str, set[str]] = {name: set() for name in modules()}
-    for i in imports():
-        if i.at_import and i.target in graph and i.target != i.importer:
-            graph[i.importer].add(i.target)
+    graph = _graph(lambda i: i.at_import)
     cycles = [_cycle_in(component, graph) for component in _components(graph)]
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+# Modules that still import each other through imports inside functions or under TYPE_CHECKING
+# (issue #31): each set must still be one such cycle, so an entry is removed once it is untangled.
+CYCLES_TODAY = [
+    {"diffsweep.config.builtin_kinds", "diffsweep.config.enums", "diffsweep.config.kind_spec",
+     "diffsweep.config.kinds", "diffsweep.config.lambda_init", "diffsweep.config.schema"},
+    {"diffsweep.scaling.fit", "diffsweep.scaling.forms", "diffsweep.scaling.laws", "diffsweep.scaling.laws.base",
+     "diffsweep.scaling.laws.chinchilla", "diffsweep.scaling.laws.offset", "diffsweep.scaling.laws.pure",
+     "diffsweep.scaling.optimize"},
+    {"diffsweep.launch.plan", "diffsweep.launch.profiles", "diffsweep.launch.resources", "diffsweep.launch.scheduler",
+     "diffsweep.launch.state"},
+]
+
+
+def test_no_import_cycles_even_through_lazy_imports():
+    """Counting imports inside functions and under TYPE_CHECKING too, the modules form no cycle
+    but those of ``CYCLES_TODAY`` (a lazy import hides a cycle; it does not remove it)."""
+    graph = _graph(lambda i: True)
+    found = [set(c) for c in _components(graph)]
+    new = [_cycle_in(sorted(c), graph) for c in found if c not in CYCLES_TODAY]
+    assert not new, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in new)
+    untangled = [sorted(c) for c in CYCLES_TODAY if c not in found]
+    assert not untangled, f"no longer a cycle, remove from CYCLES_TODAY: {untangled}"
+
+
+def _graph(counted) -> dict[str, set[str]]:
+    """Which diffsweep modules each module imports, through the imports ``counted`` accepts."""
+    graph: dict[str, set[str]] = {name: set() for name in modules()}
+    for i in imports():
+        if counted(i) and i.target in graph and i.target != i.importer:
+            graph[i.importer].add(i.target)
+    return graph
 
 
 def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:

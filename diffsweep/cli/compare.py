@@ -104,7 +104,7 @@ def _print(result) -> None:
 
 
 def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:
-    from diffsweep.compare.probe_tables import compare_probes
+    from diffsweep.compare.probes import compare_probes
     from diffsweep.eval.probe import get_probe
 
     def comparisons(name: str):

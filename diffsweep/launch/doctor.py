@@ -35,7 +35,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -45,25 +44,16 @@ from typing import Any
 from diffsweep import slurm
 from diffsweep.config import ConfigError
 from diffsweep.launch import cluster, doctor_probe
+from diffsweep.launch.doctor_jobs import (
+    Check,
+    cancel_submitted,
+    doctor_executor,
+    doctor_resources,
+    forget_submitted,
+    submit,
+)
 from diffsweep.launch.doctor_probe import METRIC
 from diffsweep.launch.profiles import Profile
-from diffsweep.launch.resources import Resources, slurm_parameters
-
-JOB_TIME_MIN = 15  # doctor's jobs' time limit (they take seconds)
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the doctor's report: ``name``, whether it passed, what was found, and the fix."""
-
-    name: str
-    ok: bool
-    line: str
-    fix: str = ""
-
-    def render(self) -> str:
-        mark = "✓" if self.ok else "✗"
-        return f"{mark} {self.name}: {self.line}" + (f"\n    fix: {self.fix}" if not self.ok and self.fix else "")
 
 
 @dataclass
@@ -92,40 +82,6 @@ class DoctorInterrupted(KeyboardInterrupt):
         super().__init__(cancelled, problem)
         self.cancelled = cancelled
         self.problem = problem
-
-
-# The ids of the Slurm jobs this doctor run submitted (``submit``): cancelled if it is interrupted.
-_submitted: list[str] = []
-
-
-def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``executor.submit(fn, *args)``, its job id kept for ``cancel_submitted``."""
-    job = executor.submit(fn, *args)
-    _submitted.append(job.job_id)
-    return job
-
-
-def cancel_submitted() -> tuple[list[str], str]:
-    """Cancel the jobs this doctor run submitted that Slurm still holds (all of them if Slurm does
-    not answer): their ids, and what went wrong, if anything."""
-    from diffsweep.config import EnvironmentUnavailable
-
-    ids = list(dict.fromkeys(_submitted))
-    try:
-        states = slurm.states(ids)
-        ids = [j for j in ids if j not in states or slurm.word(states[j]) in slurm.LIVE]
-    except EnvironmentUnavailable:
-        pass  # cancelling an ended job is harmless
-    if not ids:
-        return [], ""
-    try:
-        still, said = slurm.cancel(ids)
-    except (OSError, subprocess.SubprocessError, EnvironmentUnavailable) as exc:
-        return ids, f"scancel failed ({exc})"
-    if still:
-        jobs = ", ".join(f"{j} ({state})" for j, state in sorted(still.items()))
-        return ids, f"scancel did not stop job(s) {jobs} ({said})"
-    return ids, ""
 
 
 @contextlib.contextmanager
@@ -185,7 +141,7 @@ def run_doctor(profile: Profile, out: Path, *, preempt: bool = False, timeout_s:
         add(Check("jobs", True, f"executor {profile.executor} runs jobs {where}: doctor has no checks of its jobs"))
         add(check_store_here())
     else:
-        _submitted.clear()
+        forget_submitted()
         try:
             suite(profile, work, add, preempt=preempt, timeout_s=timeout_s)
         except KeyboardInterrupt:
@@ -368,29 +324,6 @@ def _workdir(out: Path, add: Callable[[Check], bool]) -> Path | None:
 
 
 # --- jobs -------------------------------------------------------------------------------------------
-
-
-def code_root() -> str:
-    """The directory holding the ``diffsweep`` package this process runs (jobs import the same)."""
-    import diffsweep
-
-    return str(Path(diffsweep.__file__).resolve().parents[1])
-
-
-def doctor_resources(profile: Profile, tasks: int, gpus: int) -> Resources:
-    """A small job: ``tasks`` tasks of one CPU, ``gpus`` GPUs, the profile's CPU-job memory."""
-    return Resources(nodes=1, gpus_per_node=gpus, tasks_per_node=tasks, cpus_per_task=1,
-                     mem_gb=profile.cpu_jobs.mem_gb, time_min=min(JOB_TIME_MIN, profile.max_time_minutes))
-
-
-def doctor_executor(profile: Profile, folder: Path, resources: Resources, name: str) -> Any:
-    """submitit's Slurm executor with the parameters a launch would give such a job."""
-    import submitit
-
-    executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=profile.max_num_timeout)
-    executor.update_parameters(**slurm_parameters(resources, profile, job_name=name, code_dir=code_root(),
-                                                  max_parallel=None))
-    return executor
 
 
 def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) -> list[Check]:

@@ -18,7 +18,7 @@ from diffsweep.scaling.forms import Law
 from diffsweep.scaling.result import FitWarning
 
 if TYPE_CHECKING:
-    from diffsweep.scaling.analysis import FitRequest
+    from diffsweep.scaling.request import FitRequest
 
 # A cross-entropy in nats per token outside this range is no point on a scaling curve: above 1e6 a
 # diverged run (a uniform guess over a 1e6-token vocabulary is 13.8), below 1e-6 a memorised
