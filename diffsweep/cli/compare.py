@@ -10,6 +10,7 @@ import typer
 
 from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import confidence_level
 
 # The library's fields at fault, as the flags that set them.
 FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level", "step": "--step", "out": "--out",
@@ -56,8 +57,7 @@ def compare(
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.expand import select
 
-    if not 0.5 < level < 1:
-        raise ConfigError("--level", f"expected a confidence level in (0.5, 1), got {level}")
+    confidence_level(level, "--level")
     if not probes:
         for flag, given in (("--step", step is not None), ("--out", out is not None), ("--no-log", no_log)):
             if given:

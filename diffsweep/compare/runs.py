@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError, ConfigWarning
+from diffsweep.config.decode import confidence_level
 from diffsweep.config.identity import identity_fields
 from diffsweep.store import all_runs
 from diffsweep.sweep.expand import SEED_KEY, SweepRun
@@ -80,8 +81,7 @@ def compare_rows(values: Mapping[str, Sequence[float]], baseline: str, level: fl
 
     if baseline not in values:
         raise ConfigError("baseline", f"expected one of the rows [{', '.join(values)}], got {baseline!r}")
-    if not 0 < level < 1:
-        raise ConfigError("level", f"expected a confidence level in (0, 1), got {level}")
+    confidence_level(level)
     for row, vals in values.items():
         if len(vals) == 0 or not all(math.isfinite(float(v)) for v in vals):
             raise ConfigError(f"row {row}", f"expected one finite value per seed, got {list(vals)!r}")

@@ -127,6 +127,18 @@ def positive_number(value: Any, key: str) -> Any:
     return value
 
 
+LEVEL_RANGE = (0.5, 1.0)  # a confidence level in [0.5, 1): what every interval diffsweep reports accepts
+
+
+def confidence_level(value: Any, key: str = "level") -> float:
+    """A confidence level in [0.5, 1) (a number, not a bool; NaN fails): ``fit``, ``suggest`` and
+    ``compare`` (rows and probes) all take this one."""
+    lo, hi = LEVEL_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
+        raise ConfigError(key, f"expected a confidence level in [{lo:g}, {hi:g}), got {value!r}")
+    return float(value)
+
+
 # -- the decoder ----------------------------------------------------------------------------------
 
 

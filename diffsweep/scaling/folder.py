@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import Check, decode, strict_string
+from diffsweep.config.decode import Check, confidence_level, decode, strict_string
 from diffsweep.scaling.choices import Axis, Count, Objective
-from diffsweep.scaling.request import check_level, check_sd
+from diffsweep.scaling.request import check_sd
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,7 +139,7 @@ class SavedFit:
     objective: Objective
     count: Count
     shared_e: bool
-    level: Annotated[float, Check(check_level)]
+    level: Annotated[float, Check(confidence_level)]
     noise: SavedNoise
 
     def request(self, n_boot: int, seed: int) -> FitRequest:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import confidence_level
 from diffsweep.scaling.choices import Axis, Count, Form, Objective, TokenPoints
 
 if TYPE_CHECKING:
@@ -21,16 +22,7 @@ MIN_BOOT = 50  # fewer draws cannot place the 2.5% and 97.5% percentiles of a 95
 # 100,000 draws put a percentile within ~0.1% of its limit; beyond that the draws (B x points x starts
 # refits) only cost memory and hours, so a larger count is a typo.
 MAX_BOOT = 100_000
-LEVEL_RANGE = (0.5, 1.0)  # a confidence level in [0.5, 1)
 MAX_NOISE_SD = 1.0  # sd of log loss: a factor e of run-to-run scatter is no longer noise around a law
-
-
-def check_level(value: float, key: str = "level") -> float:
-    """A confidence level in [0.5, 1) (NaN fails)."""
-    lo, hi = LEVEL_RANGE
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
-        raise ConfigError(key, f"expected a confidence level in [{lo:g}, {hi:g}), got {value!r}")
-    return float(value)
 
 
 def check_sd(value: float, key: str) -> float:
@@ -63,7 +55,7 @@ class FitRequest:
     def __post_init__(self) -> None:
         if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or not MIN_BOOT <= self.n_boot <= MAX_BOOT:
             raise ConfigError("n_boot", f"expected {MIN_BOOT} to {MAX_BOOT:,} bootstrap draws, got {self.n_boot!r}")
-        check_level(self.level)
+        confidence_level(self.level)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError("seed", f"expected a non-negative integer, got {self.seed!r}")
         if self.noise_sd is not None:

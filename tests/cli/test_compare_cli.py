@@ -197,8 +197,8 @@ def test_bad_inputs_are_one_line_exit_2_and_create_nothing(launched, tmp_path):
     root, sweep, env = launched
     _bad([str(sweep), "--baseline", "diff_v1"], root, env, "--baseline", "transformer-tiny-xs, diff_v1-tiny-xs")
     _bad([str(sweep), "--metric", "val/acc"], root, env, "--metric", "'val/acc'", "val/loss", "train/loss")
-    for level in ("0.5", "95"):
-        _bad([str(sweep), "--level", level], root, env, "--level", "(0.5, 1)")
+    for level in ("0.4", "1", "95"):  # the one range of every confidence level diffsweep takes
+        _bad([str(sweep), "--level", level], root, env, "--level", "[0.5, 1)")
     _bad([str(root / "nope.yaml")], root, env, "nope.yaml")
     _bad([str(sweep), "--only", "diff_v9"], root, env, "--only: 'diff_v9' matches no run of")
     _bad([str(sweep), "--only", "diff_v1["], root, env, "--only: not a valid regular expression")

@@ -159,9 +159,9 @@ def _user_folder(root: Path) -> None:
 BAD = {
     "unknown baseline arm": (["--probes", "--baseline", "transformer-tiny"], ["--baseline", "transformer-tiny-3xs"]),
     "baseline without evaluation": (["--probes", "--baseline", MISSING], ["--baseline", MISSING, "no evaluation"]),
-    "level 0": (["--probes", "--level", "0"], ["--level", "(0.5, 1)"]),
-    "level 1": (["--probes", "--level", "1"], ["--level", "(0.5, 1)"]),
-    "level 1.5": (["--level", "1.5"], ["--level", "(0.5, 1)"]),
+    "level 0": (["--probes", "--level", "0"], ["--level", "[0.5, 1)"]),
+    "level 1": (["--probes", "--level", "1"], ["--level", "[0.5, 1)"]),
+    "level 1.5": (["--level", "1.5"], ["--level", "[0.5, 1)"]),
     "step not evaluated": (["--probes", "--step", "300"], ["--step", "[600]"]),
     "out is a user file": (["--probes", "--out", "notes.txt"], ["--out", "notes.txt", "not a folder"]),
     "out is a user folder": (["--probes", "--out", "results"], ["--out", "results", "paper.tex", "did not write"]),
