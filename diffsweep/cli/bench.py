@@ -15,13 +15,10 @@ app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-m
                   no_args_is_help=True)
 
 DeviceOpt = Annotated[Device, choice(Device, "--device", "Where to run (auto: CUDA when visible).")]
-# The library's fields at fault, as the flags that set them.
-ATTENTION_FLAGS = {"layouts": "--layout", "seqs": "--seq", "batch_tokens": "--batch-tokens", "dtype": "--dtype",
-                   "device": "--device", "backends": "--backend", "reps": "--reps", "warmup": "--warmup",
-                   "out": "--out"}
-MODEL_FLAGS = {"size": "--size", "kinds": "--kind", "backend": "--backend", "seq": "--seq",
-               "micro_batch": "--micro-batch", "steps": "--steps", "warmup": "--warmup", "device": "--device",
-               "dtype": "--dtype", "out": "--out"}
+# The library's fields named otherwise than the options that set them (the others are the options'
+# own: ``handle_errors``).
+ATTENTION_FLAGS = {"layouts": "--layout", "seqs": "--seq", "backends": "--backend"}
+MODEL_FLAGS = {"kinds": "--kind"}
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the results as JSON to this file, rewritten "
                                              "after every measured row (\"complete\": false until the end), so a "
                                              "run killed by a time limit keeps what it measured.", show_default=False)]

@@ -1,8 +1,10 @@
 """Shared CLI plumbing: loading a config from the command line, closed choices, errors and warnings.
 
 The library names the field (function argument, request attribute) at fault in a ``ConfigError``;
-each command maps those fields to the flags that set them (``handle_errors(flags=...)``), so the
-user reads the flag they typed. Nothing here imports torch or mlflow.
+``handle_errors`` re-keys it to the flag that sets it, so the user reads the flag they typed: a
+field named as the command's parameter gets that parameter's flag, read from Typer's own option
+(``flags_of``); a command lists only the fields named otherwise (``handle_errors(flags=...)``).
+Nothing here imports torch or mlflow.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -141,17 +144,34 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def flags_of(command: Callable[..., Any]) -> dict[str, str]:
+    """Each option parameter of a Typer command, by name, with its long flag (from the command's
+    own ``typer.Option``): ``baseline -> --baseline``, ``sets -> --set``."""
+    found = {}
+    for name, hint in typing.get_type_hints(command, include_extras=True).items():
+        for info in getattr(hint, "__metadata__", ()):
+            if isinstance(info, typer.models.OptionInfo):
+                # in ``Annotated[..., typer.Option("--flag")]`` the first declaration lands in ``default``
+                decls = ((info.default,) if isinstance(info.default, str) else ()) + tuple(info.param_decls or ())
+                long = [d for d in decls if d.startswith("--")]
+                if long:
+                    found[name] = long[0].split("/")[0]
+    return found
+
+
 @overload
 def handle_errors(fn: F, *, flags: Flags | None = None) -> F: ...
 @overload
 def handle_errors(fn: None = None, *, flags: Flags | None = None) -> Callable[[F], F]: ...
 def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Callable[[F], F]:
     """Turn user-fixable errors into one line on stderr and exit code 2 (environment errors: 3),
-    without a traceback; print config warnings first, as ``warning:`` lines. ``flags`` maps the
-    fields the library's errors name to the command's flags (``@handle_errors(flags=...)``)."""
+    without a traceback; print config warnings first, as ``warning:`` lines. The fields the
+    library's errors name become the command's flags: its parameters' own (``flags_of``), and
+    ``flags`` for fields named otherwise (``@handle_errors(flags=...)``)."""
     if fn is None:
         return lambda f: handle_errors(f, flags=flags)
     command = fn
+    keys: dict[str, str] = {}  # filled on the first error: reading the hints imports nothing at start-up
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -164,7 +184,9 @@ def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Cal
                 return command(*args, **kwargs)
         except ConfigError as exc:
             _show(caught)
-            fail(str(rekeyed(exc, {**COMMON_FLAGS, **(flags or {})})), EXIT_USAGE)
+            if not keys:
+                keys.update({**COMMON_FLAGS, **flags_of(command), **(flags or {})})
+            fail(str(rekeyed(exc, keys)), EXIT_USAGE)
         except EnvironmentUnavailable as exc:
             _show(caught)
             fail(str(exc), EXIT_ENVIRONMENT)

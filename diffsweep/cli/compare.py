@@ -12,12 +12,8 @@ from diffsweep.cli.common import JsonOpt, handle_errors, print_json
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import confidence_level
 
-# The library's fields at fault, as the flags that set them.
-FLAGS = {"baseline": "--baseline", "metric": "--metric", "level": "--level", "step": "--step", "out": "--out",
-         "only": "--only"}
 
-
-@handle_errors(flags=FLAGS)
+@handle_errors  # the library's fields are named as the options that set them
 def compare(
     sweep: Annotated[Path, typer.Argument(help="Sweep YAML whose finished runs to compare.", show_default=False)],
     sets: Annotated[list[str] | None, typer.Option("--set", help="The --set overrides the sweep was launched with "

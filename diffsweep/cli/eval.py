@@ -15,8 +15,7 @@ from diffsweep.cli.sweep import ExecutorOpt, OnlyOpt, OutOpt, ProfileOpt, SweepS
 from diffsweep.config import ConfigError
 from diffsweep.eval.probe import probe_names
 
-FLAGS = {**SWEEP_FLAGS, "probes": "--probe", "probe_settings": "--probe-set", "launch": "--launch", "wait": "--wait",
-         "force": "--force", "json": "--json"}
+FLAGS = {**SWEEP_FLAGS, "probe_settings": "--probe-set", "json": "--json"}  # and the options' own (handle_errors)
 
 
 @handle_errors(flags=FLAGS)

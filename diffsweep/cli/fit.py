@@ -26,12 +26,9 @@ def parse_amount(text: str, flag: str = "--at") -> float:
     return value
 
 
-# The library names the FitRequest field (or run_fit argument) at fault; the user typed a flag.
-FLAGS = {"baseline": "--baseline", "candidates": "--candidate", "axis": "--axis", "form": "--form",
-         "objective": "--objective", "count": "--count", "at": "--at", "shared_e": "--shared-e",
-         "holdout": "--holdout", "token_points": "--token-points", "n_boot": "--boot", "level": "--level",
-         "seed": "--seed", "noise_sd": "--noise-sd", "run_sd": "--run-sd", "out": "--out",
-         "experiment": "--experiment", "sweep": "--sweep", "where": "--where"}
+# The FitRequest fields (or run_fit arguments) named otherwise than the options that set them (the
+# others are the options' own: ``handle_errors``).
+FLAGS = {"candidates": "--candidate", "n_boot": "--boot", "sweep": "--sweep"}
 
 
 @handle_errors

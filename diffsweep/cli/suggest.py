@@ -16,10 +16,10 @@ from diffsweep.config import ConfigError
 # says otherwise: slurm/profiles/h100-example.yaml (989 dense bf16 TFLOP/s at an assumed 40% MFU).
 DEFAULT_PEAK_TFLOPS, DEFAULT_MFU = 989.0, 0.40
 
-FLAGS = {"candidates": "--candidate", "at": "--at", "sizes": "--sizes", "budget": "--budget", "n_boot": "--boot",
-         "seed": "--seed",
-         "points": "SWEEP_OR_FIT", "shared_e": "SWEEP_OR_FIT", "noise_sd": "SWEEP_OR_FIT", "baseline": "SWEEP_OR_FIT",
-         "experiment": "--experiment", "only": "--launch", "profile": "--profile"}
+# The library's fields named otherwise than the options that set them (the others are the
+# options' own: ``handle_errors``); those the sweep or fit file sets are named by it.
+FLAGS = {"candidates": "--candidate", "n_boot": "--boot", "only": "--launch",
+         "points": "SWEEP_OR_FIT", "shared_e": "SWEEP_OR_FIT", "noise_sd": "SWEEP_OR_FIT", "baseline": "SWEEP_OR_FIT"}
 
 
 @handle_errors

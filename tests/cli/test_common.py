@@ -83,3 +83,28 @@ def test_flag_keys_rekeys_only_mapped_fields():
     with pytest.raises(ConfigError) as caught, flag_keys({"n_boot": "--boot"}):
         raise ConfigError("model.size", "expected one of [a]")
     assert str(caught.value) == "model.size: expected one of [a]"
+
+
+def test_a_field_named_as_an_option_is_shown_as_its_flag_without_a_map():
+    """``handle_errors`` reads each option's flag from Typer's own declaration: a field named as the
+    parameter is re-keyed without being listed (``--max-runs``, ``--dry-run/--wet``); ``flags``
+    still maps the fields named otherwise, and an unknown field stays as it is."""
+    from diffsweep.cli.common import flags_of
+
+    app = typer.Typer()
+
+    @app.command()
+    @handle_errors(flags={"n_boot": "--boot"})
+    def main(
+        max_runs: Annotated[int, typer.Option("--max-runs", help="Runs.")] = 1,
+        dry_run: Annotated[bool, typer.Option("--dry-run/--wet", help="Dry.")] = False,
+        boot: Annotated[int, typer.Option("--boot", help="Draws.")] = 100,
+        key: str = "max_runs",
+    ) -> None:
+        raise ConfigError(key, "expected better")
+
+    assert flags_of(main.__wrapped__) == {"max_runs": "--max-runs", "dry_run": "--dry-run", "boot": "--boot"}
+    for key, shown in (("max_runs", "--max-runs"), ("dry_run", "--dry-run"), ("n_boot", "--boot"),
+                       ("max_runs: 3", "--max-runs: 3"), ("other", "other")):
+        r = CliRunner().invoke(app, ["--key", key])
+        assert r.exit_code == 2 and r.stderr == f"error: {shown}: expected better\n", (key, r.output)
