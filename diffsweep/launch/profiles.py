@@ -34,7 +34,6 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,13 +42,10 @@ from diffsweep.config.decode import INTERNAL, AtLeast, Check, Described, decode,
 from diffsweep.config.loading import read_yaml
 from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 
-
-class ExecutorKind(StrEnum):
-    """The built-in schedulers' names. ``Profile.executor`` is a scheduler's name, any registered
-    one (``diffsweep.launch.scheduler``), not only these."""
-
-    SLURM = "slurm"  # sbatch job arrays through submitit
-    LOCAL = "local"  # processes on this machine through submitit's local executor
+# ``Profile.executor`` is a registered scheduler's name (``diffsweep.launch.scheduler``: the one list
+# of them). A profile file that names none is a cluster's; a profile made in code runs here.
+FILE_EXECUTOR = "slurm"
+DEFAULT_EXECUTOR = "local"
 
 
 def _finite(value: Any, key: str) -> Any:
@@ -108,7 +104,7 @@ class Profile:
 
     name: Annotated[str, INTERNAL] = "local"
     # the scheduler's name (diffsweep.launch.scheduler); a profile file that names none is slurm
-    executor: Annotated[str, Check(_scheduler_name)] = ExecutorKind.LOCAL.value
+    executor: Annotated[str, Check(_scheduler_name)] = DEFAULT_EXECUTOR
     gpu: Annotated[Accelerator, Described("a mapping (name, memory_gb, peak_tflops, mfu)")] = field(
         default_factory=Accelerator)
     gpus_per_node: Annotated[int, AtLeast(0)] = 0  # 0: CPU-only (local executor)
@@ -199,7 +195,7 @@ def load_profile(name_or_path: str | None) -> Profile:
 def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     """Strictly decode a profile mapping; errors name ``where`` and the key."""
     if isinstance(raw, dict):  # a profile file is a cluster's unless it names another executor
-        raw = {"executor": ExecutorKind.SLURM.value, **raw}
+        raw = {"executor": FILE_EXECUTOR, **raw}
     profile = decode(Profile, raw, source=where, noun="profile key")
     slurm = check_slurm_params(profile.slurm or {}, f"{where}: slurm", executor=profile.executor)
     profile = dataclasses.replace(profile, name=name, slurm=slurm)
@@ -207,7 +203,7 @@ def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     return profile
 
 
-def check_slurm_params(params: Any, where: str, sep: str = ".", executor: str = ExecutorKind.SLURM.value
+def check_slurm_params(params: Any, where: str, sep: str = ".", executor: str = FILE_EXECUTOR
                        ) -> dict[str, Any]:
     """Profile ``slurm:`` keys must be parameters the scheduler's submitit executor accepts
     (``Scheduler.parameter_names``), not ones diffsweep derives, and their values must be plain
