@@ -60,18 +60,18 @@ def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
     os.replace(tmp, path)
 
 
-def publish(staged: Path, target: Path) -> None:
+def publish(staged: Path, target: Path, *, fill_empty: bool = False) -> None:
     """Put the finished folder ``staged`` (beside ``target``: one file system) at ``target``, so
     that readers find the earlier folder or the new one, never a mix:
 
     - no ``target``: ``staged`` is renamed to it;
-    - an empty folder (one the user made for it, say): kept, with its permissions, it receives
-      ``staged``'s entries;
-    - anything else (an earlier folder; a link, which is replaced, not followed): it is renamed
+    - anything there (an earlier folder; a link, which is replaced, not followed): it is renamed
       aside (into ``.NAME.old.*`` beside it), ``staged`` is renamed into place, and only then is
-      the old one removed.
+      the old one removed;
+    - with ``fill_empty``, an empty folder (one the user made for the outputs) is kept, with its
+      permissions, and receives ``staged``'s entries one by one.
     """
-    if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+    if fill_empty and target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
         for entry in sorted(staged.iterdir()):
             os.replace(entry, target / entry.name)
         staged.rmdir()

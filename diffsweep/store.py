@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 CONNECT_TIMEOUT = 5.0  # seconds a tracking server gets to answer /health
 BUSY_SECONDS = 120.0  # how long a locked SQLite database is retried before the error stands
-LOCK_SECONDS = 300.0  # how long the store's lock file is waited for (``_store_lock``)
+LOCK_SECONDS = 300.0  # how long one process may hold the store's lock file before a waiter gives up
 LOCK_NOTICE = 10.0  # after which a process waiting for it says so on stderr
 KEY = "MLFLOW_TRACKING_URI"
 SQL_DATABASES = ("postgresql", "mysql", "mssql")  # MLflow's other SQLAlchemy stores (need a driver)
@@ -392,34 +392,53 @@ def _store_lock(database: Path, *, exclusive: bool) -> Iterator[None]:
     file stays: removing a lock file lets two processes lock two different files.
 
     It is held for the seconds a store takes to open, never longer; a process that finds it taken
-    waits, says so on stderr after ``LOCK_NOTICE`` seconds, and gives up after ``LOCK_SECONDS``
-    with a ``ConfigError`` naming the file: its holder is stopped (Ctrl-Z, a suspended job) or
-    hung, and waiting on would hang this command with it."""
+    waits (many processes starting at once queue here), says so on stderr after ``LOCK_NOTICE``
+    seconds, and gives up with a ``ConfigError`` naming the file and the holder once one process
+    has held it for ``LOCK_SECONDS`` (``/proc/locks``; where that cannot be read, once it has
+    waited that long): that holder is stopped (Ctrl-Z, a suspended job) or hung, and waiting on
+    would hang this command with it."""
     path = database.with_name(database.name + ".lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         start = time.monotonic()
+        since: dict[str, float] = {}  # each holder seen, with when it was first seen
         delay, noticed = 0.01, False
         while True:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                waited = time.monotonic() - start
-            if waited > LOCK_SECONDS:
-                raise ConfigError(KEY, f"{path} stayed locked by another process for {LOCK_SECONDS:g} s; a "
-                                  "process opening this store is stopped (Ctrl-Z, a suspended job) or hung: "
+                now = time.monotonic()
+            holders = _lock_holders(os.fstat(fd).st_ino)
+            since = {pid: since.get(pid, now) for pid in holders}
+            oldest = min(since.items(), key=lambda kv: kv[1], default=None)
+            held = now - (oldest[1] if oldest else start)
+            if held > LOCK_SECONDS:
+                who = f"pid {oldest[0]}" if oldest else "another process"
+                raise ConfigError(KEY, f"{path} has been locked by {who} for {LOCK_SECONDS:g} s; a process "
+                                  "opening this store is stopped (Ctrl-Z, a suspended job) or hung: "
                                   f"`fuser -v {path}` names it")
-            if waited > LOCK_NOTICE and not noticed:
-                print(f"diffsweep: waiting for {path} (locked by another process; gives up after "
-                      f"{LOCK_SECONDS:g} s)", file=sys.stderr, flush=True)
+            if now - start > LOCK_NOTICE and not noticed:
+                print(f"diffsweep: waiting for {path} (locked by another process; gives up once one has held it "
+                      f"for {LOCK_SECONDS:g} s)", file=sys.stderr, flush=True)
                 noticed = True
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 0.5)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock_holders(inode: int) -> set[str]:
+    """The pids ``/proc/locks`` shows holding (not waiting for) a lock on the file of ``inode``;
+    empty where it cannot be read."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return set()
+    fields = (line.split() for line in text.splitlines())  # "1: FLOCK ADVISORY READ 1234 fd:01:5678 0 EOF"
+    return {f[4] for f in fields if len(f) > 5 and "->" not in f and f[5].rsplit(":", 1)[-1] == str(inode)}
 
 
 def busy(exc: BaseException) -> bool:

@@ -37,15 +37,26 @@ def test_an_earlier_folder_is_replaced_whole_and_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left aside
 
 
-def test_an_empty_folder_is_kept_with_its_permissions_and_filled(tmp_path):
+def test_an_empty_folder_is_kept_with_its_permissions_and_filled_when_asked(tmp_path):
+    """``fill_empty`` (a fit's --out folder the user made); otherwise an empty folder is swapped
+    like any other (a checkpoint: a half-filled step folder must never be seen)."""
     out = tmp_path / "out"
     out.mkdir(mode=0o750)
     os.chmod(out, 0o750)
     inode = out.stat().st_ino
-    publish(staged(tmp_path, "new"), out)
+    publish(staged(tmp_path, "new"), out, fill_empty=True)
     assert out.stat().st_ino == inode and out.stat().st_mode & 0o777 == 0o750
     assert contents(out) == {"a.txt": "new", "sub/b.txt": "new"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    inode = swapped.stat().st_ino
+    (tmp_path / ".staged").mkdir()
+    (tmp_path / ".staged" / "c.txt").write_text("c")
+    publish(tmp_path / ".staged", swapped)
+    assert swapped.stat().st_ino != inode and contents(swapped) == {"c.txt": "c"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "swapped"]
 
 
 def test_a_link_is_replaced_and_its_target_left_alone(tmp_path):

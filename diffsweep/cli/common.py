@@ -93,16 +93,30 @@ def name_choice(names: Callable[[], Iterable[str]], flag: str, help: str, *, key
 COMMON_FLAGS: Flags = {"set": "--set", "profile": "--profile", "slurm_overrides": "--slurm", "setup_lines": "--setup"}
 
 
-def rekeyed(exc: ConfigError, flags: Flags) -> ConfigError:
+def rekeyed(exc: ConfigError, flags: Flags, *, items: bool = True) -> ConfigError:
     """``exc`` with the library's field replaced by the flag that sets it (same message). A key that
     starts with the field keeps the rest: ``set: data.path`` (the field, then what in it) becomes
-    ``--set: data.path``; ``slurm_overrides.time`` (an item of the field) becomes ``--slurm time``."""
+    ``--set: data.path``; with ``items``, ``slurm_overrides.time`` (an item of the field) becomes
+    ``--slurm time``."""
     for field, flag in flags.items():
         if exc.key == field or exc.key.startswith(f"{field}: "):
             return ConfigError(flag + exc.key[len(field):], exc.message)
-        if exc.key.startswith(f"{field}."):
+        if items and exc.key.startswith(f"{field}."):
             return ConfigError(f"{flag} {exc.key[len(field) + 1:]}", exc.message)
     return exc
+
+
+def _rekeyed_for(exc: ConfigError, command: Callable[..., Any], flags: Flags | None) -> ConfigError:
+    """``exc`` re-keyed for ``command``: by the fields it maps (``flags``, and ``COMMON_FLAGS``),
+    else by its options' own names (``flags_of``), only as the whole key (``launch.gpus_per_run``
+    is a sweep file's key, not an item of ``suggest --launch``), and not for a flag a field named
+    otherwise already maps to (``slurm`` names the scheduler; ``--slurm`` sets ``slurm_overrides``)."""
+    mapped = {**COMMON_FLAGS, **(flags or {})}
+    new = rekeyed(exc, mapped)
+    if new is not exc:
+        return new
+    own = {name: flag for name, flag in flags_of(command).items() if flag not in mapped.values()}
+    return rekeyed(exc, own, items=False)
 
 
 @contextmanager
@@ -171,7 +185,6 @@ def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Cal
     if fn is None:
         return lambda f: handle_errors(f, flags=flags)
     command = fn
-    keys: dict[str, str] = {}  # filled on the first error: reading the hints imports nothing at start-up
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -184,9 +197,7 @@ def handle_errors(fn: F | None = None, *, flags: Flags | None = None) -> F | Cal
                 return command(*args, **kwargs)
         except ConfigError as exc:
             _show(caught)
-            if not keys:
-                keys.update({**COMMON_FLAGS, **flags_of(command), **(flags or {})})
-            fail(str(rekeyed(exc, keys)), EXIT_USAGE)
+            fail(str(_rekeyed_for(exc, command, flags)), EXIT_USAGE)
         except EnvironmentUnavailable as exc:
             _show(caught)
             fail(str(exc), EXIT_ENVIRONMENT)

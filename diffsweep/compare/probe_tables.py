@@ -277,7 +277,7 @@ def choose(records: Sequence[EvalRecord], step: int | None = None) -> list[EvalR
     return list(best.values())
 
 
-# -- a sweep's evaluations, read from the MLflow store, and the outputs --------------------------------
+# -- the whole comparison (read from the store by ``probes``, written by ``probe_output``) ---------------
 
 
 @dataclass

@@ -17,7 +17,7 @@ replicates and a verdict in words:
   "beyond seed noise" otherwise, and "seed noise unknown" when no row has two seeds: then no CI
   is given, since one run per row cannot separate a difference from a seed's luck.
 
-Coverage of these CIs is checked by a Monte Carlo test (tests/sweep/test_compare.py).
+Coverage of these CIs is checked by a Monte Carlo test (tests/compare/test_runs.py).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def compare_rows(values: Mapping[str, Sequence[float]], baseline: str, level: fl
                  unit: str = "nats") -> RowComparison:
     """Each row's mean over its seeds and its difference from ``baseline`` with a ``level`` CI
     from the pooled seed sd (see the module docstring). ``values`` maps a row name to its values,
-    one per seed. Raises ``ConfigError`` for an unknown baseline, an empty row or a non-finite value."""
+    one per seed. Raises ``ConfigError`` for an unknown baseline, an empty row, a non-finite value or a
+    ``level`` outside [0.5, 1) (``confidence_level``)."""
     from scipy import stats
 
     if baseline not in values:

@@ -112,7 +112,8 @@ def output_dir(spec: SweepSpec, out: Path | None) -> Path:
 
 # What diffsweep writes in a sweep output directory (the ledger, its lock and temporary file, the
 # launch lock, code snapshots, job files, logs, run directories, the local queue's markers).
-SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, LAUNCH_LOCK, "code", "jobs", "logs", "runs"})
+SWEEP_OUTPUT_NAMES = frozenset({LEDGER_FILE, LOCK_FILE, LAUNCH_LOCK, "code", "jobs", "logs", "runs",
+                                f".{LEDGER_FILE}.tmp"})  # the ledger's temporary file before fsutil.temporary_name
 
 
 def _refuse_foreign(path: Path, key: str) -> None:

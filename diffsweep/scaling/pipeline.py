@@ -127,7 +127,7 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
                 if log:
                     with _store_errors(source.uri, "log the fit run to"):
                         outcome.mlflow_run_id = _log(tmp, outcome, used, source, request)
-                publish(tmp, folder)
+                publish(tmp, folder, fill_empty=True)  # a folder the user made is kept
             finally:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:

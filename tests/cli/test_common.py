@@ -87,8 +87,11 @@ def test_flag_keys_rekeys_only_mapped_fields():
 
 def test_a_field_named_as_an_option_is_shown_as_its_flag_without_a_map():
     """``handle_errors`` reads each option's flag from Typer's own declaration: a field named as the
-    parameter is re-keyed without being listed (``--max-runs``, ``--dry-run/--wet``); ``flags``
-    still maps the fields named otherwise, and an unknown field stays as it is."""
+    parameter is re-keyed without being listed (``--max-runs``, ``--dry-run/--wet``), as the whole
+    key only (``dry_run.x`` is not an item of ``--dry-run``); ``flags`` still maps the fields named
+    otherwise; a flag a field named otherwise maps to is not taken again from its parameter's name
+    (``slurm`` names the scheduler in the library; ``--slurm`` sets ``slurm_overrides``); an
+    unknown field stays as it is."""
     from diffsweep.cli.common import flags_of
 
     app = typer.Typer()
@@ -99,12 +102,15 @@ def test_a_field_named_as_an_option_is_shown_as_its_flag_without_a_map():
         max_runs: Annotated[int, typer.Option("--max-runs", help="Runs.")] = 1,
         dry_run: Annotated[bool, typer.Option("--dry-run/--wet", help="Dry.")] = False,
         boot: Annotated[int, typer.Option("--boot", help="Draws.")] = 100,
+        slurm: Annotated[list[str] | None, typer.Option("--slurm", help="Settings.")] = None,
         key: str = "max_runs",
     ) -> None:
         raise ConfigError(key, "expected better")
 
-    assert flags_of(main.__wrapped__) == {"max_runs": "--max-runs", "dry_run": "--dry-run", "boot": "--boot"}
+    assert flags_of(main.__wrapped__) == {"max_runs": "--max-runs", "dry_run": "--dry-run", "boot": "--boot",
+                                          "slurm": "--slurm"}
     for key, shown in (("max_runs", "--max-runs"), ("dry_run", "--dry-run"), ("n_boot", "--boot"),
-                       ("max_runs: 3", "--max-runs: 3"), ("other", "other")):
+                       ("max_runs: 3", "--max-runs: 3"), ("other", "other"), ("dry_run.x", "dry_run.x"),
+                       ("slurm", "slurm"), ("slurm_overrides.time", "--slurm time")):
         r = CliRunner().invoke(app, ["--key", key])
         assert r.exit_code == 2 and r.stderr == f"error: {shown}: expected better\n", (key, r.output)

@@ -256,7 +256,8 @@ def test_a_store_whose_lock_a_stopped_process_holds_is_one_line_exit_2_not_a_han
                                                                                   monkeypatch):
     """A process stopped while it holds the store's lock file (Ctrl-Z at the wrong moment; in CI, a
     test's SIGSTOP hung a launch for 13 minutes): ``train`` says on stderr that it waits, then gives
-    up after ``LOCK_SECONDS`` with one line naming the lock file, exit 2, and nothing created.
+    up once that process has held it for ``LOCK_SECONDS``, with one line naming the lock file and the
+    holder's pid, exit 2, and nothing created.
     Continued within that time, the holder lets the same command train."""
     from diffsweep import store as store_module
 
@@ -269,7 +270,7 @@ def test_a_store_whose_lock_a_stopped_process_holds_is_one_line_exit_2_not_a_han
         result = run(*train_args(text_dataset), cwd=tmp_path, env=store)
         notice, error = [line for line in result.stderr.splitlines() if line.strip()]
         assert notice.startswith(f"diffsweep: waiting for {database}.lock (locked by another process"), notice
-        refused(result, "MLFLOW_TRACKING_URI", f"{database}.lock stayed locked by another process for 1 s",
+        refused(result, "MLFLOW_TRACKING_URI", f"{database}.lock has been locked by pid {holder.pid} for 1 s",
                 f"fuser -v {database}.lock")
         assert database.read_bytes() == before and not (tmp_path / "runs").exists()
 

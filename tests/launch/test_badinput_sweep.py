@@ -67,7 +67,8 @@ def test_the_default_output_beside_the_sweep_is_refused_when_it_holds_a_users_fi
 
 
 @pytest.mark.parametrize("name", ["..launch.lock.login1.4242.68c88c9a", ".launch.lock.break",
-                                  "..ledger.lock.vm.17.0123abcd", ".launch.lock", ".ledger.json.4242.tmp"])
+                                  "..ledger.lock.vm.17.0123abcd", ".launch.lock", ".ledger.json.4242.tmp",
+                                  ".ledger.json.tmp"])
 def test_the_files_of_another_launch_taking_its_lock_are_not_a_users(tmp_path, sweep, name):
     """A second launch that looks while the first is taking the lock finds the lock's temporary
     file (or its ``.break``, or the ledger's temporary file) in a sweep directory that has no ledger
