@@ -410,7 +410,7 @@ def _store_lock(database: Path, *, exclusive: bool) -> Iterator[None]:
                 break
             except BlockingIOError:
                 now = time.monotonic()
-            holders = _lock_holders(os.fstat(fd).st_ino)
+            holders = lock_holders(os.fstat(fd).st_ino)
             since = {pid: since.get(pid, now) for pid in holders}
             oldest = min(since.items(), key=lambda kv: kv[1], default=None)
             held = now - (oldest[1] if oldest else start)
@@ -430,7 +430,7 @@ def _store_lock(database: Path, *, exclusive: bool) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _lock_holders(inode: int) -> set[str]:
+def lock_holders(inode: int) -> set[str]:
     """The pids ``/proc/locks`` shows holding (not waiting for) a lock on the file of ``inode``;
     empty where it cannot be read."""
     try:

@@ -289,3 +289,32 @@ def test_a_store_whose_lock_a_stopped_process_holds_is_one_line_exit_2_not_a_han
     client = mlflow_client(store["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
     assert [r.info.status for r in runs] == ["FINISHED"]
+
+
+def test_processes_queueing_for_the_store_lock_do_not_time_out_a_waiter(tmp_path, monkeypatch):
+    """The give-up clock is per holder: a waiter behind a line of healthy holders (each for less than
+    ``LOCK_SECONDS``, their sum for more) gets the lock. The holders are a real stopped process and,
+    for who /proc/locks names, a stand-in that changes hands at 1.2 s (the unit's logic only)."""
+    from diffsweep import store as store_module
+
+    database = tmp_path / "mlflow.db"
+    holder = stopped_holder(database, tmp_path / "ready")
+    started = time.monotonic()
+
+    def holders(inode: int) -> set[str]:
+        elapsed = time.monotonic() - started
+        if elapsed > 2.4:
+            os.kill(holder.pid, signal.SIGCONT)  # it exits, unlocking
+        return {"first"} if elapsed < 1.2 else {"second"}
+
+    monkeypatch.setattr(store_module, "LOCK_SECONDS", 2.0)
+    monkeypatch.setattr(store_module, "LOCK_NOTICE", 60.0)
+    monkeypatch.setattr(store_module, "lock_holders", holders)
+    monkeypatch.setattr(store_module.random, "random", lambda: 0.0)  # polls at most 0.5 s apart
+    try:
+        with store_module._store_lock(database, exclusive=True):
+            waited = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waited > 2.4  # longer than LOCK_SECONDS in all, and no error

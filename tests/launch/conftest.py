@@ -83,18 +83,16 @@ def pending(pid: int, sig: int) -> bool:
 
 
 def store_locks(pid: int) -> list[str]:
-    """The locks process ``pid`` holds (``/proc/locks``, not those it waits for) on files of an
-    SQLite MLflow store: ``mlflow.db`` (SQLite's own), ``mlflow.db.lock`` (``diffsweep.store``'s)."""
-    inodes = set()
+    """The files of an SQLite MLflow store on which process ``pid`` holds a lock (``/proc/locks``,
+    not one it waits for): ``mlflow.db`` (SQLite's own), ``mlflow.db.lock`` (``diffsweep.store``'s)."""
+    from diffsweep.store import lock_holders
+
+    found = []
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):
-            if Path(os.readlink(fd)).name.startswith("mlflow.db"):
-                inodes.add(os.stat(fd).st_ino)
-    found = []
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters have "->"
-        if "->" not in fields and fields[4] == str(pid) and int(fields[5].rsplit(":", 1)[1]) in inodes:
-            found.append(line)
+            target = os.readlink(fd)
+            if Path(target).name.startswith("mlflow.db") and str(pid) in lock_holders(os.stat(fd).st_ino):
+                found.append(target)
     return found
 
 
