@@ -27,17 +27,43 @@ from tests.helpers.tracking import mlflow_client
 
 from .test_train_cli import one_line, train_args
 
-# Imports the slow modules, says it is ready, waits for the start line, then runs the CLI as
-# ``python -m diffsweep ARGS`` would: all processes reach the store within milliseconds.
+# Imports the slow modules once, then forks one child per argument list (argv[2], JSON); each
+# child sends its stderr to gate/err<i> and waits for gate/go, then runs the CLI as
+# ``python -m diffsweep ARGS`` would: all processes reach the store within milliseconds. Forked, not
+# started: eight separate processes still meet in the store, without eight imports of torch and
+# MLflow (~4 CPU-s each). Prints the children's exit codes (JSON) once all have ended.
 RELEASE = """
-import os, runpy, sys, time
+import json, os, runpy, sys, time, traceback
 import torch, mlflow.tracking, mlflow.store.tracking.sqlalchemy_store, diffsweep.train.trainer
-ready, go = sys.argv[1:3]
-open(ready, "w").close()
-while not os.path.exists(go):
-    time.sleep(0.002)
-sys.argv = ["diffsweep", *sys.argv[3:]]
-runpy.run_module("diffsweep", run_name="__main__", alter_sys=True)
+gate, commands = sys.argv[1], json.loads(sys.argv[2])
+children = {}
+for i, args in enumerate(commands):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(os.open(os.path.join(gate, f"err{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        while not os.path.exists(os.path.join(gate, "go")):
+            time.sleep(0.002)
+        sys.argv = ["diffsweep", *args]
+        code = 1
+        try:
+            runpy.run_module("diffsweep", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    children[pid] = i
+open(os.path.join(gate, "ready"), "w").close()
+codes = [None] * len(commands)
+for _ in commands:
+    pid, status = os.wait()
+    codes[children[pid]] = os.waitstatus_to_exitcode(status)
+print(json.dumps(codes))
 """
 # Creating the store's schema takes a process 3-4 s, so processes released within milliseconds all
 # meet in it: 8 on the 2-core CI machine (4 per core) is as much contention as 16 was, at half the cost.
@@ -48,32 +74,32 @@ STEPS = 3  # above the tiny run's 2 warm-up steps
 
 @pytest.mark.slow
 def test_trainings_started_at_once_on_a_new_store_all_finish(text_dataset, tmp_path):
-    """8 ``diffsweep train`` processes (real processes: their concurrency is the point) released at
-    the same instant on a store that does not exist yet (MLflow alone: every one crashed in its
-    schema creation): 8 FINISHED runs, each with every step exactly once."""
+    """8 ``diffsweep train`` processes (real processes: their concurrency is the point; forked from
+    one that imported torch and MLflow, see RELEASE) released at the same instant on a store that
+    does not exist yet (MLflow alone: every one crashed in its schema creation): 8 FINISHED runs,
+    each with every step exactly once."""
     store = tmp_path / "store" / "mlflow.db"
     store.parent.mkdir()
     uri = f"sqlite:///{store}"
     gate = tmp_path / "gate"
     gate.mkdir()
-    procs = []
+    commands = [train_args(text_dataset, f"train.seed={seed}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
+                           f"train.checkpoint_every={STEPS}") for seed in range(PROCESSES)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": uri}
-    for seed in range(PROCESSES):
-        args = train_args(text_dataset, f"train.seed={seed}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
-                          f"train.checkpoint_every={STEPS}")
-        procs.append(subprocess.Popen([sys.executable, "-c", RELEASE, str(gate / f"ready{seed}"), str(gate / "go"),
-                                       *args], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    # Waits for the state (every process ready, or one dead); the bound only ends a hang: 8 processes
-    # importing torch and MLflow took over 240 s on the loaded 2-core CI machine.
+    parent = subprocess.Popen([sys.executable, "-c", RELEASE, str(gate), json.dumps(commands)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Waits for the state (every child forked and waiting, or the parent dead); the bound only ends a hang.
     deadline = time.monotonic() + 900
-    while len(list(gate.glob("ready*"))) < PROCESSES:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "processes did not get ready"
+    while not (gate / "ready").exists():
+        assert time.monotonic() < deadline and parent.poll() is None, parent.stderr.read() if parent.poll() else "hung"
         time.sleep(0.1)
     assert not store.exists()
     (gate / "go").touch()
-    results = [(p.wait(timeout=900), p.stderr.read()) for p in procs]
-    assert [code for code, _ in results] == [0] * PROCESSES, [err[-2000:] for code, err in results if code]
+    out, err = parent.communicate(timeout=900)
+    assert parent.returncode == 0, err[-3000:]
+    codes = json.loads(out.strip().splitlines()[-1])
+    failed = {i: (gate / f"err{i}").read_text()[-2000:] for i, code in enumerate(codes) if code != 0}
+    assert codes == [0] * PROCESSES, failed
     client = mlflow_client(uri)
     runs = client.search_runs([client.get_experiment_by_name("diffsweep").experiment_id])
     assert sorted(r.data.params["train.seed"] for r in runs) == sorted(str(s) for s in range(PROCESSES))
