@@ -53,19 +53,20 @@ def reference(text_dataset, tmp_path_factory, mlflow_store) -> Callable[..., dic
     return get
 
 
-# DIFF V1 on two processes, DDP and FSDP2, is trained against one process by the resume tests below
-# (ddp-2-then-1: the steps before the interruption; fsdp-1-then-2-then-1: the steps between the two).
-@pytest.mark.parametrize(("kind", "parallel"), [("transformer", "ddp"), ("transformer", "fsdp"), ("diff_v2", "fsdp")])
-def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, store, reference, kind,
-                                                                 parallel):
-    uri = store["MLFLOW_TRACKING_URI"]
-    # 5 validation windows in micro-batches of 2: rank 0 gets two, rank 1 one (and a spare forward)
-    extra = (f"model.attention.kind={kind}", "train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160")
+# 5 validation windows in micro-batches of 2: rank 0 gets two, rank 1 one (and a spare forward)
+LIKE_ONE = ("train.max_steps=6", "train.eval_every=3", "train.eval_tokens=160", "train.checkpoint_every=3")
+
+
+def _trains_like_one(dataset: Path, tmp_path: Path, uri: str, reference: Callable[..., dict[str, History]],
+                     extra: tuple[str, ...], parallel: str) -> subprocess.CompletedProcess:
+    """``torchrun`` of the tiny run with ``extra`` on two processes trains as one process does (the
+    same global batch: the same history), rank 0 alone prints and tracks, and neither process holds a
+    DDP model when it destroys its process group."""
     probe = tmp_path / "probe"  # how many DDP models each process still held when it destroyed its group
     probe.mkdir()
     env = process_env(uri) | {"DIFFSWEEP_GROUP_PROBE": str(probe),
                                 "PYTHONPATH": os.pathsep.join([str(GROUP_PROBE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(torchrun(text_dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
+    result = subprocess.run(torchrun(dataset, *extra, f"train.parallel={parallel}"), cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     # none: the model is freed before the group is destroyed (else gloo's destructor can deadlock)
@@ -75,6 +76,17 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
     assert run.info.status == "FINISHED"
     assert run.data.metrics["train/tokens"] == 6 * 128  # the global batch, not a per-process one
     assert_same(histories(uri, run_id), reference(*extra))
+    return result
+
+
+# DIFF V1 on two processes, DDP and FSDP2, is trained against one process by the resume tests below
+# (ddp-2-then-1: the steps before the interruption; fsdp-1-then-2-then-1: the steps between the two);
+# the Transformer on FSDP2 by the damaged-shard test.
+@pytest.mark.parametrize(("kind", "parallel"), [("transformer", "ddp"), ("diff_v2", "fsdp")])
+def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, tmp_path, store, reference, kind,
+                                                                 parallel):
+    _trains_like_one(text_dataset, tmp_path, store["MLFLOW_TRACKING_URI"], reference,
+                     (f"model.attention.kind={kind}", *LIKE_ONE), parallel)
 
 
 def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path, str]:
@@ -175,18 +187,18 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_on_two_process
 
 
 @pytest.mark.slow
-def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_path, store):
-    """Two FSDP2 processes each checksum the shard they write into the checkpoint's
-    checksums.json. With 64 bytes flipped in rank 1's shard of the newest checkpoint, a relaunch on
-    two processes checks the shards split between them (rank 1 finds it) and both fall back to the
-    checkpoint before it; rank 0 warns once; the step is trained again to the same shards."""
+def test_two_fsdp_processes_train_like_one_and_a_damaged_shard_is_skipped_by_every_process_alike(
+        text_dataset, tmp_path, store, reference):
+    """The Transformer on two FSDP2 processes trains as one process does; each process checksums
+    the shard it writes into the checkpoint's checksums.json. With 64 bytes flipped in rank 1's
+    shard of the newest checkpoint, a relaunch on two processes checks the shards split between
+    them (rank 1 finds it) and both fall back to the checkpoint before it; rank 0 warns once; the
+    steps are trained again to the same shards and the same history."""
     from diffsweep.train.checkpoint import CHECKSUMS_FILE, load_checkpoint, verify_shards
 
     uri = store["MLFLOW_TRACKING_URI"]
-    args = torchrun(text_dataset, "train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2",
-                    "train.parallel=fsdp")
-    first = subprocess.run(args, cwd=tmp_path, env=process_env(uri), capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
+    extra = ("model.attention.kind=transformer", *LIKE_ONE)
+    _trains_like_one(text_dataset, tmp_path, uri, reference, extra, "fsdp")
     run_dir = next((tmp_path / "runs").iterdir())
     previous, newest = list_checkpoints(run_dir / "checkpoints")
     written = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
@@ -196,11 +208,12 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
     shard.write_bytes(bytes(data))
 
-    again = subprocess.run(args, cwd=tmp_path, env=process_env(uri), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(torchrun(text_dataset, *extra, "train.parallel=fsdp"), cwd=tmp_path, env=process_env(uri),
+                           capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("warning:") == 1, again.stdout
     assert f"{newest.relative_to(tmp_path)}/__1_0.distcp: corrupt (CRC-32" in again.stdout
-    assert f"resuming {run_dir.name} at step 2 of 4 on 2 processes" in again.stdout
+    assert f"resuming {run_dir.name} at step 3 of 6 on 2 processes" in again.stdout
     load_checkpoint(newest)
     verify_shards(newest)
     rewritten = json.loads((newest / CHECKSUMS_FILE).read_text())["files"]
@@ -208,4 +221,5 @@ def test_a_damaged_shard_is_skipped_by_every_process_alike(text_dataset, tmp_pat
         {k: written[k] for k in ("__0_0.distcp", "__1_0.distcp")}  # the same weights, bit for bit
     run_id, run = only_run(uri)
     assert run.info.status == "FINISHED"
-    assert [s for s, _ in histories(uri, run_id)["train/loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in histories(uri, run_id)["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert_same(histories(uri, run_id), reference(*extra))
