@@ -62,7 +62,7 @@ def text_dataset(tmp_path_factory) -> Path:
 def mlflow_store(tmp_path_factory, store_template) -> str:
     """One SQLite MLflow store for the session (a copy of ``store_template``); tests use their own
     experiments in it."""
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
 
     path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     shutil.copyfile(store_template, path)
@@ -94,7 +94,7 @@ def store_template(tmp_path_factory) -> Path:
     the first to get the lock in their common base folder makes it; tests copy it, never write it."""
     from filelock import FileLock
 
-    from diffsweep.store import init_store
+    from diffsweep.tracking.store import init_store
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -39,7 +39,8 @@ SOURCES = {"diffsweep": ROOT / "diffsweep", "diffsweep_kernels": ROOT / "kernels
 
 # Each part of the package (a subpackage or a top-level module; the kernels are
 # ``diffsweep_kernels``) and the parts it may import, anywhere in it. Lowest first.
-# ``store`` and ``rundir`` are where the run store moves (issue #17's store/rundir refactor).
+# ``tracking`` owns MLflow (the store, the trainer's logger, the UI and server); ``rundir`` the run
+# directory's files.
 BASE = {"diffsweep", "fsutil", "lockfile", "slurm", "config", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
 ALLOWED: dict[str, set[str]] = {
     "diffsweep": set(),
@@ -49,18 +50,17 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),  # typed configs and enums: pure Python
     "slurm": {"config"},  # the one Slurm client: every Slurm command and job-state word
     "lockfile": {"config", "slurm"},  # asks Slurm whether a holder's job still runs
-    "store": BASE | {"rundir"},
+    "tracking": BASE | {"rundir"},  # the only part that constructs an MLflow client
     "rundir": BASE,
     "data": BASE,
     "model": BASE | {"diffsweep_kernels"},
-    "sweep": BASE | {"model"},  # model.counting: sizes without building a model; pure: no store
-    "train": BASE | {"data", "model", "store", "rundir"},
+    "sweep": BASE | {"model"},  # model.counting: sizes without building a model; pure: no tracking
+    "train": BASE | {"data", "model", "tracking", "rundir"},
     "bench": BASE | {"data", "model", "train", "diffsweep_kernels"},
-    "eval": BASE | {"data", "model", "train", "store", "rundir"},  # probes of trained checkpoints
-    "launch": BASE | {"data", "model", "sweep", "train", "eval", "store", "rundir", "diffsweep_kernels"},
-    "scaling": BASE | {"sweep", "launch", "store", "rundir"},  # fit: reads runs, never trains
-    "compare": BASE | {"sweep", "store"},  # a sweep's finished runs and evaluations, read from the store
-    "ui": BASE | {"store", "rundir"},  # the MLflow UI over the run store
+    "eval": BASE | {"data", "model", "train", "tracking", "rundir"},  # probes of trained checkpoints
+    "launch": BASE | {"data", "model", "sweep", "train", "eval", "tracking", "rundir", "diffsweep_kernels"},
+    "scaling": BASE | {"sweep", "launch", "tracking", "rundir"},  # fit: reads runs, never trains
+    "compare": BASE | {"sweep", "tracking"},  # a sweep's finished runs and evaluations, read from the store
 }
 LIBRARY = set(ALLOWED)
 ALLOWED["cli"] = LIBRARY  # the top: parses, calls one library function, renders
@@ -431,3 +431,19 @@ def test_slurm_is_spoken_in_one_module():
             elif isinstance(node, ast.Constant) and node.value in SLURM_STATE_WORDS:
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: spells the Slurm state {node.value}")
     assert not bad, "use diffsweep.slurm:\n" + "\n".join(bad)
+
+
+def test_mlflow_clients_are_constructed_in_one_place():
+    """``MlflowClient`` is named only in ``diffsweep.tracking.store`` (``mlflow_client``): every other
+    module opens the store through it."""
+    bad = []
+    for name, path in modules().items():
+        if name == "diffsweep.tracking.store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            named = (isinstance(node, ast.Name) and node.id == "MlflowClient") or \
+                (isinstance(node, ast.Attribute) and node.attr == "MlflowClient") or \
+                (isinstance(node, ast.alias) and node.name.split(".")[-1] == "MlflowClient")
+            if named:
+                bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}")
+    assert not bad, "use diffsweep.tracking.store.mlflow_client:\n" + "\n".join(bad)

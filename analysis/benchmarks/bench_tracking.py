@@ -26,8 +26,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from diffsweep.config import TokenizerKind, load_config  # noqa: E402
+from diffsweep.tracking.logger import MlflowTracker, NullTracker  # noqa: E402
 from diffsweep.train import trainer  # noqa: E402
-from diffsweep.train.tracking import MlflowTracker, NullTracker  # noqa: E402
 
 
 class TimedTracker(MlflowTracker):
@@ -74,7 +74,7 @@ def main() -> None:
                  "train.eval_tokens=8192", "train.checkpoint_every=100", "train.log_every=1000000"]
     cfg = load_config(None, overrides)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
 
     ensure_experiment(os.environ["MLFLOW_TRACKING_URI"], "bench")  # DB creation is set-up, not per step
 

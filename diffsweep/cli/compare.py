@@ -49,9 +49,9 @@ def compare(
     interval from the seed-to-seed spread: within or beyond seed noise. With --probes, the same for
     every table of the probes the sweep was evaluated with."""
     from diffsweep.compare.runs import compare_sweep
-    from diffsweep.store import existing_store, tracking_uri
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.expand import select
+    from diffsweep.tracking.store import existing_store, tracking_uri
 
     confidence_level(level, "--level")
     if not probes:

@@ -120,7 +120,7 @@ def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, 
             csv: Path | None, log: bool, sets: list[str] | None = None):
     """Where the points come from; the tracking store is checked first whenever the fit uses it."""
     from diffsweep.scaling.pipeline import Source
-    from diffsweep.store import check_tracking, existing_store, fail_fast_http, tracking_uri
+    from diffsweep.tracking.store import check_tracking, existing_store, fail_fast_http, tracking_uri
 
     uri, keys = tracking_uri(), None
     if sets and sweep is None:

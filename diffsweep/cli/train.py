@@ -33,7 +33,7 @@ def train(
     Exit status: 0 finished, 2 bad input, 3 missing GPU/package, 4 diverged, 75 preempted by
     SIGUSR2/SIGTERM after saving a checkpoint (run the same command again to continue).
     """
-    from diffsweep.store import check_experiment_name
+    from diffsweep.tracking.store import check_experiment_name
 
     check_experiment_name(experiment)  # before the store (which the run creates) exists
     _check_out(out)
@@ -41,7 +41,7 @@ def train(
 
     from diffsweep.config.identity import run_name
     from diffsweep.startup import imports_frozen
-    from diffsweep.store import import_mlflow, tracking_uri
+    from diffsweep.tracking.store import import_mlflow, tracking_uri
     from diffsweep.train.preemption import EXIT_PREEMPTED
 
     with imports_frozen():

@@ -28,8 +28,8 @@ def ui(host: HostOpt = "127.0.0.1", port: PortOpt = 5000, experiment: Experiment
     Exit status: 0 stopped by Ctrl-C/SIGTERM, 1 the server failed, 2 no store yet, an unusable
     MLFLOW_TRACKING_URI (unreachable server, unknown scheme, not a database) or port in use.
     """
-    from diffsweep.store import tracking_uri
-    from diffsweep.ui import UiError, serve
+    from diffsweep.tracking.store import tracking_uri
+    from diffsweep.tracking.ui import UiError, serve
 
     try:
         serve(tracking_uri(), host=host, port=port, experiment=experiment, echo=typer.echo)

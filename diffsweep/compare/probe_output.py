@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError
 from diffsweep.fsutil import parents_made_for
-from diffsweep.store import COMPARISON_KIND, ensure_experiment, retry_busy, source_tags
+from diffsweep.tracking.provenance import source_tags
+from diffsweep.tracking.store import COMPARISON_KIND, ensure_experiment, mlflow_client, retry_busy
 
 if TYPE_CHECKING:
     from diffsweep.compare.probe_tables import ProbeComparison
@@ -114,9 +115,7 @@ def _umask() -> int:
 def _log(uri: str, result: ProbeComparison, tmp: Path) -> str:
     """The comparison as its own MLflow run in the sweep's experiment (``diffsweep.kind`` =
     ``comparison``: never an input to a fit), with the outputs as artifacts."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     exp_id = ensure_experiment(uri, result.experiment)
     sources = sorted({r for t in result.tables for c in t.cells for a in c.arms for r in a.runs})
     tags = source_tags() | {

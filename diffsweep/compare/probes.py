@@ -26,9 +26,9 @@ from diffsweep.compare.probe_tables import (
 )
 from diffsweep.compare.runs import sweep_rows
 from diffsweep.config import ConfigError
-from diffsweep.store import EVAL_KIND, all_runs, retry_busy
 from diffsweep.sweep.expand import SweepRun
 from diffsweep.sweep.spec import SweepSpec
+from diffsweep.tracking.store import EVAL_KIND, all_runs, mlflow_client, retry_busy
 
 
 def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
@@ -42,8 +42,6 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     it may write, checked first) and log them as an MLflow run of kind ``comparison``. Raises
     ``ConfigError`` when the sweep has no evaluation (at ``step``), ``baseline`` is no arm or has no
     evaluation, or ``out`` may not be written."""
-    from mlflow.tracking import MlflowClient
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per table read, on stderr
     rows = sweep_rows(runs)
     arm_of = {run.key: row.label for row in rows for run in row.runs}
@@ -52,7 +50,7 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
         raise ConfigError("baseline", f"expected an arm of {spec.name}: one of [{', '.join(arms)}], got {baseline!r}")
     folder = out or Path("compare") / f"{spec.name}-probes"
     old = check_out(folder)  # before anything is read: a folder it may not write is refused first
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found = [] if exp is None else all_runs(client, exp.experiment_id, f"tags.`diffsweep.kind` = '{EVAL_KIND}' and "
                                             f"tags.`diffsweep.eval.sweep` = '{spec.name}' and "

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.decode import confidence_level
 from diffsweep.config.identity import identity_fields
-from diffsweep.store import all_runs
 from diffsweep.sweep.expand import SEED_KEY, SweepRun
 from diffsweep.sweep.spec import SweepSpec
+from diffsweep.tracking.store import all_runs, mlflow_client
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -207,13 +207,11 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
     Rows without a finished run are listed as ``missing``. Raises ``ConfigError`` when no run has
     finished, no finished run logged ``metric`` (naming the metrics they have) or ``baseline`` is
     no row or has no finished run."""
-    from mlflow.tracking import MlflowClient
-
     rows = sweep_rows(runs)
     labels = [r.label for r in rows]
     if baseline is not None and baseline not in labels:
         raise ConfigError("baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found: list[Run] = [] if exp is None else all_runs(client, exp.experiment_id,
                                                        f"tags.`diffsweep.sweep` = '{spec.name}'")

@@ -42,7 +42,15 @@ from diffsweep.eval.identity import code_digest, eval_key
 from diffsweep.eval.loading import Trained
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, settings_dict
 from diffsweep.fsutil import publish
-from diffsweep.store import EVAL_KIND, check_tracking, ensure_experiment, retry_busy, source_tags, tracking_uri
+from diffsweep.tracking.provenance import source_tags
+from diffsweep.tracking.store import (
+    EVAL_KIND,
+    check_tracking,
+    ensure_experiment,
+    mlflow_client,
+    retry_busy,
+    tracking_uri,
+)
 from diffsweep.train.run_record import run_tracking_uri
 
 DEFAULT_EXPERIMENT = "diffsweep"  # where a checkpoint whose training run is not in the store is evaluated
@@ -100,12 +108,10 @@ def evaluate(trained: Trained, probes: list[tuple[Probe, Any]], *, uri: str | No
     """Run each ``(probe, settings)`` on ``trained`` unless its evaluation is already in the store
     (see the module); returns one ``Evaluation`` per probe, in order. Every probe's settings are
     checked against the run's config first: one that cannot run raises before anything runs."""
-    from mlflow.tracking import MlflowClient
-
     for probe, settings in probes:
         probe.check(settings, trained.config)
     uri = uri or store_of(trained)
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     source = _training_run(client, trained)
     exp_id = source.info.experiment_id if source is not None else ensure_experiment(uri, DEFAULT_EXPERIMENT)
     for note in trained.notes:

@@ -229,7 +229,7 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
     submits. The matched-arm audit of the planned runs (``audit_threshold``) goes to ``on_audit``
     before the runs are selected; with ``strict`` a flagged difference refuses the launch
     (``ConfigError``, nothing submitted). ``warn`` gets a warning when jobs on other machines would
-    write an SQLite store on a network file system (``diffsweep.store.shared_store_warning``), in a
+    write an SQLite store on a network file system (``diffsweep.tracking.filesystems.shared_store_warning``), in a
     dry run too."""
     check_launch_options(budget=budget, max_parallel=max_parallel, retries=retries, audit_threshold=audit_threshold)
     with launch_lock(target.output_dir()):
@@ -248,11 +248,11 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
         check_launch(plan, selection, budget)
         scheduler = get_scheduler(plan.profile.executor)
         if tracking_uri is None:
-            from diffsweep.store import tracking_uri as default_uri
+            from diffsweep.tracking.store import tracking_uri as default_uri
 
             tracking_uri = default_uri()
         if selection.submit and scheduler.jobs_on_other_hosts:
-            from diffsweep.store import shared_store_warning
+            from diffsweep.tracking.filesystems import shared_store_warning
 
             if (note := shared_store_warning(tracking_uri)) is not None:
                 warn(note)
@@ -432,7 +432,7 @@ def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str
         selection = Selection(submit=finished)
         check_launch(plan, selection, None)
         if tracking_uri is None:
-            from diffsweep.store import tracking_uri as default_uri
+            from diffsweep.tracking.store import tracking_uri as default_uri
 
             tracking_uri = default_uri()
         submitted = submit(plan, selection, max_parallel=plan.spec.launch.max_parallel, tracking_uri=tracking_uri,

@@ -297,7 +297,7 @@ def _constraint_features(constraint: str) -> list[str]:
 
 def check_store_here() -> Check:
     """The MLflow store a launch would use is usable from this machine."""
-    from diffsweep.store import check_tracking, shown, tracking_uri
+    from diffsweep.tracking.store import check_tracking, shown, tracking_uri
 
     uri = tracking_uri()
     try:
@@ -328,7 +328,7 @@ def _workdir(out: Path, add: Callable[[Check], bool]) -> Path | None:
 
 def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) -> list[Check]:
     """Submit the 1-task and the 2-task probe jobs together; check what they report."""
-    from diffsweep.store import tracking_uri
+    from diffsweep.tracking.store import tracking_uri
 
     token = secrets.token_hex(8)
     (work / "login.token").write_text(token)
@@ -463,15 +463,15 @@ def _check_all_reduce(reports: list[dict]) -> Check:
 
 
 def _check_store_from_node(report: dict, uri: str) -> Check:
-    from diffsweep.store import shown
+    from diffsweep.tracking.store import shown
 
     if report.get("mlflow_error"):
         return Check("mlflow from a node", False, f"the job on {report['host']} could not write to {shown(uri)}: "
                      f"{report['mlflow_error']}", "set MLFLOW_TRACKING_URI to a store the compute nodes reach: an "
                      "SQLite file on a shared file system, or a server address they can connect to")
-    from mlflow.tracking import MlflowClient
+    from diffsweep.tracking.store import mlflow_client
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     try:
         history = client.get_metric_history(report["mlflow_run_id"], METRIC)
         client.delete_run(report["mlflow_run_id"])

@@ -56,7 +56,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
     """Train the tiny run as a Slurm job, preempt it once it has a checkpoint, and check that it is
     requeued and finishes the same MLflow run with steps 1..STEPS logged once each."""
     from diffsweep.launch.job import TrainJob
-    from diffsweep.store import check_tracking, ensure_experiment, tracking_uri
+    from diffsweep.tracking.store import check_tracking, ensure_experiment, tracking_uri
 
     root = work / "preempt"
     root.mkdir()
@@ -139,17 +139,17 @@ def _state(run_dir: Path) -> str | None:
 
 
 def _metric_steps(uri: str, run_id: str | None) -> list[int]:
-    from mlflow.tracking import MlflowClient
+    from diffsweep.tracking.store import mlflow_client
 
     if run_id is None:
         return []
-    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss"))
+    return sorted(m.step for m in mlflow_client(uri).get_metric_history(run_id, "train/loss"))
 
 
 def _delete_run(uri: str, run_id: str) -> None:
-    from mlflow.tracking import MlflowClient
+    from diffsweep.tracking.store import mlflow_client
 
     try:
-        MlflowClient(uri).delete_run(run_id)
+        mlflow_client(uri).delete_run(run_id)
     except Exception:  # noqa: BLE001 (a leftover doctor run is harmless)
         pass

@@ -63,12 +63,10 @@ def _all_reduce(env: Any) -> dict[str, Any]:
 
 def _write_metric(uri: str) -> dict[str, Any]:
     try:
-        from mlflow.tracking import MlflowClient
-
-        from diffsweep.store import ensure_experiment, retry_busy
+        from diffsweep.tracking.store import ensure_experiment, mlflow_client, retry_busy
 
         experiment = ensure_experiment(uri, EXPERIMENT)
-        client = MlflowClient(uri)
+        client = mlflow_client(uri)
         run = retry_busy(lambda: client.create_run(experiment, tags={"diffsweep.kind": "doctor",
                                                                      "diffsweep.host": socket.gethostname()}))
         value = float(secrets.randbelow(10**6))

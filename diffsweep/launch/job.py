@@ -49,7 +49,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         catch_early_sigterm()  # first: a cancel while the imports below run must not be lost
         from diffsweep.config import config_from_dict
         from diffsweep.startup import command_process, imports_frozen
-        from diffsweep.store import import_mlflow
+        from diffsweep.tracking.store import import_mlflow
 
         if _under_submitit():  # this process is the job's
             command_process()

@@ -191,6 +191,6 @@ def _mark_mlflow(run_dir: Path, status: str, reason: str) -> None:
     info = run_info(run_dir)
     if "run_id" not in info or "tracking_uri" not in info:
         return  # the job died before creating its MLflow run
-    from diffsweep.store import end_run
+    from diffsweep.tracking.store import end_run
 
     end_run(info["tracking_uri"], info["run_id"], status, reason)

@@ -101,7 +101,7 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     submission fails, ``launch_lock`` removes a sweep directory it created."""
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
-    from diffsweep.store import check_tracking, ensure_experiment
+    from diffsweep.tracking.store import check_tracking, ensure_experiment
 
     check_tracking(tracking_uri)
     ensure_experiment(tracking_uri, plan.spec.experiment)

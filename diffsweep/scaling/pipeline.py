@@ -199,14 +199,14 @@ def fit_hash(used: pd.DataFrame, request: FitRequest, source: dict) -> str:
 def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
     """The fit as its own MLflow run: tagged as a fit, linked to its source runs, outputs attached."""
     from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
 
     from diffsweep.scaling.report import sentence
-    from diffsweep.store import ensure_experiment, source_tags
+    from diffsweep.tracking.provenance import source_tags
+    from diffsweep.tracking.store import ensure_experiment, mlflow_client
 
     r = outcome.result
     experiment = source.experiment or FIT_EXPERIMENT
-    client = MlflowClient(source.uri)
+    client = mlflow_client(source.uri)
     exp_id = ensure_experiment(source.uri, experiment)
     digest = fit_hash(used, request, r["source"])
     same = client.search_runs([exp_id], f"tags.`diffsweep.fit_hash` = '{digest}' and attributes.status = 'FINISHED'",

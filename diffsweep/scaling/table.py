@@ -21,7 +21,7 @@ import pandas as pd
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
 from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
-from diffsweep.store import COMPARISON_KIND, EVAL_KIND, all_runs
+from diffsweep.tracking.store import COMPARISON_KIND, EVAL_KIND, all_runs, mlflow_client
 
 COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
@@ -216,14 +216,12 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
     With ``checkpoints`` every validation evaluation becomes a row (point = checkpoint), read from
     the metric history; otherwise each run gives one row, its final evaluation. With ``keys`` (a
     sweep file's current run keys) runs of earlier versions of the sweep are left out."""
-    from mlflow.tracking import MlflowClient
-
     from diffsweep.sweep.spec import NAME_RE
 
     filters = parse_where(where or [])
     if sweep is not None and not NAME_RE.match(sweep):  # it goes into a search filter string below
         raise ConfigError("sweep", f"expected a sweep name ([A-Za-z0-9._-], as in its sweep file), got {sweep!r}")
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = sorted(e.name for e in client.search_experiments())

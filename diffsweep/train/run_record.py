@@ -1,7 +1,7 @@
 """The MLflow run of a run directory: ``run.json`` (``diffsweep.rundir``, written when the run is
 created) names the run and its store, so a resume from any working directory continues the same
 run in the same store; ``start_tracking`` resumes that run, or creates it, with this attempt
-recorded (see ``diffsweep.train.tracking``)."""
+recorded (see ``diffsweep.tracking.logger``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from diffsweep.config import ConfigError, dump_yaml, to_dict
 from diffsweep.config.identity import flatten, run_key, run_name
 from diffsweep.model import counting
 from diffsweep.rundir import RUN_FILE, read_run_file, write_run_file  # noqa: F401  (RUN_FILE: re-exported)
-from diffsweep.store import ensure_experiment, source_tags, tracking_uri
+from diffsweep.tracking.logger import MlflowTracker, NullTracker, Tracker
+from diffsweep.tracking.provenance import source_tags
+from diffsweep.tracking.store import ensure_experiment, tracking_uri
 from diffsweep.train.distributed import World
-from diffsweep.train.tracking import MlflowTracker, NullTracker, Tracker
 
 
 def run_tracking_uri(run_dir: Path) -> str:

@@ -29,7 +29,8 @@ from diffsweep.config.identity import run_key
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
 from diffsweep.model import counting
 from diffsweep.model.transformer import LanguageModel, build_model
-from diffsweep.store import check_tracking
+from diffsweep.tracking.logger import MlflowTracker, Tracker
+from diffsweep.tracking.store import check_tracking
 from diffsweep.train import checkpoint as ckpt
 from diffsweep.train import distributed
 from diffsweep.train.distributed import World
@@ -38,7 +39,6 @@ from diffsweep.train.optim import build_optimizer, lr_at, total_steps
 from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
 from diffsweep.train.run_record import run_tracking_uri, start_tracking
-from diffsweep.train.tracking import MlflowTracker, Tracker
 
 TRAINER_LOCK = ".trainer.lock"  # held by the training process (rank 0) for the whole training
 

@@ -40,8 +40,8 @@ def ladder(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     (``store/mlflow.db``) with the ladder's evaluations: 14 arms x 1 seed x 2 probes."""
     from mlflow.tracking import MlflowClient
 
-    from diffsweep.store import ensure_experiment
     from diffsweep.sweep import expand, load_sweep
+    from diffsweep.tracking.store import ensure_experiment
 
     root = tmp_path_factory.mktemp("ladder")
     (root / "store").mkdir()

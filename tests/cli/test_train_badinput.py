@@ -40,7 +40,7 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, text_dataset, out, needle):
 
 def test_ensure_experiment_checks_the_name_itself(tmp_path):
     """The library refuses the name before it creates the store, whoever calls it."""
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
 
     with untouched(tmp_path), pytest.raises(ConfigError, match="non-empty experiment name"):
         ensure_experiment(f"sqlite:///{tmp_path / 'mlflow.db'}", " ")

@@ -158,7 +158,7 @@ def test_unusable_tracking_stores_are_one_line_exit_2_and_create_nothing(text_da
 ], ids=["file-uri", "memory", "memory-short", "sql-no-driver", "no-directory", "foreign-sqlite", "short-file"])
 def test_check_tracking_refuses(tmp_path, uri, words):
     from diffsweep.config import ConfigError
-    from diffsweep.store import check_tracking
+    from diffsweep.tracking.store import check_tracking
 
     with sqlite3.connect(tmp_path / "foreign.db") as connection:
         connection.execute("CREATE TABLE mine (x)")
@@ -170,7 +170,7 @@ def test_check_tracking_refuses(tmp_path, uri, words):
 
 
 def test_check_tracking_accepts_a_new_an_empty_and_a_working_store(tmp_path, mlflow_store):
-    from diffsweep.store import check_tracking
+    from diffsweep.tracking.store import check_tracking
 
     (tmp_path / "empty.db").touch()  # SQLite's empty database, which MLflow fills
     for uri in (f"sqlite:///{tmp_path / 'new.db'}", f"sqlite:///{tmp_path / 'empty.db'}", mlflow_store):
@@ -181,7 +181,7 @@ def test_check_tracking_accepts_a_new_an_empty_and_a_working_store(tmp_path, mlf
 def _half_migrate(database: Path, *, runs: bool) -> None:
     """What a schema migration raced by another process leaves: a store with alembic's temporary
     copy of a table it was rebuilding."""
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
 
     uri = f"sqlite:///{database}"
     experiment = ensure_experiment(uri, "half")
@@ -237,8 +237,8 @@ def test_a_damaged_run_json_is_one_line_naming_it(text_dataset, tmp_path, store)
 def test_a_run_is_created_even_when_the_store_stays_locked_past_sqlites_timeout(tmp_path):
     """Another process holds the database's write lock for longer than the 20 s MLflow lets
     SQLite wait: creating the run is retried until the lock is free, instead of failing."""
-    from diffsweep.store import ensure_experiment
-    from diffsweep.train.tracking import MlflowTracker
+    from diffsweep.tracking.logger import MlflowTracker
+    from diffsweep.tracking.store import ensure_experiment
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = MlflowTracker(uri, experiment_id=ensure_experiment(uri, "busy"))
@@ -285,7 +285,7 @@ def test_a_store_whose_lock_a_stopped_process_holds_is_one_line_exit_2_not_a_han
     up once that process has held it for ``LOCK_SECONDS``, with one line naming the lock file and the
     holder's pid, exit 2, and nothing created.
     Continued within that time, the holder lets the same command train."""
-    from diffsweep import store as store_module
+    from diffsweep.tracking import store as store_module
 
     monkeypatch.setattr(store_module, "LOCK_NOTICE", 0.2)
     monkeypatch.setattr(store_module, "LOCK_SECONDS", 1.0)
@@ -321,7 +321,7 @@ def test_processes_queueing_for_the_store_lock_do_not_time_out_a_waiter(tmp_path
     """The give-up clock is per holder: a waiter behind a line of healthy holders (each for less than
     ``LOCK_SECONDS``, their sum for more) gets the lock. The holders are a real stopped process and,
     for who /proc/locks names, a stand-in that changes hands at 1.2 s (the unit's logic only)."""
-    from diffsweep import store as store_module
+    from diffsweep.tracking import store as store_module
 
     database = tmp_path / "mlflow.db"
     holder = stopped_holder(database, tmp_path / "ready")

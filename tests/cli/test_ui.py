@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.ui import UiServer
+from diffsweep.tracking.ui import UiServer
 from tests.browser import (
     expect_artifact_visible,
     expect_model_training_view,

@@ -84,8 +84,8 @@ def pending(pid: int, sig: int) -> bool:
 
 def store_locks(pid: int) -> list[str]:
     """The files of an SQLite MLflow store on which process ``pid`` holds a lock (``/proc/locks``,
-    not one it waits for): ``mlflow.db`` (SQLite's own), ``mlflow.db.lock`` (``diffsweep.store``'s)."""
-    from diffsweep.store import lock_holders
+    not one it waits for): ``mlflow.db`` (SQLite's own), ``mlflow.db.lock`` (``diffsweep.tracking.store``'s)."""
+    from diffsweep.tracking.store import lock_holders
 
     found = []
     for fd in Path(f"/proc/{pid}/fd").iterdir():

@@ -76,7 +76,7 @@ def test_ui_refuses_bad_options(tmp_path, env, args, needles):
 
 
 def test_check_bind_refuses_ports_out_of_range_itself():
-    from diffsweep.ui import UiError, check_bind
+    from diffsweep.tracking.ui import UiError, check_bind
 
     for port in (0, -1, 65536):
         with pytest.raises(UiError, match="--port") as exc:

@@ -33,14 +33,19 @@ from typing import ClassVar
 
 import pytest
 
-from diffsweep import store as store_module
 from diffsweep.launch import scheduler as schedulers
 from diffsweep.launch.api import SweepTarget, launch_sweep
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.scheduler import Scheduler, register
-from diffsweep.store import filesystem_of, network_filesystem, network_store_warning, shared_store_warning
 from diffsweep.sweep import load_sweep
-from diffsweep.ui import TrackingServer, allowed_hosts, data_dir
+from diffsweep.tracking import filesystems
+from diffsweep.tracking.filesystems import (
+    filesystem_of,
+    network_filesystem,
+    network_store_warning,
+    shared_store_warning,
+)
+from diffsweep.tracking.ui import TrackingServer, allowed_hosts, data_dir
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import ledger, metric_steps, write_sweep
@@ -99,7 +104,7 @@ def network_mounts(tmp_path: Path, monkeypatch, kind: str = "nfs4") -> Path:
     shared.mkdir()
     mounts = tmp_path / "mounts"
     mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nserver:/x {shared.resolve()} {kind} rw 0 0\n")
-    monkeypatch.setattr(store_module, "MOUNTS", mounts)
+    monkeypatch.setattr(filesystems, "MOUNTS", mounts)
     return shared
 
 
@@ -110,7 +115,7 @@ def test_the_warning_sees_through_symlinks(tmp_path, monkeypatch):
         f"sqlite:///{tmp_path / 'link' / 'mlflow.db'}")
     assert shared_store_warning(f"sqlite:///{tmp_path / 'mlflow.db'}") is None  # beside it: the local disk
     assert shared_store_warning("http://login1:5000") is None
-    monkeypatch.setattr(store_module, "MOUNTS", tmp_path / "no-such-file")  # not Linux: no warning, no error
+    monkeypatch.setattr(filesystems, "MOUNTS", tmp_path / "no-such-file")  # not Linux: no warning, no error
     assert shared_store_warning(f"sqlite:///{shared / 'mlflow.db'}") is None
 
 
@@ -317,7 +322,7 @@ def _value(writer: int, step: int, metric: int) -> float:
 def _writer(uri: str, experiment_id: str, index: int, start, results) -> None:
     """One training process's logging, as the trainer does it (``MlflowTracker``), flushed every
     step so that all writers' requests overlap: ``start`` releases all of them at once."""
-    from diffsweep.train.tracking import MlflowTracker
+    from diffsweep.tracking.logger import MlflowTracker
 
     tracker = MlflowTracker(uri, experiment_id)
     start.wait(120)
@@ -335,14 +340,14 @@ def _writer(uri: str, experiment_id: str, index: int, start, results) -> None:
 def test_16_processes_log_through_the_server_at_once_and_no_metric_is_lost(tracking_server):
     from mlflow.tracking import MlflowClient
 
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
 
     uri = tracking_server.uri
     experiment_id = ensure_experiment(uri, "writers")
     # Fresh processes, as jobs are, forked from a server that has only imported MLflow and this
     # module (once: 16 processes importing MLflow took ~25 CPU-s of the 2-core CI machine).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["mlflow.tracking", "mlflow.store.tracking.rest_store", "diffsweep.train.tracking",
+    context.set_forkserver_preload(["mlflow.tracking", "mlflow.store.tracking.rest_store", "diffsweep.tracking.logger",
                                     __name__])
     start, results = context.Barrier(NUM_WRITERS), context.Queue()
     writers = [context.Process(target=_writer, args=(uri, experiment_id, i, start, results))

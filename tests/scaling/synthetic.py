@@ -70,8 +70,8 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
     from diffsweep.config.identity import flatten
     from diffsweep.config.loading import to_dict
     from diffsweep.model import counting
-    from diffsweep.store import ensure_experiment
     from diffsweep.sweep import expand, load_sweep
+    from diffsweep.tracking.store import ensure_experiment
 
     spec = load_sweep(sweep, ())
     client = MlflowClient(uri)

@@ -267,7 +267,7 @@ def test_suggest_top_shows_exactly_that_many_rows(tmp_path, fit_folder):
 
 @pytest.mark.parametrize("command", ["fit", "suggest"])
 def test_a_sweep_with_no_runs_names_the_sweep_file(tmp_path, store, command):
-    from diffsweep.store import ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
     from tests.scaling.conftest import tiny_ladder_sweep
 
     tiny_ladder_sweep(tmp_path, "lad", ("tiny-xs", "tiny-s"), tmp_path / "data")

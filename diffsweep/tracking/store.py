@@ -22,25 +22,20 @@ imported by the functions that talk to a store).
   loses a race, so it is never used).
 - SQLite answers "database is locked" when several processes write at once: ``retry_busy``
   retries a call with backoff.
-- Source tags (``source_tags``): git commit and dirty flag (of the launch's code snapshot, when
-  the code runs from one), host, and the Slurm job, on every training and fit run.
 - Ending a run from outside its process (``end_run``): ``status`` marks a run whose job died
   without saying so.
-- Shared file systems (``network_filesystem``, ``shared_store_warning``): an SQLite store on NFS,
-  Lustre, GPFS, ... is unsafe for jobs on many nodes (SQLite's locking relies on the file system's,
-  which these do not provide reliably); ``launch`` warns, and ``diffsweep server`` is the fix.
+
+Beside it: where runs come from (``provenance.source_tags``) and which file system holds a store
+(``filesystems.shared_store_warning``).
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import random
 import re
-import socket
 import sqlite3
-import subprocess
 import sys
 import time
 import urllib.error
@@ -52,7 +47,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from diffsweep.config import ConfigError
-from diffsweep.rundir import SNAPSHOT_FILE
 
 T = TypeVar("T")
 
@@ -67,91 +61,12 @@ _OUT_OF_DATE = re.compile(r"found version (\S+), but expected (\S+)\)")
 _READY: set[str] = set()  # stores this process has opened (``init_store``)
 EVAL_KIND = "eval"  # tag diffsweep.kind of an evaluation run (diffsweep.eval): never a training run
 COMPARISON_KIND = "comparison"  # tag diffsweep.kind of a comparison of a sweep's evaluations: never an input
-SOURCE_KEYS = ("diffsweep.host", "diffsweep.git_commit", "mlflow.source.git.commit", "diffsweep.git_dirty",
-               "diffsweep.code", "diffsweep.slurm_job_id", "diffsweep.slurm_array_job_id",
-               "diffsweep.slurm_array_task_id")  # what ``source_tags`` may set: the attempt's origin
-MOUNTS = Path("/proc/mounts")  # this machine's mounted file systems: device, mount point, type, ...
-# File systems that several machines share over a network, by their /proc/mounts type. SQLite's
-# locking is unreliable on them (https://www.sqlite.org/faq.html#q5, "useLegacyLocking" on NFS),
-# and a sweep's jobs on many nodes write the store at once.
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "ceph", "fuse.ceph-fuse", "glusterfs",
-    "fuse.glusterfs", "fuse.sshfs", "afs", "panfs", "wekafs", "fuse.juicefs", "orangefs", "pvfs2", "quobyte",
-})
 
 
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory as an absolute path
     (recorded in ``run.json``, so a resume from another directory finds the same store)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').absolute()}"
-
-
-def filesystem_of(path: str, mounts: str) -> str:
-    """The type of the file system holding the absolute ``path`` (symlinks already resolved),
-    read from ``mounts``, the text of /proc/mounts: the mount with the longest mount point that
-    contains it (the last listed at equal length, as it hides the others). "" if none does.
-
-    Pure: the caller reads the mounts and resolves the path."""
-    best, kind = -1, ""
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = _unescape(fields[1]).rstrip("/") or "/"
-        inside = point == "/" or path == point or path.startswith(point + "/")
-        if inside and len(point) >= best:
-            best, kind = len(point), _unescape(fields[2])
-    return kind
-
-
-def _unescape(field: str) -> str:
-    """/proc/mounts writes a space, tab, newline and backslash in a name as octal escapes (``\\040``)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-
-def network_filesystem(path: str, mounts: str) -> str | None:
-    """The network file system type (``NETWORK_FILESYSTEMS``) holding ``path``, else None (pure;
-    see ``filesystem_of``)."""
-    kind = filesystem_of(path, mounts)
-    return kind if kind in NETWORK_FILESYSTEMS else None
-
-
-def network_store_warning(uri: str, mounts: str) -> str | None:
-    """The one-line warning for a launch whose jobs, on many nodes, would write the SQLite store
-    of ``uri`` (its path absolute, symlinks resolved) on a network file system; None when the
-    store is a server, another database, or on a local disk. Pure."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    kind = network_filesystem(path, mounts) if path.startswith("/") else None
-    if kind is None:
-        return None
-    return (f"warning: the MLflow store {path} is on a network file system ({kind}), where SQLite's locking is "
-            "unreliable and the sweep's jobs on many nodes write at once (lost metrics, a corrupt store); serve it "
-            "instead: run `diffsweep server` on the login node and `export MLFLOW_TRACKING_URI=http://HOST:PORT` "
-            "as it prints before launching")
-
-
-def shared_store_warning(uri: str) -> str | None:
-    """``network_store_warning`` for ``uri`` on this machine (its /proc/mounts; None without one)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()  # the real place, not a symlink's
-    mounts = _mounts()
-    return network_store_warning(f"sqlite:///{path}", mounts) if mounts is not None else None
-
-
-def network_filesystem_here(path: Path) -> str | None:
-    """``network_filesystem`` of ``path`` (symlinks resolved) on this machine; None without /proc/mounts."""
-    mounts = _mounts()
-    return network_filesystem(str(path.resolve()), mounts) if mounts is not None else None
-
-
-def _mounts() -> str | None:
-    try:
-        return MOUNTS.read_text()
-    except OSError:
-        return None  # not Linux: nothing to tell from
 
 
 def check_tracking(uri: str) -> None:
@@ -189,6 +104,14 @@ def import_mlflow(uri: str) -> None:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
+def mlflow_client(uri: str) -> Any:
+    """An MLflow client of the store at ``uri``: the one place diffsweep constructs one. Open the
+    store first where it may be new or busy (``init_store``, ``existing_store``)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
 def init_store(uri: str) -> None:
     """Open the store at ``uri`` for this process, creating its schema if it is new, safely when
     many processes start at once (see the module's notes). Call it after ``check_tracking`` and
@@ -200,11 +123,10 @@ def init_store(uri: str) -> None:
     if uri in _READY:
         return
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     def open_store() -> None:
         try:
-            MlflowClient(uri).search_experiments(max_results=1)  # MLflow builds (and caches) the store here
+            mlflow_client(uri).search_experiments(max_results=1)  # MLflow builds (and caches) the store here
         except MlflowException as exc:
             if busy(exc):
                 raise
@@ -269,9 +191,8 @@ def ensure_experiment(uri: str, name: str) -> str:
 
 def _get_or_create_experiment(uri: str, name: str) -> str:
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
@@ -460,47 +381,11 @@ def retry_busy(call: Callable[[], T], seconds: float = BUSY_SECONDS) -> T:
         delay = min(delay * 2, 5.0)
 
 
-def source_tags() -> dict[str, str]:
-    """Where this code and job come from: git commit and dirty flag, host, Slurm job."""
-    tags = {"diffsweep.host": socket.gethostname()}
-    root = Path(__file__).resolve().parents[1]  # the directory holding the diffsweep package
-    snapshot = root / SNAPSHOT_FILE  # a launched job runs a copy of the code, made from a checkout
-    if snapshot.is_file():
-        info = json.loads(snapshot.read_text())
-        return tags | {"diffsweep.git_commit": info["git_commit"], "mlflow.source.git.commit": info["git_commit"],
-                       "diffsweep.git_dirty": info["git_dirty"], "diffsweep.code": str(root)} | _slurm_tags()
-    try:
-        commit = _git(root, "rev-parse", "HEAD")
-        dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
-        tags |= {"diffsweep.git_commit": commit, "mlflow.source.git.commit": commit,
-                 "diffsweep.git_dirty": str(dirty).lower()}
-    except (OSError, subprocess.SubprocessError):
-        tags |= {"diffsweep.git_commit": "unknown", "diffsweep.git_dirty": "unknown"}
-    return tags | _slurm_tags()
-
-
-def _slurm_tags() -> dict[str, str]:
-    # The job's own environment says which Slurm job runs it; a tag, not a scheduler query.
-    tags = {}
-    for env, tag in (("SLURM_JOB_ID", "diffsweep.slurm_job_id"), ("SLURM_ARRAY_JOB_ID", "diffsweep.slurm_array_job_id"),
-                     ("SLURM_ARRAY_TASK_ID", "diffsweep.slurm_array_task_id")):
-        if os.environ.get(env):
-            tags[tag] = os.environ[env]
-    return tags
-
-
-def _git(root: Path, *args: str) -> str:
-    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True)
-    return out.stdout.strip()
-
-
 def end_run(uri: str, run_id: str, status: str, reason: str) -> None:
     """End run ``run_id`` of ``uri`` as ``status`` (FAILED, KILLED) with ``reason`` as its
     ``diffsweep.end_reason`` tag, if it is still RUNNING or SCHEDULED (a job that died without
     ending its run); a run that ended itself is left as it is."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     run = client.get_run(run_id)
     if run.info.status in ("RUNNING", "SCHEDULED"):
         client.set_tag(run_id, "diffsweep.end_reason", reason)

@@ -2,7 +2,7 @@
 ``flush`` and ``finish``).
 
 - The store (where it is, checking it, opening it safely from many processes at once, the source
-  tags) is ``diffsweep.store``; the run directory's files (``run.json``) are ``diffsweep.rundir``.
+  tags) is ``diffsweep.tracking.store``; the run directory's files (``run.json``) are ``diffsweep.rundir``.
   Creating, resuming and ending a run, and sending metrics before a checkpoint, retry a busy
   SQLite store.
 - Metrics are buffered and sent with ``log_batch`` (one SQLite call per value costs ~5 ms).
@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from diffsweep.config import ConfigError
-from diffsweep.store import KEY, SOURCE_KEYS, init_store, retry_busy, shown
+from diffsweep.tracking.provenance import SOURCE_KEYS
+from diffsweep.tracking.store import KEY, init_store, mlflow_client, retry_busy, shown
 
 T = TypeVar("T")
 
@@ -52,10 +53,8 @@ class MlflowTracker:
     """One MLflow run: created with params, tags and the config artifact, or resumed by id."""
 
     def __init__(self, uri: str, experiment_id: str | None = None, run_id: str | None = None) -> None:
-        from mlflow.tracking import MlflowClient
-
         init_store(uri)
-        self.client = MlflowClient(uri)
+        self.client = mlflow_client(uri)
         self.uri, self.experiment_id, self.run_id = uri, experiment_id, run_id
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()

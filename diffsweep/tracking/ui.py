@@ -399,7 +399,8 @@ def run_server(store_uri: str | None = None, *, artifacts: str | None = None, ho
     address. Raises ``UiError`` (port in use, server failed) and ``ConfigError`` on
     ``MLFLOW_TRACKING_URI`` (the store given is not usable: the CLI names its flag)."""
     from diffsweep.config import ConfigError
-    from diffsweep.store import KEY, check_tracking, network_filesystem_here
+    from diffsweep.tracking.filesystems import network_filesystem_here
+    from diffsweep.tracking.store import KEY, check_tracking
 
     # Everything the user gave is checked before anything is created (the data folder, the store),
     # and before the port: a bad flag is reported whatever else runs on this machine.
@@ -492,7 +493,7 @@ def serve(store_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment:
     is started. Raises ``UiError`` when the store, port or server is unusable, and ``ConfigError``
     (naming ``MLFLOW_TRACKING_URI``) when the store is no usable tracking store.
     """
-    from diffsweep.store import check_experiment_name, check_tracking
+    from diffsweep.tracking.store import check_experiment_name, check_tracking
 
     if experiment is not None:
         check_experiment_name(experiment)
