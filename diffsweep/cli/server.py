@@ -40,7 +40,8 @@ def server(store: StoreOpt = None, artifacts: ArtifactsOpt = None, host: HostOpt
     Exit status: 0 stopped by Ctrl-C/SIGTERM, 1 the server failed, 2 port in use or an unusable
     --backend-store-uri.
     """
-    from diffsweep.tracking.ui import UiError, run_server
+    from diffsweep.tracking.server import run_server
+    from diffsweep.tracking.ui import UiError
 
     def note(line: str) -> None:
         typer.echo(line, err=True)

@@ -45,7 +45,7 @@ from diffsweep.tracking.filesystems import (
     network_store_warning,
     shared_store_warning,
 )
-from diffsweep.tracking.ui import TrackingServer, allowed_hosts, data_dir
+from diffsweep.tracking.server import TrackingServer, allowed_hosts, data_dir
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import ledger, metric_steps, write_sweep
