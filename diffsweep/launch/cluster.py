@@ -30,7 +30,7 @@ def check_cluster(plan: SweepPlan) -> None:
 def check_planned(plan: SweepPlan) -> None:
     """What ``plan`` checks of a Slurm profile (``SlurmScheduler.check_plan``): the GPUs, account
     and QoS, if its partition is one of the reachable cluster's."""
-    wanted = plan.profile.slurm.get("partition")
+    wanted = plan.profile.executor_params.get("partition")
     if wanted is not None and str(wanted) in slurm.partitions():
         check_gpus(plan)
         check_association(plan)
@@ -38,10 +38,10 @@ def check_planned(plan: SweepPlan) -> None:
 
 def check_partition(profile: Profile) -> None:
     """The profile's partition must exist (sbatch would refuse every array otherwise)."""
-    wanted = profile.slurm.get("partition")
+    wanted = profile.executor_params.get("partition")
     known = sorted(p for p in slurm.partitions() if p)
     if wanted is not None and known and str(wanted) not in known:
-        raise ConfigError(profile.slurm_key("partition"), f"{wanted!r} is not a partition of this cluster; "
+        raise ConfigError(profile.param_key("partition"), f"{wanted!r} is not a partition of this cluster; "
                           f"expected one of [{', '.join(known)}]")
 
 
@@ -59,7 +59,7 @@ def check_gpus(plan: SweepPlan) -> None:
     need = max(plan.runs, key=lambda r: r.estimate.resources.gpus_per_node, default=None)
     if need is None or need.estimate.resources.gpus_per_node == 0:
         return
-    wanted = str(plan.profile.slurm.get("partition") or "")
+    wanted = str(plan.profile.executor_params.get("partition") or "")
     gres = slurm.partitions().get(wanted)
     if not gres:
         return  # sinfo did not answer, or an unknown partition (check_partition's)
@@ -75,7 +75,7 @@ def check_gpus(plan: SweepPlan) -> None:
 def check_association(plan: SweepPlan) -> None:
     """The profile's account and QoS must be the user's, where ``sacctmgr`` answers (sbatch
     accepts unknown ones at sites that do not enforce associations; the jobs then fail or pend)."""
-    account, qos = plan.profile.slurm.get("account"), plan.profile.slurm.get("qos")
+    account, qos = plan.profile.executor_params.get("account"), plan.profile.executor_params.get("qos")
     if account is None and qos is None:
         return
     user = getpass.getuser()
@@ -84,10 +84,10 @@ def check_association(plan: SweepPlan) -> None:
         return  # no accounting here, or it does not answer: nothing to check against
     accounts = sorted({a for a, _ in rows if a})
     if account is not None and str(account) not in accounts:
-        raise ConfigError(plan.profile.slurm_key("account"), f"{account!r} is not an account of user {user} on this "
+        raise ConfigError(plan.profile.param_key("account"), f"{account!r} is not an account of user {user} on this "
                           f"cluster (sacctmgr); expected one of [{', '.join(accounts)}]")
     allowed = sorted({q for a, qs in rows if account is None or a == str(account) for q in qs.split(",") if q})
     if qos is not None and allowed and str(qos) not in allowed:
         of = f"account {account}" if account is not None else f"user {user}"
-        raise ConfigError(plan.profile.slurm_key("qos"), f"{qos!r} is not a QoS of {of} on this cluster (sacctmgr); "
+        raise ConfigError(plan.profile.param_key("qos"), f"{qos!r} is not a QoS of {of} on this cluster (sacctmgr); "
                           f"expected one of [{', '.join(allowed)}]")

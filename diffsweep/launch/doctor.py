@@ -229,7 +229,7 @@ def check_accounting() -> Check:
 def check_partition(profile: Profile) -> Check:
     """The profile's partition (or the cluster's default one) exists."""
     found = slurm.partitions()
-    wanted = profile.slurm.get("partition")
+    wanted = profile.executor_params.get("partition")
     known = sorted(p for p in found if p)
     if wanted is None:
         if "" not in found:
@@ -248,7 +248,7 @@ def check_partition(profile: Profile) -> Check:
 def check_gpu_type(profile: Profile) -> Check:
     """The partition's nodes have the profile's GPUs per node, of its GPU type where the GRES names
     types, and the profile's ``constraint`` is one of their features."""
-    wanted = str(profile.slurm.get("partition") or "")
+    wanted = str(profile.executor_params.get("partition") or "")
     where = f"partition {wanted}" if wanted else "the default partition"
     gres = slurm.partitions().get(wanted) or []
     most = max((cluster.gpus_per_node(g) for g in gres), default=0)
@@ -262,7 +262,7 @@ def check_gpu_type(profile: Profile) -> Check:
         return Check("gpus", False, f"profile {profile.name}'s GPU {profile.gpu.name!r} is not a GPU type of {where} "
                      f"([{', '.join(types)}])", f"set gpu.name (and memory_gb, peak_tflops) in profile "
                      f"{profile.name} to the partition's GPU, or pick its partition")
-    constraint = profile.slurm.get("constraint")
+    constraint = profile.executor_params.get("constraint")
     if constraint is not None:
         features = slurm.node_features(wanted)
         missing = [f for f in _constraint_features(str(constraint)) if features and f not in features]

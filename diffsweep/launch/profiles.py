@@ -15,10 +15,12 @@ A profile file::
     max_array_size: null            # null: ask the cluster (scontrol show config)
     max_num_timeout: 100            # requeues after time limits before a run counts as failed
     setup: ["module load cuda/12.4"]   # shell lines before the job starts (yours, run as written)
-    slurm: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # passed to submitit
+    executor_params: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # to submitit
     cpu_jobs: {cpus: 1, mem_gb: 8, time_hours: 4}   # CPU-only jobs: `data prepare --launch` tasks
 
-On the command line, ``--slurm KEY=VALUE`` sets a ``slurm:`` key, or ``time`` (the longest job,
+``executor_params`` are the scheduler's own settings, checked against what its submitit executor
+accepts; a profile written before it was named so says ``slurm:``, which is still read, with a
+warning. On the command line, ``--slurm KEY=VALUE`` sets an ``executor_params:`` key, or ``time`` (the longest job,
 in Slurm's time format, instead of ``max_time_hours``), and ``--setup LINE`` adds a setup line
 (``with_overrides``).
 
@@ -46,6 +48,7 @@ from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 # of them). A profile file that names none is a cluster's; a profile made in code runs here.
 FILE_EXECUTOR = "slurm"
 DEFAULT_EXECUTOR = "local"
+OLD_PARAMS_KEY = "slurm"  # what executor_params was called (still read, with a warning)
 
 
 def _finite(value: Any, key: str) -> Any:
@@ -75,7 +78,7 @@ def _shell_lines(value: Any, key: str) -> tuple[str, ...]:
 
 
 def _checked_with_the_executor(value: Any, key: str) -> Any:
-    return value  # ``slurm:`` depends on the executor: ``parse_profile`` checks it once both are read
+    return value  # ``executor_params:`` depends on the executor: ``parse_profile`` checks it once both are read
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +119,8 @@ class Profile:
     max_array_size: Annotated[int, AtLeast(1)] | None = None
     max_num_timeout: Annotated[int, AtLeast(1)] = 100
     setup: Annotated[tuple[str, ...], Check(_shell_lines)] = ()
-    slurm: Annotated[dict[str, Any], Check(_checked_with_the_executor)] = field(default_factory=dict)
+    # the scheduler's own settings (its submitit executor's parameters); ``slurm:`` is its old name
+    executor_params: Annotated[dict[str, Any], Check(_checked_with_the_executor)] = field(default_factory=dict)
     cpu_jobs: Annotated[CpuJobs, Described("a mapping (cpus, mem_gb, time_hours)")] = field(default_factory=CpuJobs)
     overridden: Annotated[frozenset[str], INTERNAL] = frozenset()  # keys set with --slurm (errors name them so)
 
@@ -125,10 +129,11 @@ class Profile:
         """The longest job in whole minutes (Slurm's ``--time``), as ``max_time_hours`` allows."""
         return math.floor(self.max_time_hours * 60 + 1e-6)  # 1e-6: 2/60 h is 2 minutes, not 1.99...
 
-    def slurm_key(self, name: str) -> str:
-        """How an error names the ``slurm:`` key ``name``: as ``slurm_overrides.NAME`` (the CLI's ``--slurm NAME``)
-        if the command line set it."""
-        return f"slurm_overrides.{name}" if name in self.overridden else f"profile {self.name}: slurm.{name}"
+    def param_key(self, name: str) -> str:
+        """How an error names the ``executor_params:`` key ``name``: as ``slurm_overrides.NAME`` (the
+        CLI's ``--slurm NAME``) if the command line set it."""
+        return (f"slurm_overrides.{name}" if name in self.overridden
+                else f"profile {self.name}: executor_params.{name}")
 
 
 LOCAL = Profile()  # the embedded default: this machine, no cluster
@@ -195,17 +200,31 @@ def load_profile(name_or_path: str | None) -> Profile:
 def parse_profile(raw: dict[str, Any], where: str, name: str) -> Profile:
     """Strictly decode a profile mapping; errors name ``where`` and the key."""
     if isinstance(raw, dict):  # a profile file is a cluster's unless it names another executor
-        raw = {"executor": FILE_EXECUTOR, **raw}
+        raw = {"executor": FILE_EXECUTOR, **_renamed(raw, where)}
     profile = decode(Profile, raw, source=where, noun="profile key")
-    slurm = check_slurm_params(profile.slurm or {}, f"{where}: slurm", executor=profile.executor)
-    profile = dataclasses.replace(profile, name=name, slurm=slurm)
+    params = check_executor_params(profile.executor_params or {}, f"{where}: executor_params",
+                                   executor=profile.executor)
+    profile = dataclasses.replace(profile, name=name, executor_params=params)
     check_times(profile, where)
     return profile
 
 
-def check_slurm_params(params: Any, where: str, sep: str = ".", executor: str = FILE_EXECUTOR
-                       ) -> dict[str, Any]:
-    """Profile ``slurm:`` keys must be parameters the scheduler's submitit executor accepts
+def _renamed(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """``raw`` with its ``slurm:`` (the old name of ``executor_params:``) renamed, with a warning;
+    both at once is an error."""
+    if OLD_PARAMS_KEY not in raw:
+        return raw
+    if "executor_params" in raw:
+        raise ConfigError(f"{where}: {OLD_PARAMS_KEY}", "is the old name of executor_params, which this profile "
+                          "sets too; merge them into executor_params")
+    warnings.warn(ConfigWarning(f"{where}: {OLD_PARAMS_KEY}: is the old name of executor_params; rename it "
+                                "(the same keys)"), stacklevel=3)
+    return {("executor_params" if k == OLD_PARAMS_KEY else k): v for k, v in raw.items()}
+
+
+def check_executor_params(params: Any, where: str, sep: str = ".", executor: str = FILE_EXECUTOR
+                          ) -> dict[str, Any]:
+    """Profile ``executor_params:`` keys must be parameters the scheduler's submitit executor accepts
     (``Scheduler.parameter_names``), not ones diffsweep derives, and their values must be plain
     (they become ``#SBATCH`` lines). Errors name ``where``, ``sep`` and the key. A scheduler that
     takes no settings (local) ignores them, with a warning."""
@@ -283,8 +302,8 @@ def with_overrides(profile: Profile, slurm_overrides: list[str] | None, setup_li
             max_hours = slurm_minutes(value, "slurm_overrides.time") / 60
         else:
             params[key] = value
-    params = check_slurm_params(params, "slurm_overrides", executor=profile.executor)
-    changed = dataclasses.replace(profile, slurm={**profile.slurm, **params}, max_time_hours=max_hours,
+    params = check_executor_params(params, "slurm_overrides", executor=profile.executor)
+    changed = dataclasses.replace(profile, executor_params={**profile.executor_params, **params}, max_time_hours=max_hours,
                                   setup=(*profile.setup, *(setup or [])), overridden=profile.overridden | cli_keys)
     check_times(changed, f"profile {profile.name}")
     return changed

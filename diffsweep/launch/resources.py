@@ -134,7 +134,7 @@ def cpu_resources(profile: Profile) -> Resources:
 def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, code_dir: str,
                      max_parallel: int | None) -> dict[str, Any]:
     """submitit ``SlurmExecutor.update_parameters`` keywords for one resource class (pure)."""
-    params: dict[str, Any] = dict(profile.slurm)
+    params: dict[str, Any] = dict(profile.executor_params)
     params.update(
         job_name=job_name,
         nodes=resources.nodes,
@@ -146,7 +146,7 @@ def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, c
         setup=[*thread_lines(profile.setup), *profile.setup, code_path_line(code_dir)],
         # Preempted and timed-out jobs requeue themselves (submitit runs ``scontrol requeue``),
         # which sites with requeueing off by default (JobRequeue=0) refuse unless a job asks.
-        additional_parameters={"requeue": True, **profile.slurm.get("additional_parameters", {})},
+        additional_parameters={"requeue": True, **profile.executor_params.get("additional_parameters", {})},
     )
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.gpus_per_node

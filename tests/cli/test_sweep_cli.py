@@ -55,7 +55,7 @@ def test_plan_gives_large_runs_several_gpus_from_the_memory_estimate(tmp_path):
 def test_a_run_that_fits_on_no_gpus_of_the_profile_is_refused(tmp_path):
     small = tmp_path / "small-gpus.yaml"
     small.write_text("executor: slurm\ngpu: {name: T4, memory_gb: 16, peak_tflops: 65, mfu: 0.3}\n"
-                     "gpus_per_node: 1\nslurm: {partition: gpu}\n")
+                     "gpus_per_node: 1\nexecutor_params: {partition: gpu}\n")
     sweep = tmp_path / "ddp.yaml"
     sweep.write_text("grid: {model.size: [830M, 1.4B]}\nset: {train.parallel: ddp}\n")
     r = cli("plan", str(sweep), "--profile", str(small), cwd=tmp_path)
@@ -99,10 +99,10 @@ def test_bad_sweeps_fail_cleanly(tmp_path, text, message):
 
 
 def test_bad_profile_key_fails_before_anything_is_written(tmp_path, text_dataset):
-    (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 1\nslurm: {partitoin: debug}\n")
+    (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 1\nexecutor_params: {partitoin: debug}\n")
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
     r = cli("launch", str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path)
-    assert r.returncode == 2 and "slurm.partitoin: submitit's Slurm executor does not accept" in r.stderr
+    assert r.returncode == 2 and "executor_params.partitoin: submitit's Slurm executor does not accept" in r.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -20,7 +20,7 @@ from tests.launch.conftest import require_slurm, wait_for
 # The localhost cluster as a CPU-only profile: every check can pass there (its fake GPUs are not
 # CUDA devices, see test_fake_gpus_are_assigned_but_not_cuda_devices).
 CPU_PROFILE = ("executor: slurm\ngpus_per_node: 0\ncpus_per_gpu: 1\nmem_per_gpu_gb: 2\nmin_time_minutes: 60\n"
-               "signal_delay_s: 30\nslurm: {partition: debug}\ncpu_jobs: {cpus: 1, mem_gb: 1}\n")
+               "signal_delay_s: 30\nexecutor_params: {partition: debug}\ncpu_jobs: {cpus: 1, mem_gb: 1}\n")
 JOB_CHECKS = ["slurm", "accounting", "partition", "gpus", "mlflow", "1-task job", "2-task job",
               "shared file system", "gpus in jobs", "all-reduce", "mlflow from a node"]
 
@@ -79,7 +79,7 @@ def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_pat
     assert r.stdout.splitlines()[1:] == [
         "✓ slurm: the controller answers (partitions: debug)",
         "✓ accounting: sacct answers",
-        "✗ partition: profile p: slurm.partition: 'no-such' is not a partition of this cluster; expected one of [debug]",
+        "✗ partition: profile p: executor_params.partition: 'no-such' is not a partition of this cluster; expected one of [debug]",
         ("    fix: set slurm.partition in profile p to a partition of this cluster ([debug]), or pass --slurm "
          "partition=NAME"),
         "1 of 3 checks failed",

@@ -3,12 +3,14 @@ overrides (--slurm, --setup), Slurm time strings and GRES strings."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from diffsweep.cli.common import COMMON_FLAGS, rekeyed
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.launch.cluster import gpus_per_node
-from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile, slurm_minutes, with_overrides
+from diffsweep.launch.profiles import LOCAL, find_profile, load_profile, parse_profile, slurm_minutes, with_overrides
 from tests.helpers.cli import run as cli
 
 SLURM = {"executor": "slurm", "gpus_per_node": 2}
@@ -66,10 +68,10 @@ def test_bad_slurm_time_strings(text):
 def test_command_line_overrides_of_a_profile():
     base = load_profile("localhost")
     p = with_overrides(base, ["account=proj", "qos=high", "partition=gpu", "time=3:00:00"], ["module load cuda"])
-    assert p.slurm == {"partition": "gpu", "account": "proj", "qos": "high"}
+    assert p.executor_params == {"partition": "gpu", "account": "proj", "qos": "high"}
     assert p.max_time_minutes == 180 and p.setup == ("module load cuda",)
-    assert p.slurm_key("account") == "slurm_overrides.account" and load_profile("localhost").slurm_key("partition") == \
-        "profile localhost: slurm.partition"
+    assert p.param_key("account") == "slurm_overrides.account" and load_profile("localhost").param_key("partition") == \
+        "profile localhost: executor_params.partition"
     assert with_overrides(base, None, None) is base
 
 
@@ -115,3 +117,19 @@ def test_overrides_need_a_slurm_profile():
 ])
 def test_gpus_per_node_from_sinfo_gres(gres, gpus):
     assert gpus_per_node(gres) == gpus
+
+
+def test_a_profile_that_says_slurm_for_executor_params_is_read_with_a_warning(tmp_path):
+    """``slurm:`` is what ``executor_params:`` was called: such a profile still loads, the same, and
+    says what to rename; a profile with both is refused."""
+    new = load_profile("localhost")
+    old = tmp_path / "old.yaml"
+    old.write_text(find_profile("localhost").read_text().replace("executor_params:", "slurm:"))
+    with pytest.warns(ConfigWarning, match=rf"{old}: slurm: is the old name of executor_params; rename it"):
+        read = load_profile(str(old))
+    assert dataclasses.replace(read, name=new.name) == new
+    both = tmp_path / "both.yaml"
+    both.write_text(old.read_text() + "executor_params: {partition: debug}\n")
+    with pytest.raises(ConfigError, match=rf"{both}: slurm: is the old name of executor_params, which this profile "
+                                          "sets too"):
+        load_profile(str(both))

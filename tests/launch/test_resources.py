@@ -23,7 +23,7 @@ def planned(tmp_path: Path, sizes: list[str], kind: str = "diff_v1"):
 
 def test_paper_sizes_on_h100(tmp_path):
     h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
-    assert h100.executor == "slurm" and h100.slurm["partition"] == "gpu"
+    assert h100.executor == "slurm" and h100.executor_params["partition"] == "gpu"
     runs = {r.size: r for r in planned(tmp_path, ["830M", "1.4B", "2.8B", "6.8B", "13.1B"])}
     gpus = {size: estimate_resources(r, h100).resources.gpus for size, r in runs.items()}
     # diffsweep.model.memory at the paper recipe (micro-batch 1, T = 2048, bf16, no activation
@@ -78,7 +78,7 @@ def test_slurm_parameters_golden():
 
 def test_the_profiles_own_thread_settings_and_sbatch_parameters_are_kept():
     profile = parse_profile({"setup": ["export OMP_NUM_THREADS=4"],
-                             "slurm": {"additional_parameters": {"mail_type": "END"}}}, "p.yaml", "p")
+                             "executor_params": {"additional_parameters": {"mail_type": "END"}}}, "p.yaml", "p")
     one = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=16, mem_gb=200, time_min=60)
     params = slurm_parameters(one, profile, job_name="x", code_dir="/c", max_parallel=None)
     assert params["setup"][:2] == ["export MKL_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}", "export OMP_NUM_THREADS=4"]
@@ -106,10 +106,10 @@ def test_chunks_respect_max_array_size():
 
 
 @pytest.mark.parametrize("text, match", [
-    ("slurm: {partitoin: gpu}\n", (r"slurm.partitoin: submitit's Slurm executor does not accept this parameter "
+    ("executor_params: {partitoin: gpu}\n", (r"executor_params.partitoin: submitit's Slurm executor does not accept this parameter "
                                   r"\(did you mean 'partition'")),
-    ("slurm: {time: 60}\n", "derived per run"),
-    ("slurm: {partition: 'gpu; rm -rf /'}\n", "not allowed in an #SBATCH line"),
+    ("executor_params: {time: 60}\n", "derived per run"),
+    ("executor_params: {partition: 'gpu; rm -rf /'}\n", "not allowed in an #SBATCH line"),
     ("gpus: 8\n", r"unknown profile key \(did you mean 'gpu'"),
     ("executor: kubernetes\n", r"executor: expected one of \[slurm, local\]"),
     ("gpu: {name: H100, mfu: 4}\n", "fraction"),

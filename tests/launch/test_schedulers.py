@@ -95,7 +95,7 @@ def test_a_registered_scheduler_is_chosen_estimated_and_asked_by_name(tmp_path, 
     assert profile.executor == "fake" and profile.gpus_per_node == 4
     e = estimate_resources(expand(spec).runs[0], profile)
     assert e.resources.gpus == 1 and e.resources.mem_gb > 0  # it reserves resources, unlike local
-    assert with_overrides(profile, ["queue=short"], None).slurm == {"queue": "short"}
+    assert with_overrides(profile, ["queue=short"], None).executor_params == {"queue": "short"}
     with pytest.raises(ConfigError, match="does not accept this parameter"):
         with_overrides(profile, ["partition=gpu"], None)
     entries = {k: Entry(key=k, name=k, run_dir=str(tmp_path / k), identity={}, attempts=[a])

@@ -172,7 +172,7 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
     finishing its run: test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued.)"""
     (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 2\n"
                                      "min_time_minutes: 2\nmax_time_hours: 0.0334\nsignal_delay_s: 60\n"
-                                     "slurm: {partition: debug}\n")
+                                     "executor_params: {partition: debug}\n")
     profile = ("--profile", str(tmp_path / "p.yaml"))
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=10**6, kinds=("transformer",))
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 50")
@@ -214,11 +214,11 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
 
 def test_unknown_partition_is_one_line_and_leaves_nothing(tmp_path, text_dataset, new_store):
     (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\nmin_time_minutes: 60\n"
-                                     "slurm: {partition: no-such-partition}\n")
+                                     "executor_params: {partition: no-such-partition}\n")
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
     r = cli("launch", str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path, env=new_store)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr == ("error: profile p: slurm.partition: 'no-such-partition' is not a partition of this "
+    assert r.stderr == ("error: profile p: executor_params.partition: 'no-such-partition' is not a partition of this "
                         "cluster; expected one of [debug]\n")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
@@ -226,7 +226,7 @@ def test_unknown_partition_is_one_line_and_leaves_nothing(tmp_path, text_dataset
 def test_sbatch_refusal_leaves_nothing(tmp_path, text_dataset, store):
     # something only sbatch checks: more memory than the node has
     (tmp_path / "p.yaml").write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmin_time_minutes: 60\n"
-                                     "mem_per_gpu_gb: 100000\nslurm: {partition: debug}\n")
+                                     "mem_per_gpu_gb: 100000\nexecutor_params: {partition: debug}\n")
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset)
     r = cli("launch", str(sweep), "--profile", str(tmp_path / "p.yaml"), cwd=tmp_path, env=store)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -25,7 +25,7 @@ from tests.launch.slurm_jobs import counts, own_jobs  # noqa: F401 (own_jobs: a 
 pytestmark = pytest.mark.slurm
 
 PROFILE = ("executor: slurm\ngpu: {name: fake-gpu, memory_gb: 80, peak_tflops: 0.2, mfu: 0.3}\ngpus_per_node: 2\n"
-           "cpus_per_gpu: 1\nmem_per_gpu_gb: 2\nmin_time_minutes: 60\nsignal_delay_s: 30\nslurm: {partition: debug}\n")
+           "cpus_per_gpu: 1\nmem_per_gpu_gb: 2\nmin_time_minutes: 60\nsignal_delay_s: 30\nexecutor_params: {partition: debug}\n")
 
 
 def test_two_launches_at_once_from_two_login_nodes_submit_each_run_once(tmp_path, text_dataset, mlflow_store):

@@ -111,7 +111,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             # another profile would ask for other resources; status shows what the jobs asked for
             big = tmp_path / "big.yaml"
             big.write_text("executor: slurm\ngpus_per_node: 2\ncpus_per_gpu: 1\nmem_per_gpu_gb: 7\n"
-                           "min_time_minutes: 90\nslurm: {partition: debug}\n")
+                           "min_time_minutes: 90\nexecutor_params: {partition: debug}\n")
             for row in status(sweep, tmp_path, store, "--profile", str(big))["runs"]:
                 assert (row["resources_source"], row["submitted_profile"]) == ("submitted", "localhost")
                 assert (row["gpus"], row["time_min"], row["mem_gb"]) == (1, 60, 2)
