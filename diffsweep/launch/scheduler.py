@@ -108,8 +108,15 @@ class Scheduler(ABC):
     def default_profile(self) -> Profile:
         """The profile used when the user names this scheduler but no profile."""
 
+    def doctor_checks(self) -> Callable[..., None] | None:
+        """The cluster checks ``diffsweep doctor`` runs on a profile of this scheduler, as a function
+        ``(profile, work, add, *, preempt, timeout_s)`` that calls ``add(Check)`` for each and stops
+        where later ones cannot run (see ``diffsweep.launch.doctor_slurm.slurm_suite``); None: no
+        cluster to check (doctor checks the run directory and the store only)."""
+        return None
+
     def parameter_names(self) -> frozenset[str] | None:
-        """The keys a profile's ``slurm:`` mapping and ``--slurm KEY=VALUE`` may set (the
+        """The keys a profile's ``executor_params:`` mapping and ``--slurm KEY=VALUE`` may set (the
         parameters its submitit executor takes); None: it takes no job settings (nor ``--setup``)."""
         return None
 

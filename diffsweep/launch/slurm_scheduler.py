@@ -6,6 +6,7 @@ runs Slurm's commands (its notes say why states are not submitit's ``Job.state``
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from diffsweep import slurm
@@ -29,6 +30,11 @@ class SlurmScheduler(Scheduler):
     def available(self) -> bool:
         """Whether a Slurm controller answers here."""
         return slurm.answers()
+
+    def doctor_checks(self) -> Callable[..., None]:
+        from diffsweep.launch.doctor_slurm import slurm_suite
+
+        return slurm_suite
 
     def default_profile(self) -> Profile:
         return Profile(name="slurm", executor=self.name, gpus_per_node=8)  # a cluster we know nothing of

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.launch.doctor import _constraint_features, _gpu_types
+from diffsweep.launch.doctor_slurm import _constraint_features, _gpu_types
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import require_slurm, wait_for
 
@@ -80,7 +80,7 @@ def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_pat
         "✓ slurm: the controller answers (partitions: debug)",
         "✓ accounting: sacct answers",
         "✗ partition: profile p: executor_params.partition: 'no-such' is not a partition of this cluster; expected one of [debug]",
-        ("    fix: set slurm.partition in profile p to a partition of this cluster ([debug]), or pass --slurm "
+        ("    fix: set executor_params.partition in profile p to a partition of this cluster ([debug]), or pass --slurm "
          "partition=NAME"),
         "1 of 3 checks failed",
     ]
