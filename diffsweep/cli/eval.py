@@ -166,7 +166,8 @@ def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], No
     """``--launch``: the finished runs' jobs submitted again with these probes; with ``wait``,
     until they end, then what each evaluated."""
     from diffsweep.cli.common import fail
-    from diffsweep.cli.sweep import _target, _wait
+    from diffsweep.cli.sweep import _target
+    from diffsweep.cli.sweep_wait import wait_for_sweep
     from diffsweep.eval.probe import settings_dict
     from diffsweep.launch.api import launch_eval
     from diffsweep.rundir import read_job_state
@@ -181,7 +182,7 @@ def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], No
         "(diffsweep ui)"))
     if not wait or not submitted:
         return
-    _wait(target, sweep)  # exits 1 if a job did not finish
+    wait_for_sweep(target, sweep)  # exits 1 if a job did not finish
     failed = []
     for name, run_dir in submitted.items():
         job = read_job_state(run_dir) or {}
