@@ -1,6 +1,7 @@
-"""An attention kind from the user's own package (``toy_kind/``, an entry point in the group
-``diffsweep.attention_kinds``), installed with pip into a directory of its own and used from the
-CLI as a user would: config -> count -> train 5 steps -> plan -> fit. Nothing in diffsweep names it.
+"""An attention kind and a probe from the user's own package (``toy_kind/``, entry points in the
+groups ``diffsweep.attention_kinds`` and ``diffsweep.probes``), installed with pip into a directory
+of its own and used from the CLI as a user would: config -> count -> train 5 steps -> eval -> plan
+-> fit. Nothing in diffsweep names them.
 
 The package goes onto the subprocesses' PYTHONPATH only, so the shared environment and every other
 test see the built-in kinds alone.
@@ -89,6 +90,17 @@ def test_train_logs_the_kinds_probe(toy_env, tmp_path, text_dataset):
     gate = run.data.metrics["gate/layer_01"]
     assert np.isfinite(gate) and abs(gate - 1.0) < 0.1
     assert "gate/layer_02" in run.data.metrics and "lambda/layer_01" not in run.data.metrics
+
+    # The package's probe (``toy_kind/probe.py``, entry point ``gates``) on the trained run, as a built-in one.
+    run_dir = next((tmp_path / "runs").iterdir())
+    r = cli(toy_env | {"MLFLOW_TRACKING_URI": store}, tmp_path, "eval", str(run_dir), "--probe", "gates",
+            "--probe-set", "gates.scale=2", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (done,) = json.loads(r.stdout)
+    layers = [v for k, v in run.data.metrics.items() if k.startswith("gate/layer_")]
+    assert done["metrics"]["gates/layers"] == len(layers)
+    assert done["metrics"]["gates/mean"] == pytest.approx(2 * sum(layers) / len(layers), rel=1e-5)
+    assert "gates" in cli(toy_env, tmp_path, "eval", "--help").stdout  # listed beside the built-in probes
 
 
 def test_plan_collapses_axes_the_kind_ignores_and_plans_its_memory(toy_env, tmp_path):
