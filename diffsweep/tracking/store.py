@@ -1,7 +1,7 @@
 """The MLflow store runs are tracked in: where it is, whether it can be used, opening it safely
-from many processes at once, and what every run records about where its code and job come from.
+from many processes at once, and ``mlflow_client``, the one constructor of an MLflow client.
 
-This module sits low (next to ``diffsweep.config``): launch/, scaling/, sweep/ and the CLI use it
+This module sits low (next to ``diffsweep.config``): launch/, scaling/, compare/ and the CLI use it
 without importing the trainer, and it imports neither torch nor mlflow at module level (mlflow is
 imported by the functions that talk to a store).
 
