@@ -171,7 +171,7 @@ def test_a_csv_fit_without_logging_does_not_need_the_store(tmp_path, points):
 
 
 def test_a_store_made_by_another_mlflow_version_is_one_line_saying_what_to_do(tmp_path, mlflow_store):
-    (tmp_path / "store").mkdir()  # the store's lock file appears beside it (train.tracking's store lock)
+    (tmp_path / "store").mkdir()  # the store's lock file appears beside it (tracking.store's lock)
     db = tmp_path / "store" / "mlflow.db"
     shutil.copy(mlflow_store.removeprefix("sqlite:///"), db)
     with sqlite3.connect(db) as connection:
