@@ -63,7 +63,7 @@ CHECKS: dict[str, tuple] = {
         ("steps", ("venv + pip are the environment this test runs in; fetch-demo, prepare, launch and fit are "
                   "checked by their own entries (fit sweeps/demo-ladder.yaml --holdout largest runs for real)")),
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test,lint]' && diffsweep data "
-    "fetch-demo && bash .ci/lint && python -m pytest -n 3 --dist loadgroup --durations=25":
+    "fetch-demo && bash .ci/lint && python -m pytest -n 4 --dist loadgroup --durations=25":
         ("steps", ("the environment this test runs in, the static checks .ci/run runs with it, and the test "
                   "suite this test is part of")),
     "diffsweep model sizes": ("run", ["model", "sizes"]),
