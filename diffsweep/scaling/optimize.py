@@ -14,16 +14,13 @@ Two solvers, each with one job:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from scipy.optimize import minimize
 
 # Objective's home is the numpy-free choices module (the CLI's options); re-exported here
 from diffsweep.scaling.choices import Objective
-
-if TYPE_CHECKING:  # annotations only: the law forms (imported by forms.py) use this module's penalty
-    from diffsweep.scaling.forms import Law
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, approach 3
 BLOCK_ELEMENTS = 65_536  # rows x points refined at once by solve_batch (a 2.5 MiB Jacobian for 5 parameters)
@@ -37,6 +34,26 @@ class Predicts(Protocol):
 
     def predict(self, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None = None,
                 group: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class Shaped(Predicts, Protocol):
+    """What the multi-start search and the law forms need of a ``Law`` (``diffsweep.scaling.forms``,
+    which imports the forms, so they name this instead): θ's columns, their grouping, its starts."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    @property
+    def n_groups(self) -> int: ...
+
+    @property
+    def shared_e(self) -> bool: ...
+
+    @property
+    def num_params(self) -> int: ...
+
+    def starts(self, u: np.ndarray, y: np.ndarray, v: np.ndarray | None = None,
+               group: np.ndarray | None = None) -> np.ndarray: ...
 MAX_BASINS = 2  # local optima of the grid besides the best kept as extra bootstrap starts
 
 
@@ -184,7 +201,7 @@ class Solution:
     basins: np.ndarray | None = None
 
 
-def multistart(law: Law, data: Data, objective: Objective, polish: int | None = None) -> Solution:
+def multistart(law: Shaped, data: Data, objective: Objective, polish: int | None = None) -> Solution:
     """Best fit from the law's starting grid: batched refinement, then L-BFGS-B polishing of the
     ``polish`` best distinct solutions (default: 1 for least squares, where Gauss-Newton has
     already converged; 5 for the L1-like Huber objective, whose refinement is slower)."""
@@ -228,7 +245,7 @@ def multistart(law: Law, data: Data, objective: Objective, polish: int | None = 
                     basins=np.array(basins))
 
 
-def _value_and_grad(theta: np.ndarray, law: Law, data: Data, objective: Objective) -> tuple[float, np.ndarray]:
+def _value_and_grad(theta: np.ndarray, law: Shaped, data: Data, objective: Objective) -> tuple[float, np.ndarray]:
     log_loss, jac = data.predict(law, theta[None, :])
     r = log_loss[0] - data.y
     value = float(penalty(objective, r).sum())

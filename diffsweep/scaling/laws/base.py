@@ -15,15 +15,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from diffsweep.scaling.choices import Objective
+from diffsweep.scaling.optimize import Data, Shaped
 
-if TYPE_CHECKING:  # only for annotations: forms.py imports this module
-    from diffsweep.scaling.fit import LawFit
-    from diffsweep.scaling.forms import Law
+
+class Fitted(Protocol):
+    """What a form's bootstrap starts read of a ``LawFit`` (``diffsweep.scaling.fit``): the law,
+    the points it was fitted to and the objective."""
+
+    @property
+    def law(self) -> Shaped: ...
+
+    @property
+    def data(self) -> Data: ...
+
+    @property
+    def objective(self) -> Objective: ...
+
 
 # Box constraints on the log-space parameters. Exponents must be non-negative (loss falls with
 # scale); the log-coefficient boxes are wide enough for any real ladder, and a solution that sits
@@ -93,7 +105,7 @@ class LawForm(ABC):
         base = column.rstrip("0123456789")
         return next(p for p in self.params if p.name == base)
 
-    def natural(self, law: Law, theta: np.ndarray, group: int = 0) -> dict[str, np.ndarray]:
+    def natural(self, law: Shaped, theta: np.ndarray, group: int = 0) -> dict[str, np.ndarray]:
         """Natural parameters (E, A, α, ...) of one group, for each row of ``theta`` (B, p)."""
         columns = {n: theta[:, i] for i, n in enumerate(law.names)}
         out = {}
@@ -104,16 +116,16 @@ class LawForm(ABC):
 
     # -- fitting ----------------------------------------------------------------------------
     @abstractmethod
-    def predict(self, law: Law, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
+    def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Log loss (B, n) and Jacobian (B, n, p) at ``theta`` (B, p); u = log x (or log N), v = log D."""
 
     @abstractmethod
-    def starts(self, law: Law, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
+    def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
                group: np.ndarray | None) -> np.ndarray:
         """A grid of starting points (S, p); ``y`` is the observed log loss."""
 
-    def refit_starts(self, fit: LawFit, targets: np.ndarray) -> np.ndarray | None:
+    def refit_starts(self, fit: Fitted, targets: np.ndarray) -> np.ndarray | None:
         """Extra starts (B, k, p) for refitting bootstrap draws ``targets`` (B, n), besides the
         estimate itself; None: the grid start and other local optima the estimate's search found."""
         return None

@@ -8,15 +8,12 @@ compute-optimal allocation at C ≈ 6ND (``diffsweep.scaling.compute_optimal``).
 from __future__ import annotations
 
 from itertools import product
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from diffsweep.scaling.choices import Objective
 from diffsweep.scaling.laws.base import LOG_E, LawForm, coefficient, exponent
-
-if TYPE_CHECKING:
-    from diffsweep.scaling.forms import Law
+from diffsweep.scaling.optimize import Shaped
 
 # Hoffmann et al. (2022) approach 3, unrounded from the paper's TeX source (as Epoch uses them):
 # log-space (e, a, b, α, β).
@@ -35,7 +32,7 @@ class ChinchillaLaw(LawForm):
     default_objective = Objective.HUBER  # Hoffmann et al.'s and Epoch AI's objective for this law
     compute_optimal = True
 
-    def predict(self, law: Law, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
+    def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         assert v is not None, "the Chinchilla law needs log D"
         batch, n = theta.shape[0], u.shape[0]
@@ -57,7 +54,7 @@ class ChinchillaLaw(LawForm):
         np.multiply(jac[:, :, 2], -v, out=jac[:, :, 4])
         return log_loss, jac
 
-    def starts(self, law: Law, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
+    def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
                group: np.ndarray | None) -> np.ndarray:
         # Hoffmann et al.'s grid (4,500 starts): α, β ∈ {0, .5, .., 2}, e ∈ {-1, -.5, .., 1}, a, b ∈ {0, 5, .., 25}
         grid = product(np.arange(-1, 1.01, 0.5), np.arange(0, 26, 5), np.arange(0, 26, 5),

@@ -7,23 +7,18 @@ It is the one form that can share E across architectures (``--shared-e``): θ is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from diffsweep.scaling.laws.base import (
     EXPONENT,
     LOG_E,
+    Fitted,
     LawForm,
     coefficient,
     exponent,
     ols,
 )
-from diffsweep.scaling.optimize import penalty
-
-if TYPE_CHECKING:
-    from diffsweep.scaling.fit import LawFit
-    from diffsweep.scaling.forms import Law
+from diffsweep.scaling.optimize import Shaped, penalty
 
 # The start grid: E at these fractions of the lowest loss (0: far below it), then for each the
 # rest is a line in log-log space (variable projection in spirit, Czech et al.), plus these exponents.
@@ -42,7 +37,7 @@ class OffsetLaw(LawForm):
     pure_comparison = True
     shift_model = True
 
-    def predict(self, law: Law, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
+    def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         batch, n = theta.shape[0], u.shape[0]
         jac = np.zeros((batch, n, law.num_params))
@@ -61,7 +56,7 @@ class OffsetLaw(LawForm):
         jac[:, rows, alpha_col] = -u * w_power
         return log_loss, jac
 
-    def starts(self, law: Law, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
+    def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
                group: np.ndarray | None) -> np.ndarray:
         loss = np.exp(y)
         groups = np.zeros(len(u), int) if group is None else group
@@ -85,7 +80,7 @@ class OffsetLaw(LawForm):
                 starts.append(row)
         return np.array(starts)
 
-    def refit_starts(self, fit: LawFit, targets: np.ndarray) -> np.ndarray | None:
+    def refit_starts(self, fit: Fitted, targets: np.ndarray) -> np.ndarray | None:
         """One law per architecture: the best start of the E-fraction grid for each draw's own
         values (vectorised over draws); a joint (shared-E) fit: the estimate's basins."""
         if fit.law.shared_e:
@@ -96,7 +91,7 @@ class OffsetLaw(LawForm):
         return p["E"], p["A"], p["alpha"]
 
 
-def grid_best(fit: LawFit, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
+def grid_best(fit: Fitted, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
     """The start grid (as ``OffsetLaw.starts``) for each draw, vectorised: (B, p), the start with
     the lowest objective per draw. Scored on the mean log loss per distinct x (weighted by its
     count): the same ranking for least squares, at the cost of the sizes rather than the points."""

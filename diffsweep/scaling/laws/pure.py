@@ -6,15 +6,10 @@ no extra starts for the bootstrap refits. The DIFF paper read its ratios off thi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from diffsweep.scaling.laws.base import LawForm, coefficient, exponent, ols
-
-if TYPE_CHECKING:
-    from diffsweep.scaling.fit import LawFit
-    from diffsweep.scaling.forms import Law
+from diffsweep.scaling.laws.base import Fitted, LawForm, coefficient, exponent, ols
+from diffsweep.scaling.optimize import Shaped
 
 
 class PureLaw(LawForm):
@@ -25,7 +20,7 @@ class PureLaw(LawForm):
     formula = "L = A·{x}^-α"
     words = "a pure power law (Kaplan-style)"
 
-    def predict(self, law: Law, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
+    def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         jac = np.zeros((theta.shape[0], u.shape[0], law.num_params))
         log_loss = theta[:, :1] - theta[:, 1:2] * u
@@ -33,12 +28,12 @@ class PureLaw(LawForm):
         jac[:, :, 1] = -u
         return log_loss, jac
 
-    def starts(self, law: Law, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
+    def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
                group: np.ndarray | None) -> np.ndarray:
         alpha, a = ols(u, y)
         return np.array([[a, max(alpha, 0.0)]])
 
-    def refit_starts(self, fit: LawFit, targets: np.ndarray) -> np.ndarray | None:
+    def refit_starts(self, fit: Fitted, targets: np.ndarray) -> np.ndarray | None:
         # linear least squares in log space: one optimum, the warm start reaches it
         return np.empty((targets.shape[0], 0, fit.law.num_params))
 
