@@ -20,7 +20,7 @@ from diffsweep.scaling import mle, resample
 from diffsweep.scaling.bootstrap import Group, draw_targets, estimate_noise, scale_draws
 from diffsweep.scaling.compute_optimal import allocation
 from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import Data, Objective
 
 CSV = Path(__file__).resolve().parents[2] / "tests" / "scaling" / "data" / "chinchilla_epoch_svg_extracted.csv"
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--boot", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    data, law = points(), Law(Form.CHINCHILLA)
+    data, law = points(), Law("chinchilla")
     t = time.perf_counter()
     fit = mle.fit_huber_mle(law, data)
     print(f"Epoch's estimator (--objective huber_mle) in {time.perf_counter() - t:.1f} s:")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import (
     Data,
     Objective,
@@ -46,7 +46,7 @@ def main() -> None:
         for arch in ("transformer", "diff_v1"):
             rows = points[points["arch"] == arch]
             data = Data(u=np.log(rows["num_params"].to_numpy(float)), y=np.log(rows["loss"].to_numpy(float)))
-            fit = fit_law(Law(Form.OFFSET), data)
+            fit = fit_law(Law("offset"), data)
             targets = fit.fitted[None, :] + 0.007 * rng.standard_normal((args.draws, len(rows)))
             best = np.array([multistart(fit.law, Data(u=data.u, y=y), Objective.L2).value for y in targets])
             warm, _ = solve_batch(fit.law, data, np.repeat(fit.theta[None, :], args.draws, axis=0), Objective.L2,

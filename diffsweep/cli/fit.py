@@ -9,9 +9,11 @@ from typing import Annotated
 
 import typer
 
-from diffsweep.cli.common import JsonOpt, choice, flag_keys, handle_errors, print_json
+from diffsweep.cli.common import JsonOpt, choice, flag_keys, handle_errors, name_choice, print_json
 from diffsweep.config import ConfigError
-from diffsweep.scaling.choices import Axis, Count, Form, Holdout, Objective, TokenPoints
+from diffsweep.scaling.choices import Axis, Count, Holdout, Objective, TokenPoints
+from diffsweep.scaling.laws import DEFAULT as DEFAULT_FORM
+from diffsweep.scaling.laws import law_form_names
 from diffsweep.scaling.schema import CSV_SCHEMA
 
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -49,8 +51,8 @@ def fit(
     candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
                                                         "baseline (default: all others).", show_default=False)] = None,
     axis: Annotated[Axis, choice(Axis, "--axis", "auto | N (parameters) | D (tokens).")] = Axis.AUTO,
-    form: Annotated[Form, choice(Form, "--form", "offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
-                                 "chinchilla: E + A/N^α + B/D^β.")] = Form.OFFSET,
+    form: Annotated[str, name_choice(law_form_names, "--form", "offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
+                                     "chinchilla: E + A/N^α + B/D^β.")] = DEFAULT_FORM,
     objective: Annotated[Objective | None, choice(Objective, "--objective", "l2 | huber (δ=1e-3) on log loss | "
                                                   "huber_mle: Epoch AI's Huber likelihood with a free scale (its final "
                                                   "Chinchilla estimate) (default: huber for chinchilla, else l2).",

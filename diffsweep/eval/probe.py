@@ -3,7 +3,7 @@
 A probe measures a trained model offline, on synthetic prompts or on the validation split the run
 trained on. Each is one module in ``diffsweep/eval/probes/`` (or a user's package) defining one
 ``Probe`` subclass, registered here by name (``PROBES``) or through the entry-point group
-``diffsweep.probes`` (``name = "package.module:Class"``), like attention kinds.
+``diffsweep.probes`` (``name = "package.module:Class"``): one ``diffsweep.registry.Registry``.
 
 A probe has typed settings: a frozen dataclass (``Probe.Settings``) decoded strictly with the
 one decoder from ``NAME.KEY=VALUE`` items (``diffsweep eval --probe-set needle.samples=10``) or a
@@ -13,15 +13,14 @@ sweep file's ``eval:`` section, so a bad setting is one line naming ``NAME.KEY``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import decode, did_you_mean
+from diffsweep.config.decode import decode
+from diffsweep.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -162,29 +161,17 @@ PROBES: dict[str, str] = {
 }
 
 
+PROBES_REGISTRY: Registry[Probe] = Registry("probe", ENTRY_POINT_GROUP, Probe, PROBES)
+
+
 def probe_names() -> list[str]:
     """Every probe's name: the built-in ones, then those registered through entry points."""
-    names = dict.fromkeys(PROBES)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        names.setdefault(ep.name)
-    return list(names)
+    return PROBES_REGISTRY.names()
 
 
 def get_probe(name: str, key: str = "probe") -> Probe:
     """The probe called ``name``; an unknown name is a ``ConfigError`` on ``key`` listing them."""
-    target = PROBES.get(name)
-    if target is None:
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if not found:
-            names = probe_names()
-            raise ConfigError(key, f"unknown probe {name!r}{did_you_mean(name, names)}; expected one of "
-                              f"[{', '.join(names)}]")
-        target = found[0].value
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Probe)):
-        raise TypeError(f"probe {name!r}: {target} is not a diffsweep.eval.probe.Probe")
-    return cls()
+    return PROBES_REGISTRY.get(name, key)
 
 
 def parse_settings(probe: Probe, items: dict[str, Any], where: str = "") -> Any:

@@ -14,15 +14,14 @@ See docs/extending.md for how to write one.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
+from diffsweep.registry import Registry
 
 if TYPE_CHECKING:  # only for annotations: the launcher's modules import this one
     from diffsweep.launch.job import TrainJob
@@ -170,42 +169,24 @@ class Scheduler(ABC):
         return [Path(p) for p in paths if p and Path(p).is_file()]
 
 
-_registered: dict[str, str | type[Scheduler]] = dict(BUILTIN)
-_instances: dict[str, Scheduler] = {}
+SCHEDULERS: Registry[Scheduler] = Registry("scheduler", ENTRY_POINT_GROUP, Scheduler, BUILTIN, key="executor")
 
 
 def register(name: str, scheduler: str | type[Scheduler]) -> None:
     """Register ``scheduler`` (a ``Scheduler`` subclass, or ``"module:Class"`` to import when first
-    used) under ``name``, replacing any scheduler of that name."""
-    _registered[name] = scheduler
-    _instances.pop(name, None)
-
-
-def _entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    used) under ``name``, which no other scheduler may have."""
+    SCHEDULERS.register(name, scheduler)
 
 
 def scheduler_names() -> list[str]:
     """Every scheduler's name: built-in and registered ones, then those packages add."""
-    return [*_registered, *(n for n in _entry_points() if n not in _registered)]
+    return SCHEDULERS.names()
 
 
 def get_scheduler(name: str, key: str = "executor") -> Scheduler:
     """The scheduler registered as ``name``; an unknown name is a ``ConfigError`` on ``key``
     listing the known ones."""
-    if name in _instances:
-        return _instances[name]
-    target = _registered.get(name) or _entry_points().get(name)
-    if target is None:
-        raise ConfigError(key, f"expected one of [{', '.join(scheduler_names())}], got {name!r}")
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-    scheduler = target()
-    if scheduler.name != name:
-        raise ConfigError(key, f"scheduler {name!r} is registered as {target!r}, whose name is {scheduler.name!r}")
-    _instances[name] = scheduler
-    return scheduler
+    return SCHEDULERS.get(name, key)
 
 
 def detect_scheduler() -> Scheduler:

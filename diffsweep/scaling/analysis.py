@@ -31,11 +31,12 @@ from diffsweep.scaling.bootstrap import (
 )
 
 # the enums' home is the numpy-free choices module (the CLI's options); re-exported here
-from diffsweep.scaling.choices import Axis, Count, Form, TokenPoints
+from diffsweep.scaling.choices import Axis, Count, TokenPoints
 from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
 from diffsweep.scaling.fit import LawFit, fit_law
 from diffsweep.scaling.forms import Law
-from diffsweep.scaling.laws import LawForm, law_forms
+from diffsweep.scaling.laws import law_forms
+from diffsweep.scaling.laws.base import LawForm
 from diffsweep.scaling.mle import fit_huber_mle
 from diffsweep.scaling.optimize import Data, Objective
 from diffsweep.scaling.points import (
@@ -52,7 +53,7 @@ from diffsweep.scaling.request import FitRequest
 from diffsweep.scaling.result import FitResult, FitWarning
 from diffsweep.scaling.shift import shift_model
 
-__all__ = ["Axis", "Count", "FitRequest", "FitResult", "FitWarning", "Form", "TokenPoints", "analyse"]
+__all__ = ["Axis", "Count", "FitRequest", "FitResult", "FitWarning", "TokenPoints", "analyse"]
 
 
 FAR_OUTSIDE = 10.0  # a reference size more than 10x outside the measured range is refused
@@ -216,7 +217,7 @@ def _references(base: Arch, req: FitRequest) -> tuple[np.ndarray, list[str]]:
 
 # How the DIFF paper read its Fig. 3 (arXiv 2410.05258 §3.2): Kaplan-style pure power laws, ratios
 # read off the fitted curves at an 11B Transformer (parameters) and 251B tokens.
-PAPER_LAW = Form.PURE  # the form fitted beside the others (where they ask) for the paper's reading
+PAPER_LAW = "pure"  # the form fitted beside the others (where they ask) for the paper's reading
 PAPER_READING = {"N": (11e9, "62.2% at 11B (6.8B DIFF vs an 11B Transformer)"),
                  "D": (251e9, "63.7% at 251B tokens (160B for DIFF)")}
 
@@ -271,7 +272,7 @@ def _data(arch: Arch) -> Data:
     return Data(u=np.log(arch.x), y=np.log(arch.loss), v=np.log(np.maximum(arch.other, 1e-300)))
 
 
-def _fit_all(archs: dict[str, Arch], form: Form | str, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
+def _fit_all(archs: dict[str, Arch], form: str, objective: Objective, shared_e: bool) -> dict[str, LawFit]:
     if not shared_e:
         fit = fit_huber_mle if objective is Objective.HUBER_MLE else (lambda law, data: fit_law(law, data, objective))
         return {a: fit(Law(form), _data(arch)) for a, arch in archs.items()}

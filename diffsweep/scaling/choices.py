@@ -2,23 +2,13 @@
 
 This module imports nothing but the standard library, so the CLI can use the enums as Typer
 options without loading numpy or scipy for ``diffsweep --help``. What each choice *does* lives
-elsewhere: a ``Form`` member's definition is registered in ``diffsweep.scaling.laws``.
+elsewhere. The law forms are not here: they are a registry (``diffsweep.scaling.laws``), which
+lists their names without importing numpy too.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-
-
-class Form(StrEnum):
-    """The law fitted to loss against N (parameters), D (tokens) or both.
-
-    Each member has exactly one definition, registered in ``diffsweep.scaling.laws`` (a test
-    checks that the two agree); see docs/extending.md."""
-
-    OFFSET = "offset"  # L = E + A x^-α          (the default; Chinchilla-style offset)
-    PURE = "pure"  # L = A x^-α                  (Kaplan et al. 2020: no irreducible term)
-    CHINCHILLA = "chinchilla"  # L = E + A/N^α + B/D^β   (Hoffmann et al. 2022, approach 3)
 
 
 class Objective(StrEnum):

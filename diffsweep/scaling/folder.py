@@ -100,10 +100,11 @@ def _axis(value: Any, key: str) -> str:
 
 
 def _form(value: Any, key: str) -> str:
-    from diffsweep.scaling.laws import REGISTRY
+    from diffsweep.scaling.laws import law_form_names
 
-    if not isinstance(value, str) or value not in REGISTRY:
-        raise ConfigError(key, f"expected one of [{', '.join(REGISTRY)}], got {value!r}")
+    names = law_form_names()
+    if not isinstance(value, str) or value not in names:
+        raise ConfigError(key, f"expected one of [{', '.join(names)}], got {value!r}")
     return value
 
 

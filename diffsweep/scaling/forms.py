@@ -13,19 +13,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diffsweep.config import ConfigError
-from diffsweep.scaling.choices import Form
-from diffsweep.scaling.laws import REGISTRY, LawForm, Param, law_form
+from diffsweep.scaling.laws import law_form, law_forms
+from diffsweep.scaling.laws.base import LawForm, Param
 
-__all__ = ["Form", "Law"]  # Form is re-exported: its home is the numpy-free choices module
+__all__ = ["Law"]
 
 
 @dataclass(frozen=True)
 class Law:
     """One form over ``n_groups`` architectures; with ``shared_e`` all groups share E.
 
-    ``form`` is a ``Form`` member or the name of a form registered at run time."""
+    ``form`` is a registered form's name (``diffsweep.scaling.laws``)."""
 
-    form: Form | str
+    form: str
     n_groups: int = 1
     shared_e: bool = False
     definition: LawForm = field(init=False, repr=False, compare=False)
@@ -34,7 +34,7 @@ class Law:
     def __post_init__(self) -> None:
         definition = law_form(self.form)
         if self.shared_e and not definition.shared_e:
-            can = " or ".join(f"--form {name}" for name, d in REGISTRY.items() if d.shared_e)
+            can = " or ".join(f"--form {d.name}" for d in law_forms() if d.shared_e)
             raise ConfigError("shared_e", f"a shared E needs {can}, not {definition.name}")
         object.__setattr__(self, "definition", definition)
         object.__setattr__(self, "names", definition.names(self.n_groups, self.shared_e))

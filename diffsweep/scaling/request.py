@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import confidence_level
-from diffsweep.scaling.choices import Axis, Count, Form, Objective, TokenPoints
+from diffsweep.scaling.choices import Axis, Count, Objective, TokenPoints
 
 if TYPE_CHECKING:
-    from diffsweep.scaling.laws import LawForm
+    from diffsweep.scaling.laws.base import LawForm
 
 MIN_BOOT = 50  # fewer draws cannot place the 2.5% and 97.5% percentiles of a 95% CI (1 draw each side)
 # 100,000 draws put a percentile within ~0.1% of its limit; beyond that the draws (B x points x starts
@@ -39,7 +39,7 @@ class FitRequest:
     baseline: str = "transformer"
     candidates: tuple[str, ...] = ()  # empty: every other architecture
     axis: Axis = Axis.AUTO
-    form: Form | str = Form.OFFSET  # a Form member, or the name of a form registered at run time
+    form: str = "offset"  # a registered law form's name (diffsweep.scaling.laws)
     objective: Objective | None = None  # None: the form's default (huber for chinchilla, l2 otherwise)
     count: Count = Count.TOTAL
     at: tuple[float, ...] = ()

@@ -17,7 +17,6 @@ from scipy.stats import chi2
 from scipy.stats import f as f_dist
 
 from diffsweep.scaling.bootstrap import interval
-from diffsweep.scaling.choices import Form
 from diffsweep.scaling.fit import LawFit
 from diffsweep.scaling.forms import Law
 from diffsweep.scaling.laws.base import EXPONENT, LOG_COEF, LOG_E
@@ -57,7 +56,7 @@ class ShiftLaw:
     def starts(self, u: np.ndarray, y: np.ndarray, v: np.ndarray | None = None,
                group: np.ndarray | None = None) -> np.ndarray:
         assert group is not None
-        base = Law(Form.OFFSET).starts(u[group == 0], y[group == 0])
+        base = Law("offset").starts(u[group == 0], y[group == 0])
         return np.array([[*row, r] for row in base for r in _RHO_STARTS])
 
 

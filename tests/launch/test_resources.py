@@ -111,7 +111,7 @@ def test_chunks_respect_max_array_size():
     ("executor_params: {time: 60}\n", "derived per run"),
     ("executor_params: {partition: 'gpu; rm -rf /'}\n", "not allowed in an #SBATCH line"),
     ("gpus: 8\n", r"unknown profile key \(did you mean 'gpu'"),
-    ("executor: kubernetes\n", r"executor: expected one of \[slurm, local\]"),
+    ("executor: kubernetes\n", r"executor: unknown scheduler 'kubernetes'; expected one of \[slurm, local\]"),
     ("gpu: {name: H100, mfu: 4}\n", "fraction"),
     ("gpus_per_node: -1\n", "integer >= 0"),
 ])

@@ -53,8 +53,7 @@ def fake():
     register("fake", FakeScheduler)
     FakeScheduler.asked.clear()
     yield get_scheduler("fake")
-    schedulers._registered.pop("fake", None)
-    schedulers._instances.pop("fake", None)
+    schedulers.SCHEDULERS.unregister("fake")
 
 
 def sweep(tmp_path: Path):
@@ -75,7 +74,7 @@ def test_builtin_schedulers_are_registered_in_order():
 def test_an_unknown_scheduler_is_an_error_listing_the_known_ones(tmp_path):
     with pytest.raises(ConfigError) as caught:
         choose_profile(sweep(tmp_path), None, "pbs")
-    assert (caught.value.key, caught.value.message) == ("executor", "expected one of [slurm, local], got 'pbs'")
+    assert (caught.value.key, caught.value.message) == ("executor", "unknown scheduler 'pbs'; expected one of [slurm, local]")
     with pytest.raises(ConfigError) as caught:
         parse_profile({"executor": "pbs"}, "p.yaml", "p")
     assert caught.value.key == "p.yaml: executor"
@@ -85,7 +84,7 @@ def test_a_ledger_naming_an_unknown_scheduler_is_an_error_not_slurm(tmp_path):
     ledger = Ledger(sweep="s", experiment="e", tracking_uri="u",
                     entries={"k": Entry(key="k", name="n", run_dir=str(tmp_path), identity={},
                                         attempts=[attempt("pbs", "12")])})
-    with pytest.raises(ConfigError, match=r"expected one of \[slurm, local\], got 'pbs'"):
+    with pytest.raises(ConfigError, match=r"unknown scheduler 'pbs'; expected one of \[slurm, local\]"):
         scheduler_states(ledger)
 
 

@@ -144,8 +144,7 @@ class ClusterScheduler(Scheduler):
 def cluster():
     register("cluster", ClusterScheduler)
     yield
-    schedulers._registered.pop("cluster", None)
-    schedulers._instances.pop("cluster", None)
+    schedulers.SCHEDULERS.unregister("cluster")
 
 
 def test_launch_warns_when_cluster_jobs_would_write_sqlite_on_a_network_fs(tmp_path, monkeypatch, text_dataset,

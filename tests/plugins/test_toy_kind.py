@@ -1,7 +1,7 @@
-"""An attention kind and a probe from the user's own package (``toy_kind/``, entry points in the
-groups ``diffsweep.attention_kinds`` and ``diffsweep.probes``), installed with pip into a directory
-of its own and used from the CLI as a user would: config -> count -> train 5 steps -> eval -> plan
--> fit. Nothing in diffsweep names them.
+"""An attention kind, a probe and a scaling-law form from the user's own package (``toy_kind/``,
+entry points in the groups ``diffsweep.attention_kinds``, ``diffsweep.probes`` and
+``diffsweep.law_forms``), installed with pip into a directory of its own and used from the CLI as a
+user would: config -> count -> train 5 steps -> eval -> plan -> fit. Nothing in diffsweep names them.
 
 The package goes onto the subprocesses' PYTHONPATH only, so the shared environment and every other
 test see the built-in kinds alone.
@@ -119,7 +119,7 @@ def test_plan_collapses_axes_the_kind_ignores_and_plans_its_memory(toy_env, tmp_
     assert 0 < toy["memory_gb"] and toy["gpus"] >= 1
 
 
-def test_fit_names_the_kind_by_its_display_name(toy_env, tmp_path):
+def test_fit_names_the_kind_by_its_display_name_and_fits_the_packages_law_form(toy_env, tmp_path):
     points = ladder(noise_sd=0.003, seeds=2, rng=np.random.default_rng(1), ratios={"toy": 0.8})
     points.to_csv(tmp_path / "ladder.csv", index=False)
     r = cli(toy_env, tmp_path, "fit", "--csv", "ladder.csv", "--no-log", "--out", "fit", "--json")
@@ -127,3 +127,14 @@ def test_fit_names_the_kind_by_its_display_name(toy_env, tmp_path):
     result = json.loads(r.stdout)
     assert result["candidates"] == ["toy"]
     assert "Toy gate needs" in (tmp_path / "fit" / "report.md").read_text()
+    # the package's law form (toy_kind/law.py, entry point diffsweep.law_forms) is a --form like the built-in ones
+    r = cli(toy_env, tmp_path, "fit", "--csv", "ladder.csv", "--no-log", "--form", "kaplan_nc", "--boot", "50",
+            "--out", "fit-nc", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["form"] == "kaplan_nc" and set(result["fits"]["transformer"]["params"]) == {"Nc", "alpha"}
+    assert "L = (N_c/N)^α, a pure power law in Kaplan et al.'s parameterisation" in \
+        (tmp_path / "fit-nc" / "report.md").read_text()
+    r = cli(toy_env, tmp_path, "fit", "--csv", "ladder.csv", "--no-log", "--form", "kaplan")
+    assert r.returncode == 2 and r.stderr == ("error: --form: expected one of [offset, pure, chinchilla, kaplan_nc], "
+                                              "got 'kaplan'\n"), r.stderr

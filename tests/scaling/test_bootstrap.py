@@ -8,7 +8,7 @@ import pytest
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.bootstrap import Group, estimate_noise, interval
 from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import (
     Data,
     Objective,
@@ -101,7 +101,7 @@ def test_bootstrap_refits_reach_the_optimum_a_warm_start_misses():
     points = ladder(noise_sd=0.005, seeds=1, rng=rng)
     rows = points[points["arch"] == "transformer"]
     data = Data(u=np.log(rows["num_params"].to_numpy(float)), y=np.log(rows["loss"].to_numpy(float)))
-    fit = fit_law(Law(Form.OFFSET), data)
+    fit = fit_law(Law("offset"), data)
     targets = fit.fitted[None, :] + 0.007 * rng.standard_normal((60, len(rows)))
     best = np.array([multistart(fit.law, Data(u=data.u, y=y), Objective.L2).value for y in targets])
     warm, _ = solve_batch(fit.law, data, np.repeat(fit.theta[None, :], 60, axis=0), Objective.L2, y=targets)

@@ -13,7 +13,7 @@ import pytest
 from diffsweep.scaling import mle, resample
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.compute_optimal import compute_optimal
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import Objective
 from diffsweep.scaling.ratio import Curve
 from diffsweep.scaling.table import _complete
@@ -27,7 +27,7 @@ HOFFMANN = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 
 
 def test_epochs_final_estimator_from_hoffmanns_values():
-    law = Law(Form.CHINCHILLA)
+    law = Law("chinchilla")
     fit = mle.maximise(law, epoch_points(), [mle.HOFFMANN])
     got = {k: float(v[0]) for k, v in law.natural(fit.theta[None, :]).items()}
     for k, v in EPOCH.items():
@@ -39,7 +39,7 @@ def test_case_bootstrap_matches_epochs_standard_errors():
     """1,000 case resamples (Epoch used 4,000): across seeds 0-3 the SEs land within 12% of Epoch's
     (B, heavy-tailed, varies most), so 20% is a margin for the draw count, not for a different method.
     Today's Gaussian parametric bootstrap gives 0.25-0.57x these (RESULTS.md)."""
-    law = Law(Form.CHINCHILLA)
+    law = Law("chinchilla")
     fit = mle.maximise(law, epoch_points(), [mle.HOFFMANN])
     w = resample.weights(np.random.default_rng(0), np.arange(240), 1000)
     draws = resample.refit(fit, w)
@@ -76,7 +76,7 @@ def chinchilla_table(candidate: dict[str, float] | None = None, noise_sd: float 
 
 def test_token_ratio_along_d_is_exact_without_noise():
     """The candidate needs 63.7% of the tokens (the paper's 160B-for-251B reading) at every N."""
-    r = analyse(chinchilla_table({"D": 0.637}), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50))
+    r = analyse(chinchilla_table({"D": 0.637}), FitRequest(form="chinchilla", objective=Objective.L2, n_boot=50))
     d_rows = [row for row in r.ratios if row["axis"] == "D"]
     assert len(d_rows) == 2 and d_rows[0]["at"] == pytest.approx(5e11) and d_rows[0]["other"] == pytest.approx(1.6e10)
     assert [row["ratio"] for row in d_rows] == pytest.approx([0.637] * 2, abs=1e-5)
@@ -86,7 +86,7 @@ def test_token_ratio_along_d_is_exact_without_noise():
 
 
 def test_compute_optimal_outputs_are_exact_without_noise():
-    r = analyse(chinchilla_table(), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50))
+    r = analyse(chinchilla_table(), FitRequest(form="chinchilla", objective=Objective.L2, n_boot=50))
     assert r.candidates == [] and r.ratios == []
     opt = r.compute_optimal["transformer"]
     p = HOFFMANN
@@ -110,7 +110,7 @@ def case_coverage(reps: int, boot: int, noise_sd: float = 0.005, start: int = 0)
     out: dict[str, list] = {"rho_largest": [], "rho_geomean": [], "a": []}
     for i in range(start, start + reps):
         r = analyse(chinchilla_table({"N": 0.62}, noise_sd=noise_sd, seed=i),
-                    FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=boot, seed=i))
+                    FitRequest(form="chinchilla", objective=Objective.L2, n_boot=boot, seed=i))
         assert r.resampling["method"] == "case"
         rows = [row for row in r.ratios if row["axis"] == "N"]
         for key, row in zip(("rho_largest", "rho_geomean"), rows):

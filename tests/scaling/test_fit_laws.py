@@ -10,7 +10,7 @@ import pytest
 
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Form, Law
+from diffsweep.scaling.forms import Law
 from diffsweep.scaling.optimize import Data, Objective
 from tests.scaling.synthetic import ALPHA, SIZES, TRUE_RATIO, A, E, ladder
 
@@ -32,7 +32,7 @@ def epoch_points() -> Data:
 def test_approach3_reproduces_the_plain_fit_on_epochs_data():
     data = epoch_points()
     assert len(data.y) == 240
-    fit = fit_law(Law(Form.CHINCHILLA), data, Objective.HUBER)
+    fit = fit_law(Law("chinchilla"), data, Objective.HUBER)
     p = {k: float(v[0]) for k, v in fit.law.natural(fit.theta[None, :]).items()}
     # docs/references.md §7: plain approach 3 gives A=477.8, B=2143, E=1.8172, α=0.3473, β=0.3672
     assert abs(p["alpha"] - 0.3473) <= 5e-4
@@ -47,7 +47,7 @@ def test_approach3_reproduces_the_plain_fit_on_epochs_data():
 def test_offset_law_recovers_its_parameters_without_noise():
     n = SIZES
     data = Data(u=np.log(n), y=np.log(E + A * n ** -ALPHA))
-    fit = fit_law(Law(Form.OFFSET), data)
+    fit = fit_law(Law("offset"), data)
     p = {k: float(v[0]) for k, v in fit.law.natural(fit.theta[None, :]).items()}
     assert p["E"] == pytest.approx(E, rel=1e-6)
     assert p["A"] == pytest.approx(A, rel=1e-5)
@@ -57,13 +57,13 @@ def test_offset_law_recovers_its_parameters_without_noise():
 
 def test_pure_and_chinchilla_forms_recover_their_parameters():
     n = SIZES
-    pure = fit_law(Law(Form.PURE), Data(u=np.log(n), y=np.log(9.0 * n ** -0.076)))
+    pure = fit_law(Law("pure"), Data(u=np.log(n), y=np.log(9.0 * n ** -0.076)))
     assert pure.law.natural(pure.theta[None, :])["alpha"][0] == pytest.approx(0.076, rel=1e-8)
     nn, dd = np.meshgrid(n, np.array([2e10, 5e10, 1e11, 3e11]))
     nn, dd = nn.ravel(), dd.ravel()
     truth = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al.'s rounded values
     loss = truth["E"] + truth["A"] * nn ** -truth["alpha"] + truth["B"] * dd ** -truth["beta"]
-    fit = fit_law(Law(Form.CHINCHILLA), Data(u=np.log(nn), v=np.log(dd), y=np.log(loss)), Objective.L2)
+    fit = fit_law(Law("chinchilla"), Data(u=np.log(nn), v=np.log(dd), y=np.log(loss)), Objective.L2)
     got = {k: float(v[0]) for k, v in fit.law.natural(fit.theta[None, :]).items()}
     for k, v in truth.items():
         assert got[k] == pytest.approx(v, rel=1e-4), k
@@ -102,7 +102,7 @@ def test_chinchilla_form_gives_the_parameter_ratio_at_the_largest_token_budget()
         for n in SIZES:
             for d in (2e10, 5e10, 1e11, 3e11):
                 rows.append({"arch": arch, "num_params": n, "tokens": d, "loss": law(n / ratio, d), "seed": 0})
-    r = analyse(_complete(pd.DataFrame(rows)), FitRequest(form=Form.CHINCHILLA, objective=Objective.L2, n_boot=50,
+    r = analyse(_complete(pd.DataFrame(rows)), FitRequest(form="chinchilla", objective=Objective.L2, n_boot=50,
                                                           noise_sd=1e-4))
     assert r.axis == "N,D" and r.other_ref == 3e11
     assert [row["ratio"] for row in r.ratios if row["axis"] == "N"] == pytest.approx([TRUE_RATIO] * 2, abs=1e-5)

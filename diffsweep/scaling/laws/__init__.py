@@ -1,48 +1,54 @@
 """The registry of scaling-law forms: one definition per ``--form``, registered once.
 
-``law_form(name)`` is the only way code reaches a form's behaviour. The built-in forms are
-registered at the bottom of this module, one line each; a new form is one file (a ``LawForm``
-subclass, see docs/extending.md), its line here and its ``Form`` member in
-``diffsweep.scaling.choices`` (the CLI's numpy-free list of choices). ``register`` also takes a
-form defined elsewhere at run time (a test, a user's package): it is then fitted by name through
-the library, ``FitRequest(form="my_form")``, though not offered by the CLI's ``--form``.
+``law_form(name)`` is the only way code reaches a form's behaviour. The built-in forms are listed
+in ``BUILTIN`` as ``"module:Class"`` strings, so the names cost no import (``diffsweep fit --help``
+loads no numpy); a new form is one file (a ``LawForm`` subclass in ``laws/<name>.py``, see
+docs/extending.md) and its line here. A user's package adds one through the entry-point group
+``diffsweep.law_forms``; ``register`` adds one at run time (a test). One ``diffsweep.registry.Registry``,
+as for schedulers and probes.
 """
 
 from __future__ import annotations
 
-from diffsweep.config import ConfigError
-from diffsweep.scaling.laws.base import LawForm, Param
-from diffsweep.scaling.laws.chinchilla import ChinchillaLaw
-from diffsweep.scaling.laws.offset import OffsetLaw
-from diffsweep.scaling.laws.pure import PureLaw
+from typing import TYPE_CHECKING
 
-REGISTRY: dict[str, LawForm] = {}
+from diffsweep.registry import Registry
+
+if TYPE_CHECKING:
+    from diffsweep.scaling.laws.base import LawForm
+
+ENTRY_POINT_GROUP = "diffsweep.law_forms"
+# In the order the CLI and the errors list them.
+BUILTIN = {
+    "offset": "diffsweep.scaling.laws.offset:OffsetLaw",  # L = E + A x^-α (the default; Chinchilla-style offset)
+    "pure": "diffsweep.scaling.laws.pure:PureLaw",  # L = A x^-α (Kaplan et al. 2020: no irreducible term)
+    "chinchilla": "diffsweep.scaling.laws.chinchilla:ChinchillaLaw",  # L = E + A/N^α + B/D^β (Hoffmann et al. 2022)
+}
+DEFAULT = "offset"
+
+LAW_FORMS: Registry[LawForm] = Registry("law form", ENTRY_POINT_GROUP, "diffsweep.scaling.laws.base:LawForm",
+                                        BUILTIN, key="form")
 
 
 def register(form: LawForm) -> LawForm:
     """Add ``form`` under its ``name``; a second form with the same name is an error."""
-    if form.name in REGISTRY:
-        raise ValueError(f"a law form named {form.name!r} is already registered ({type(REGISTRY[form.name]).__name__})")
-    REGISTRY[form.name] = form
+    LAW_FORMS.register(form.name, form)
     return form
 
 
-def law_form(name: str) -> LawForm:
-    """The registered definition of the form ``name`` (a ``Form`` member or a registered name)."""
-    try:
-        return REGISTRY[str(name)]
-    except KeyError:
-        raise ConfigError("form", f"expected one of [{', '.join(REGISTRY)}], got '{name}'") from None
+def law_form(name: str, key: str = "form") -> LawForm:
+    """The registered definition of the form ``name``; an unknown name is a ``ConfigError`` on ``key``."""
+    return LAW_FORMS.get(str(name), key)
+
+
+def law_form_names() -> list[str]:
+    """Every form's name (built-in, registered, then the entry points'), importing none of them."""
+    return LAW_FORMS.names()
 
 
 def law_forms() -> tuple[LawForm, ...]:
-    """Every registered form, in registration order."""
-    return tuple(REGISTRY.values())
+    """Every registered form, in that order."""
+    return tuple(law_form(name) for name in law_form_names())
 
 
-# -- the built-in forms, in the order the CLI lists them (each also a member of choices.Form) --
-register(OffsetLaw())
-register(PureLaw())
-register(ChinchillaLaw())
-
-__all__ = ["REGISTRY", "LawForm", "Param", "law_form", "law_forms", "register"]
+__all__ = ["BUILTIN", "DEFAULT", "LAW_FORMS", "law_form", "law_form_names", "law_forms", "register"]
