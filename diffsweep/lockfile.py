@@ -2,27 +2,13 @@
 or cancel of a sweep directory, a trainer in a run directory. Imports no torch (``train`` and
 ``launch`` both use it).
 
-A lock is a small JSON file naming its holder: host, pid, the pid's start time (from
-``/proc/PID/stat``: pids get reused), when it was taken, what for, and the Slurm job and restart
-count when the holder runs in one. It is written in full under a temporary name and then
-hard-linked to the lock's name: ``link`` is atomic on every NFS version (``O_EXCL`` only from
-NFSv3), and a lock is never seen half-written.
-
-A holder is gone (its lock stale, taken over with a warning) when:
-
-- it ran on this host and its pid is dead or now belongs to a later process;
-- it was an earlier run of this very Slurm job (requeued: Slurm runs one at a time);
-- it was another Slurm job that Slurm no longer runs (``squeue``).
-
-Any other holder on another host cannot be checked from here, so the lock is refused, naming the
-holder and the file to delete if it is gone. There is deliberately no heartbeat and timeout: a
-holder that lives but is stopped (Slurm suspend, SIGSTOP) or stalled on I/O would lose its lock,
-which is the double work the lock prevents; and comparing file times across hosts needs
-synchronized clocks.
-
-Taking over a stale lock happens under a second lock (``NAME.break``, held for milliseconds):
-the lock is re-read and removed only if it is still the stale one, so two processes that both
-found it stale cannot remove each other's fresh lock.
+A lock is a small JSON file naming its holder (``Holder``: host, pid and its start time, when, what
+for, the Slurm job and restart count), written in full and then hard-linked to the lock's name
+(``_create``). A holder known to be gone (``_gone``: a dead pid on this host, an earlier run of this
+requeued Slurm job, a Slurm job that no longer runs) loses its lock, taken over with a warning under
+a second lock (``_take_over``); any other holder is refused, naming it and the file to delete if it
+is gone. There is deliberately no heartbeat or timeout (``_gone`` says why). See docs/training.md,
+'`diffsweep train`', and docs/sweeps.md, 'Launching and following a sweep'.
 """
 
 from __future__ import annotations
@@ -139,7 +125,10 @@ def takes(name: str, lock: str) -> bool:
 
 
 def _create(path: Path, raw: bytes, key: str) -> bool:
-    """Make ``path`` hold ``raw`` if it does not exist (atomically: write in full, then link)."""
+    """Make ``path`` hold ``raw`` if it does not exist (atomically: write in full, then link).
+
+    Written in full under a temporary name and then hard-linked to the lock's name: ``link`` is
+    atomic on every NFS version (``O_EXCL`` only from NFSv3), and a lock is never seen half-written."""
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as f:
@@ -164,7 +153,9 @@ def _create(path: Path, raw: bytes, key: str) -> bool:
 
 def _take_over(path: Path, stale: bytes, key: str) -> bool:
     """Remove ``path`` if it still holds ``stale``, under ``NAME.break``; False if another process
-    is taking it over now (or already did)."""
+    is taking it over now (or already did). The second lock is held for milliseconds: the lock is
+    re-read and removed only if it is still the stale one, so two processes that both found it
+    stale cannot remove each other's fresh lock."""
     breaker = path.with_name(path.name + ".break")
     raw = _encode(this_process("take-over"))
     if not _create(breaker, raw, key):
@@ -187,7 +178,20 @@ def _take_over(path: Path, stale: bytes, key: str) -> bool:
 
 
 def _gone(holder: Holder) -> str | None:
-    """Why ``holder`` is known to be gone, or None if it may still live."""
+    """Why ``holder`` is known to be gone, or None if it may still live.
+
+    A holder is gone (its lock stale, taken over with a warning) when:
+
+    - it ran on this host and its pid is dead or now belongs to a later process (pids get reused:
+      the record keeps the pid's start time, from ``/proc/PID/stat``);
+    - it was an earlier run of this very Slurm job (requeued: Slurm runs one at a time);
+    - it was another Slurm job that Slurm no longer runs (``squeue``).
+
+    Any other holder on another host cannot be checked from here, so the lock is refused, naming the
+    holder and the file to delete if it is gone. There is deliberately no heartbeat and timeout: a
+    holder that lives but is stopped (Slurm suspend, SIGSTOP) or stalled on I/O would lose its lock,
+    which is the double work the lock prevents; and comparing file times across hosts needs
+    synchronized clocks."""
     job = slurm_job()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if holder.job is not None and holder.job == job and holder.restarts < restarts:

@@ -2,24 +2,13 @@
 writers. One place for them, so that the trainer, the launcher and ``status`` agree on a name
 without importing each other.
 
-A run directory (``<sweep output>/runs/<name>-<key>/``, or ``train --out``'s ``<out>/<name>``) holds:
-
-- ``run.json`` (``RUN_FILE``): the run's MLflow run id and store, written by the trainer when it
-  creates the run, so a resume from any working directory continues the same run in the same
-  store (``read_run_file``, ``write_run_file``; ``run_info`` for readers that must not fail).
-- ``launch_config.yaml`` (``LAUNCH_CONFIG``): the resolved config a launched job trains, written at
-  submission (``write_launch_config``, ``read_launch_config``).
-- ``launch_eval.json`` (``LAUNCH_EVAL``): the probes the job runs on the run once it has trained
-  (the sweep's ``eval:`` section), written at submission when there are any
-  (``write_launch_eval``, ``read_launch_eval``).
-- ``job.json`` (``JOB_FILE``): the state a launched job last reached (running, finished,
-  preempted, failed) with its job id and reason (``write_job_state``, ``read_job_state``).
-- checkpoints (``diffsweep.train.checkpoint``).
-
-A launch's code snapshot (``<sweep output>/code/<hash>/``) holds ``SNAPSHOT.json``
-(``SNAPSHOT_FILE``): the git commit and dirty flag the copy was made from.
-
+A run directory (``<sweep output>/runs/<name>-<key>/``, or ``train --out``'s ``<out>/<name>``) holds
+``run.json`` (so that a resume from any working directory continues the same MLflow run in the same
+store), a launched job's ``launch_config.yaml``, ``launch_eval.json`` (both written at submission)
+and ``job.json``, and the checkpoints (``diffsweep.train.checkpoint``); a launch's code snapshot
+(``<sweep output>/code/<hash>/``) holds ``SNAPSHOT.json``. The constants below say what each holds.
 Light on purpose: no torch, no mlflow, no diffsweep module above ``config``.
+See docs/training.md, '`diffsweep train`'.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from diffsweep.config import ConfigError
 from diffsweep.fsutil import write_atomically
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
-JOB_FILE = "job.json"  # the launched job's last state
+JOB_FILE = "job.json"  # the launched job's last state (running, finished, preempted, failed), job id and reason
 LAUNCH_CONFIG = "launch_config.yaml"  # the resolved config a launched job trains
 LAUNCH_EVAL = "launch_eval.json"  # the probes a launched job runs once it has trained (the sweep's eval:)
 SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and dirty flag it was made from

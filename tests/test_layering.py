@@ -445,3 +445,11 @@ def test_mlflow_clients_are_constructed_in_one_place():
             if named:
                 bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}")
     assert not bad, "use diffsweep.tracking.store.mlflow_client:\n" + "\n".join(bad)
+
+
+def test_module_docstrings_say_what_the_module_is_for_in_a_few_lines():
+    """A module's docstring is a few lines and a pointer to docs/, which says the rest (issue #31: long ones
+    repeated docs/ and drifted from it). The kernels keep their derivation beside the code (kernels/)."""
+    long = {name: n for name, path in modules().items() if name.startswith("diffsweep.")
+            and (n := len((ast.get_docstring(ast.parse(path.read_text()), clean=False) or "").splitlines())) > 20}
+    assert not long, f"module docstrings over 20 lines (move the detail to docs/ or to the function it explains): {long}"

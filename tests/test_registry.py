@@ -62,12 +62,11 @@ def test_an_unknown_name_names_the_closest_and_lists_them_all_on_the_callers_key
     animals = zoo()
     with pytest.raises(ConfigError) as caught:
         animals.get("dgo")
-    assert (caught.value.key, caught.value.message) == ("pet", "unknown animal 'dgo' (did you mean 'dog'?); "
-                                                               "expected one of [cat, dog]")
+    message = "unknown animal 'dgo' (did you mean 'dog'?); expected one of [cat, dog]"
+    assert (caught.value.key, caught.value.message) == ("pet", message)
     with pytest.raises(ConfigError) as caught:
         animals.get("zebra", "sweep.animal")
-    assert (caught.value.key, caught.value.message) == ("sweep.animal", "unknown animal 'zebra'; expected one of "
-                                                                        "[cat, dog]")
+    assert (caught.value.key, caught.value.message) == ("sweep.animal", "unknown animal 'zebra'; expected one of [cat, dog]")
 
 
 def test_an_entry_of_the_wrong_type_or_under_another_name_is_refused():

@@ -1,33 +1,14 @@
 """Attention alone: the baseline vs DIFF V1 (each backend) vs DIFF V2, forward and forward+backward.
 
 Head layouts come from the size presets (``load_config`` + ``attention_call``), so a layout is the
-attention one layer of that model runs: at 1.4B the baseline has 16 heads of d = 128, DIFF V1 8
-heads (Q/K dim 128, V dim 256), DIFF V2 32 query heads on 16 K/V heads.
-
-Rows: the baseline (on a GPU SDPA's FlashAttention kernel, and its cuDNN kernel beside it; on CPU
-plain SDPA), then every other registered kind: one row per backend for a kind whose call is
-differential (DIFF V1), else one SDPA row (DIFF V2: one call over 2h query heads plus its combine).
-Each row times the real attention module of one layer (``AttentionModule.core``: the backend call,
-the kind's combination and per-head norm) on inputs made by its own ``project``, so the benchmark
-runs the model's code, not a copy of its math. A row that cannot run here carries the reason
-instead of numbers. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
-affects them alike and the ratio ``t_baseline / t`` is the trustworthy figure.
-
-Before the rounds, each row's first forward and first forward+backward are timed on their own
-(``compile_s``: for Triton the autotuning and compilation of its kernels; then the configs the
-autotuner chose, ``autotune``), and on a GPU one more forward+backward gives the row's peak
-allocated memory. ``run_attention``'s ``on_progress`` gets the results so far after each case's
-first calls and after each timed round (``"complete": false`` until the end), so ``--out`` keeps
-what was measured when a time limit kills the run. A sequence length over a run config's limit, or
-a case whose Q, K, V and output alone exceed the device's memory, is refused before any row runs.
-
-FLOP convention (the same for every row, ``FLOP_CONVENTION``): a matmul (M×K)·(K×N) counts
-2·M·N·K; per query head the baseline multiplies QKᵀ (dim d) and PV (dim d); DIFF V1 two QKᵀ of dim
-d and two PV of dim 2d (1.5× the baseline's attention FLOPs at equal parameters); DIFF V2 the
-baseline's formula over its 2h query heads. The causal mask halves the full T×T products.
-Forward+backward counts 3× the forward (backward ≈ 2× forward). These are the FLOPs of the math:
-a kernel that recomputes (SDPA's split V recomputes QKᵀ per V chunk, flash recomputes the forward
-in the backward) is not credited for it.
+attention one layer of that model runs. Rows: the baseline (on a GPU SDPA's FlashAttention kernel,
+and its cuDNN kernel beside it; on CPU plain SDPA), then every other registered kind: one row per
+backend for a kind whose call is differential (DIFF V1), else one SDPA row. Each row times the real
+attention module of one layer (``AttentionModule.core``: the backend call, the kind's combination and
+per-head norm) on inputs made by its own ``project``, so the benchmark runs the model's code, not a
+copy of its math. Rows are timed round-robin (warm-up, then the median of ``reps``), so machine load
+affects them alike and the ratio ``t_baseline / t`` is the trustworthy figure. FLOPs are counted as
+``FLOP_CONVENTION`` says. See docs/kernels.md, 'Benchmarks: `diffsweep bench`'.
 """
 
 from __future__ import annotations
@@ -68,6 +49,12 @@ from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, Atten
 from diffsweep.model.layers import Rotary
 from diffsweep.model.transformer import attention_call, attention_module
 
+# The same for every row: a matmul (M×K)·(K×N) counts 2·M·N·K; per query head the baseline multiplies
+# QKᵀ (dim d) and PV (dim d); DIFF V1 two QKᵀ of dim d and two PV of dim 2d (1.5× the baseline's attention
+# FLOPs at equal parameters); DIFF V2 the baseline's formula over its 2h query heads. The causal mask halves
+# the full T×T products. Forward+backward counts 3× the forward (backward ≈ 2× forward). These are the FLOPs
+# of the math: a kernel that recomputes (SDPA's split V recomputes QKᵀ per V chunk, flash recomputes the
+# forward in the backward) is not credited for it.
 FLOP_CONVENTION = (
     "FLOPs: 2·M·N·K per matmul of the math (per query head QKᵀ and PV; DIFF V1 two QKᵀ of dim d and two PV "
     "of dim 2d = 1.5x the baseline; DIFF V2 the baseline's over 2h query heads), halved for the causal mask; "
@@ -332,6 +319,9 @@ def run_attention(*, layouts: list[str] | None = None, seqs: list[int] | None = 
 
     Defaults: on a GPU the 1.4B and 3B layouts at T = 2048 and 4096, bf16, 16K tokens per batch
     (B = batch_tokens // T); on CPU the tiny-l layout at T = 256 and 512, fp32, 2K tokens, 1 thread.
+
+    A sequence length over a run config's limit, or a case whose Q, K, V and output alone exceed the
+    device's memory, is refused before any row runs.
     """
     for name in layouts or ():
         if name not in SIZES:

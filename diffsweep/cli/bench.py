@@ -15,23 +15,19 @@ app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-m
                   no_args_is_help=True)
 
 DeviceOpt = Annotated[Device, choice(Device, "--device", "Where to run (auto: CUDA when visible).")]
-# The library's fields named otherwise than the options that set them (the others are the options'
-# own: ``handle_errors``).
-ATTENTION_FLAGS = {"layouts": "--layout", "seqs": "--seq", "backends": "--backend"}
-MODEL_FLAGS = {"kinds": "--kind"}
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the results as JSON to this file, rewritten "
                                              "after every measured row (\"complete\": false until the end), so a "
                                              "run killed by a time limit keeps what it measured.", show_default=False)]
 
 
 @app.command()
-@handle_errors(flags=ATTENTION_FLAGS)
+@handle_errors  # each parameter is named as the library's field it sets: errors name its flag
 def attention(
-    layout: Annotated[list[str] | None, name_choice(lambda: SIZES, "--layout", "Head layout of a size preset: "
+    layouts: Annotated[list[str] | None, name_choice(lambda: SIZES, "--layout", "Head layout of a size preset: "
                                                     "{choices} (repeatable) (default: 1.4B and 3B on a GPU, tiny-l on "
                                                     "CPU).", expected="a size preset, one of", metavar="SIZE",
                                                     show_default=False)] = None,
-    seq: Annotated[list[int] | None, typer.Option("--seq", help="Sequence length (repeatable) (default: 2048 and "
+    seqs: Annotated[list[int] | None, typer.Option("--seq", help="Sequence length (repeatable) (default: 2048 and "
                                                   "4096 on a GPU, 256 and 512 on CPU).", show_default=False)] = None,
     batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", help="Tokens per batch, B = N // T "
                                                      "(default: 16384 on a GPU, 2048 on CPU).",
@@ -39,7 +35,7 @@ def attention(
     dtype: Annotated[Dtype | None, choice(Dtype, "--dtype", "Precision (default: bf16 on a GPU, fp32 on CPU).",
                                           show_default=False)] = None,
     device: DeviceOpt = Device.AUTO,
-    backend: Annotated[list[Backend] | None, choice(Backend, "--backend", "DIFF V1 backend(s) to time (repeatable) "
+    backends: Annotated[list[Backend] | None, choice(Backend, "--backend", "DIFF V1 backend(s) to time (repeatable) "
                                                     "(default: all).", show_default=False)] = None,
     reps: Annotated[int, typer.Option("--reps", help="Timed rounds (the median is reported).")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds first.")] = 2,
@@ -54,8 +50,8 @@ def attention(
     check_out(out)
     from diffsweep.bench.attention import render, run_attention
 
-    result = run_attention(layouts=layout, seqs=seq, batch_tokens=batch_tokens, dtype=_value(dtype),
-                           device=device.value, backends=[b.value for b in backend] if backend else None, reps=reps,
+    result = run_attention(layouts=layouts, seqs=seqs, batch_tokens=batch_tokens, dtype=_value(dtype),
+                           device=device.value, backends=[b.value for b in backends] if backends else None, reps=reps,
                            warmup=warmup, on_progress=result_writer(out))
     if out is not None:
         write_result(out, result)
@@ -66,12 +62,12 @@ def attention(
 
 
 @app.command()
-@handle_errors(flags=MODEL_FLAGS)
+@handle_errors
 def model(
     size: Annotated[str | None, name_choice(lambda: SIZES, "--size", "Size preset: {choices} (default: 1.4B on a "
                                             "GPU, tiny-m on CPU).", expected="a size preset, one of", metavar="SIZE",
                                             show_default=False)] = None,
-    kind: Annotated[list[AttentionKind] | None, choice(AttentionKind, "--kind", "Attention kind(s) (repeatable) "
+    kinds: Annotated[list[AttentionKind] | None, choice(AttentionKind, "--kind", "Attention kind(s) (repeatable) "
                                                        "(default: all).", show_default=False)] = None,
     backend: Annotated[Backend, choice(Backend, "--backend", "Attention backend of every model.")] = Backend.SDPA,
     seq: Annotated[int | None, typer.Option("--seq", help="Sequence length (default: 2048 on a GPU, 256 on CPU).",
@@ -98,7 +94,7 @@ def model(
     check_out(out)
     from diffsweep.bench.model import render, run_model
 
-    result = run_model(size=size, kinds=[k.value for k in kind] if kind else None, backend=backend.value, seq=seq,
+    result = run_model(size=size, kinds=[k.value for k in kinds] if kinds else None, backend=backend.value, seq=seq,
                        micro_batch=micro_batch, steps=steps, warmup=warmup, device=device.value,
                        dtype=_value(dtype), compile_model=compile_model, on_progress=result_writer(out))
     if out is not None:

@@ -30,7 +30,7 @@ def parse_amount(text: str, flag: str = "--at") -> float:
 
 # The FitRequest fields (or run_fit arguments) named otherwise than the options that set them (the
 # others are the options' own: ``handle_errors``).
-FLAGS = {"candidates": "--candidate", "n_boot": "--boot", "sweep": "--sweep"}
+FLAGS = {"sweep": "--sweep"}  # the request's sweep name; ``sweep`` here is the sweep file
 
 
 @handle_errors
@@ -48,7 +48,7 @@ def fit(
     csv: Annotated[Path | None, typer.Option("--csv", help="Fit a table instead (e.g. a frozen points.csv). "
                                              + CSV_SCHEMA, show_default=False)] = None,
     baseline: Annotated[str, typer.Option("--baseline", help="The reference architecture.")] = "transformer",
-    candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
+    candidates: Annotated[list[str] | None, typer.Option("--candidate", help="Architecture(s) compared with the "
                                                         "baseline (default: all others).", show_default=False)] = None,
     axis: Annotated[Axis, choice(Axis, "--axis", "auto | N (parameters) | D (tokens).")] = Axis.AUTO,
     form: Annotated[str, name_choice(law_form_names, "--form", "offset: E + A·x^-α | pure: A·x^-α (Kaplan) | "
@@ -66,7 +66,7 @@ def fit(
                                               show_default=False)] = None,
     token_points: Annotated[TokenPoints, choice(TokenPoints, "--token-points", "D points: auto | final | "
                                                 "checkpoints (every evaluation after warmup).")] = TokenPoints.AUTO,
-    boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws.")] = 1000,
+    n_boot: Annotated[int, typer.Option("--boot", help="Bootstrap draws.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Confidence level.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
     noise_sd: Annotated[float | None, typer.Option("--noise-sd", help="Known sd of log loss of one evaluation, "
@@ -91,9 +91,9 @@ def fit(
     flags = FLAGS | _sweep_keys(sweep, experiment, sweep_name)
     with flag_keys(flags):  # every number is checked by FitRequest (diffsweep/scaling/request.py)
         request = FitRequest(
-            baseline=baseline, candidates=tuple(candidate or ()), axis=axis, form=form, objective=objective,
+            baseline=baseline, candidates=tuple(candidates or ()), axis=axis, form=form, objective=objective,
             count=count, at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
-            holdout=holdout is Holdout.LARGEST, token_points=token_points, n_boot=boot, level=level, seed=seed,
+            holdout=holdout is Holdout.LARGEST, token_points=token_points, n_boot=n_boot, level=level, seed=seed,
             noise_sd=noise_sd, run_sd=run_sd)
     source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
     with flag_keys(flags):

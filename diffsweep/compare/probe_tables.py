@@ -1,31 +1,14 @@
 """A sweep's probe evaluations side by side: the paper's tables across arms, judged against seed noise.
 
-``diffsweep eval SWEEP --probe ...`` logs one MLflow run per (training run, probe, checkpoint),
-with the probe's tables as ``<table>.json`` artifacts. Here those tables are put together across
-the sweep's arms (its rows without the seed, as ``compare`` groups them: ``sweep_rows``):
-
-- which arms side by side: on a sweep of several model sizes, each size's arms with that size's
-  arm of the baseline kind (the kind of the sweep's first arm, e.g. the Transformer),
-  one table per size (``arm_groups``): a kind's effect is judged at equal size, not against the
-  smallest model. A ``baseline`` named by the caller puts every arm in one table against it;
-- which evaluation: per training run and probe, the newest evaluated step (or ``step``), and of
-  evaluations of that step the one that ended last (an evaluation run again with ``--force``);
-- how a probe's table is laid out is the probe's own ``comparisons`` (``TableComparison`` in
-  ``diffsweep.eval.probe``, passed in by the caller: this layer does not import the probes): the
-  key columns make a cell, each value column is compared across arms cell by cell;
-- per cell and value column, ``compare_rows`` gives each arm's mean over its seeds; an arm's
-  mean gets ``± t(df) · s_pooled / √n`` (the seed sd pooled over the arms). With one seed per arm
-  there is no CI.
-- each arm's difference from the baseline arm is a **paired** t test where the two arms share at
-  least two seeds (``train.seed``: the same data order and initialisation stream): the differences
-  of the shared seeds' values, their mean (``delta``), ``± t(n−1) · sd / √n`` and the two-sided
-  p-value of that t statistic; no equal-spread assumption, and a seed's luck common to both arms
-  cancels. Otherwise (fewer than two shared seeds) it is ``compare_rows``' unpaired Student-t on
-  the pooled seed sd, and the p-value of the same statistic (pooling assumes the arms' spread is
-  equal: for outlier magnitudes, which differ by an order of magnitude between kinds, read those
-  with care). ``Difference.pairs`` says which: the number of seed pairs, 0 for unpaired. The
-  coverage of both CIs is checked by Monte Carlo in tests/eval/test_probe_tables.py (and the
-  unpaired one's in tests/compare/test_runs.py).
+``diffsweep eval SWEEP --probe ...`` logs one MLflow run per (training run, probe, checkpoint), with
+the probe's tables as ``<table>.json`` artifacts; here those tables are put together across the
+sweep's arms (its rows without the seed: ``sweep_rows``). Which arms share a table: ``arm_groups``;
+which evaluation of a run: ``choose``; a table's layout: the probe's own ``comparisons``
+(``TableComparison``, passed in by the caller: this layer does not import the probes). Per cell,
+each arm's mean ± CI over its seeds (``compare_rows``) and its difference from the baseline arm: a
+paired t test over their shared seeds (``paired_difference``), else ``compare_rows``' unpaired one,
+each with a two-sided p-value (``Difference.pairs``: the seed pairs, 0 for unpaired).
+See docs/sweeps.md, 'The probes across arms: `diffsweep compare SWEEP --probes`'.
 """
 
 from __future__ import annotations

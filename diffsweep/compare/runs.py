@@ -4,20 +4,11 @@ Table 6's rows differ by 0.001-0.004 nats in the paper, which is about what two 
 differ by; a comparison that prints the differences without the noise invites a wrong reading.
 Given each row's values over its seed replicates (e.g. the final ``val/loss`` of
 ``diff_v1-1.4B-hd_128-s0``, ``-s1``, ``-s2``), ``compare_rows`` gives every row's mean and seed sd,
-and each row's difference from a baseline row with a confidence interval from the seed
-replicates and a verdict in words:
+and each row's difference from a baseline row with a confidence interval from the pooled seed sd
+and a verdict in words (``WITHIN``, ``BEYOND``, ``UNKNOWN``); its docstring says how. Coverage of
+these CIs is checked by a Monte Carlo test (tests/compare/test_runs.py).
 
-- the seed sd is pooled over all rows that have at least two seeds (df = sum of n_i - 1): every
-  row is assumed to have the same seed-to-seed spread, which pools 14 df out of 7 rows x 3 seeds
-  where one row alone would have 2;
-- the CI of ``mean(row) - mean(baseline)`` is Student's t: ``delta +- t(df) * s * sqrt(1/n_row +
-  1/n_base)``. It treats the rows' seeds as independent (unpaired), which holds whether or not the
-  same seed gives two rows the same data order; pairing could only narrow it;
-- "within seed noise" when the CI contains 0 (the sign of the difference is not established),
-  "beyond seed noise" otherwise, and "seed noise unknown" when no row has two seeds: then no CI
-  is given, since one run per row cannot separate a difference from a seed's luck.
-
-Coverage of these CIs is checked by a Monte Carlo test (tests/compare/test_runs.py).
+See docs/sweeps.md, 'Compare a sweep's rows: `diffsweep compare`'.
 """
 
 from __future__ import annotations
@@ -75,9 +66,20 @@ class RowComparison:
 def compare_rows(values: Mapping[str, Sequence[float]], baseline: str, level: float = 0.95,
                  unit: str = "nats") -> RowComparison:
     """Each row's mean over its seeds and its difference from ``baseline`` with a ``level`` CI
-    from the pooled seed sd (see the module docstring). ``values`` maps a row name to its values,
+    from the pooled seed sd. ``values`` maps a row name to its values,
     one per seed. Raises ``ConfigError`` for an unknown baseline, an empty row, a non-finite value or a
-    ``level`` outside [0.5, 1) (``confidence_level``)."""
+    ``level`` outside [0.5, 1) (``confidence_level``).
+
+    - the seed sd is pooled over all rows that have at least two seeds (df = sum of n_i - 1): every
+      row is assumed to have the same seed-to-seed spread, which pools 14 df out of 7 rows x 3 seeds
+      where one row alone would have 2;
+    - the CI of ``mean(row) - mean(baseline)`` is Student's t: ``delta +- t(df) * s * sqrt(1/n_row +
+      1/n_base)``. It treats the rows' seeds as independent (unpaired), which holds whether or not the
+      same seed gives two rows the same data order; pairing could only narrow it;
+    - "within seed noise" when the CI contains 0 (the sign of the difference is not established),
+      "beyond seed noise" otherwise, and "seed noise unknown" when no row has two seeds: then no CI
+      is given, since one run per row cannot separate a difference from a seed's luck.
+    """
     from scipy import stats
 
     if baseline not in values:

@@ -4,26 +4,11 @@ Run configs, a sweep's ``launch:`` section, cluster profiles and the sweep file'
 read with it, so they fail alike (HOUSE_RULES 1): every error is a ``ConfigError`` naming the
 dotted key, the value and what is allowed::
 
-    model.attention.kind: expected one of [transformer, diff_v1, diff_v2], got 'diff'
     sweeps/t.yaml: launch.max_paralel: unknown launch setting (did you mean 'max_parallel'?); expected one of [...]
 
-``decode(cls, raw, path, source=...)`` recurses into nested dataclasses (sections) and decodes
-each field by its type hint:
-
-- a dataclass: a mapping of its fields; a missing field keeps its default (one without a
-  default is required), an empty section
-  (``model:`` with nothing under it) means all defaults, an unknown key is an error listing the
-  fields (with a close match suggested);
-- an ``Enum``: one of its values; ``bool``; ``int`` (an integral float is accepted); ``float``
-  (any numeric spelling, finite); ``str`` (a number is a fine string, ``path: 2024``);
-- ``X | None``; ``tuple[X, Y]`` (a list of exactly that many); ``tuple[X, ...]`` and ``list[X]``;
-  ``dict[str, X]`` (its keys are kept as written: whoever owns the mapping checks them); ``Any``;
-- ``Annotated[T, marker]`` for what the type alone does not say: ``AtLeast(n)`` (a strict integer
-  >= n), ``Check(fn)`` (``fn(value, key)`` decodes the value instead), ``Described(what)`` (the
-  wording of a type error at this key), ``INTERNAL`` (a field no file sets).
-
-Error keys: ``source`` (a file name, or empty) and the dotted ``path`` inside it, joined as
-``source: path`` (``p.yaml: gpu.mfu``), list elements as ``key[i]``.
+``decode`` recurses into nested dataclasses (sections) and decodes each field by its type hint; its
+docstring lists the types it takes, the ``Annotated`` markers (``AtLeast``, ``Check``, ``Described``,
+``INTERNAL``) and how error keys are written. See docs/training.md, 'Configs'.
 """
 
 from __future__ import annotations
@@ -83,7 +68,27 @@ def decode(cls: type[T], raw: Any, path: str = "", *, source: str = "", noun: st
 
     ``source`` and ``path`` locate ``raw`` for error messages (``sweeps/t.yaml`` and ``launch``
     give ``sweeps/t.yaml: launch.max_runs``); ``noun`` names its keys in the unknown-key error
-    (``unknown launch setting``), ``expected`` what it must be if it is no mapping.
+    (``unknown launch setting``), ``expected`` what it must be if it is no mapping. Errors::
+
+        model.attention.kind: expected one of [transformer, diff_v1, diff_v2], got 'diff'
+        sweeps/t.yaml: launch.max_paralel: unknown launch setting (did you mean 'max_parallel'?); expected one of [...]
+
+    It recurses into nested dataclasses (sections) and decodes each field by its type hint:
+
+    - a dataclass: a mapping of its fields; a missing field keeps its default (one without a
+      default is required), an empty section
+      (``model:`` with nothing under it) means all defaults, an unknown key is an error listing the
+      fields (with a close match suggested);
+    - an ``Enum``: one of its values; ``bool``; ``int`` (an integral float is accepted); ``float``
+      (any numeric spelling, finite); ``str`` (a number is a fine string, ``path: 2024``);
+    - ``X | None``; ``tuple[X, Y]`` (a list of exactly that many); ``tuple[X, ...]`` and ``list[X]``;
+      ``dict[str, X]`` (its keys are kept as written: whoever owns the mapping checks them); ``Any``;
+    - ``Annotated[T, marker]`` for what the type alone does not say: ``AtLeast(n)`` (a strict integer
+      >= n), ``Check(fn)`` (``fn(value, key)`` decodes the value instead), ``Described(what)`` (the
+      wording of a type error at this key), ``INTERNAL`` (a field no file sets).
+
+    Error keys: ``source`` (a file name, or empty) and the dotted ``path`` inside it, joined as
+    ``source: path`` (``p.yaml: gpu.mfu``), list elements as ``key[i]``.
     """
     key = f"{source}: {path}" if source and path else source or path
     prefix = (f"{source}: " if source else "") + (f"{path}." if path else "")

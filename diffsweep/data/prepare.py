@@ -1,29 +1,14 @@
 """``diffsweep data prepare``: tokenize documents into a sharded dataset directory (see ``dataset``).
 
 The work is cut into **shards**, groups of input files (or row ranges of a saved Hugging Face
-dataset) of about ``shard_size`` bytes on disk (``sources.plan_shards``). Shard ``i`` becomes
-``train-{i:05d}.bin`` and ``val-{i:05d}.bin``; the dataset reads the shards in order as one token
-stream. The shards depend on the inputs and ``shard_size`` only, never on how many processes write
-them, so 1 worker, 64 workers and a Slurm array (``data.launch``) write the same bytes.
-
-Three steps, each usable on its own (the Slurm array runs the middle one in its tasks):
-
-- ``stage``: train the tokenizer (``bpe``: on every document, one pass), plan the shards and write
-  both into a staging folder beside the destination (``plan.json``, ``tokenizer.json``);
-- ``write_shards`` (in ``shards``): tokenize shards; each is written under a temporary name and
-  renamed, then its record ``shard-{i:05d}.json`` (token counts, documents, sources, sha256 of its
-  files) is written last: a shard with a record is done and is not redone;
-- ``finish``: check every shard, apply ``max_tokens``, write ``meta.json`` and rename the staging
-  folder into place, replacing an old dataset only then.
-
-Each document is tokenized and split between train and validation by ``val_split``: ``tail`` (the
-last ``val_fraction`` of every document's tokens is validation, the rest training; both splits see
-every document) or ``document`` (a whole document is validation when a hash of its name is below
-``val_fraction``: no document is in both, and the choice of a document never changes as a corpus
-grows). Every part ends with the tokenizer's end-of-document token when it has one.
-
-``prepare`` runs the three in this process and ``workers`` processes; it leaves nothing behind
-when it fails or is interrupted (a rerun writes the identical dataset).
+dataset) of about ``shard_size`` bytes on disk (``sources.plan_shards``); shard ``i`` becomes
+``train-{i:05d}.bin`` and ``val-{i:05d}.bin``, and the shards never depend on how many processes
+write them. Three steps, each usable on its own: ``stage`` (tokenizer and plan, in a staging folder
+beside the destination), ``write_shards`` (in ``shards``; what a Slurm array task runs) and ``finish``
+(check, cut at ``max_tokens``, move into place). ``prepare`` runs the three in this process and
+``workers`` processes, and leaves nothing behind when it fails. Each document is split between train
+and validation by ``val_split`` (``tail`` or ``document``); every part ends with the tokenizer's
+end-of-document token when it has one. See docs/training.md, 'Shards, workers and the validation split'.
 """
 
 from __future__ import annotations
@@ -220,7 +205,9 @@ def check_settings(tokenizer: TokenizerKind, *, vocab_size: int, val_fraction: f
 
 def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: TokenizerKind, *, vocab_size: int,
           val_fraction: float, val_split: str, max_tokens: int | None, shard_size: int) -> Staged:
-    """Check the settings, make the tokenizer and write the plan into the (existing) ``staging``."""
+    """Check the settings, make the tokenizer and write the plan into the (existing) ``staging``:
+    train the tokenizer (``bpe``: on every document, one pass), plan the shards and write both into
+    the staging folder beside the destination (``plan.json``, ``tokenizer.json``)."""
     check_settings(tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, val_split=val_split,
                    max_tokens=max_tokens)
     corpus: _Listed | Corpus
@@ -285,7 +272,8 @@ def _write_all(staged: Staged, workers: int, progress: Progress | None) -> None:
 
 
 def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
-    """Check the shards, cut at ``max_tokens``, write ``meta.json`` and move the dataset into place."""
+    """Check the shards, cut at ``max_tokens``, write ``meta.json`` and move the dataset into place:
+    the staging folder is renamed to ``out``, replacing an old dataset only then."""
     plan = read_plan(staging)
     if out.exists() or out.is_symlink():  # checked again now: it may have appeared since ``prepare`` began
         if not force:

@@ -1,36 +1,14 @@
 """Where ``data prepare`` reads its documents: text files, JSONL, Parquet and Hugging Face datasets,
 each read lazily (one document at a time), so a pretraining corpus never sits in memory.
 
-Each input of ``data prepare`` becomes one ``Source`` per file (a directory is searched for the
-suffixes below, recursively and sorted) or one per Hugging Face dataset:
-
-- ``.txt`` / ``.md`` / ``.rst``: the whole file is one document (UTF-8); an empty or
-  whitespace-only file is refused, naming it;
-- ``.jsonl`` / ``.ndjson`` (also ``.gz`` or ``.zst`` compressed): one document per line, a JSON
-  object whose ``text_field`` holds the text; blank lines are skipped;
-- ``.parquet``: one document per row, its ``text_field`` column read in batches;
-- a directory written by ``datasets.Dataset.save_to_disk`` (``state.json`` + ``dataset_info.json``,
-  or a ``DatasetDict``'s ``dataset_dict.json``, from which ``split`` is taken): its rows;
-- a name that is no path (``HuggingFaceFW/fineweb-edu``): ``datasets.load_dataset(name, config,
-  split=split, streaming=True)`` in Hugging Face's offline mode: it must be in the local cache.
-
-A row whose text is empty or only whitespace is skipped (web corpora have them; they would only
-add end-of-document tokens); a source with no document with text is refused. A bad row (not JSON,
-not UTF-8, no such field, a text that is no string, a text holding a lone surrogate such as the
-JSON escape ``"\\ud800"``, which no UTF-8 text can hold) is one ``ConfigError`` keyed ``FILE:ROW``
-(rows count from 1; a JSONL row is its line number): refused, never replaced, whatever the
-tokenizer. A corrupt Parquet file is an error naming the file, as is a corrupt or cut-short
-compressed one (``compressed``). A missing optional package or a dataset not in the cache is
-``EnvironmentUnavailable``.
-
-Sources count the documents they yielded on their last pass (``describe()``, for ``meta.json``)
-and say what identifies their content (``identity()``: a file's sha256; a Hugging Face dataset's
-rows hashed as they are read, a sum over rows so that row ranges read apart combine), which the
-dataset's fingerprint covers. A source is rebuilt in another process (a worker, a Slurm task) from
-its ``recipe()``; ``plan_shards`` groups the sources into the shards of the dataset. ``--sample``
-keeps a document iff a hash of (seed, its name) is below the fraction, its name being ``FILE`` or
-``FILE:ROW``, so the choice depends on nothing but the document (not on the order sources are read
-in, nor on how they are split among workers).
+Each input becomes one ``Source`` per file (a directory is searched for ``KNOWN_SUFFIXES``,
+recursively and sorted) or one per Hugging Face dataset (saved to disk, or a name read from the
+local cache only). Rows without text are skipped; a bad row is one ``ConfigError`` keyed ``FILE:ROW``
+(rows count from 1; a JSONL row is its line number), refused, never replaced; a missing optional
+package or an uncached dataset is ``EnvironmentUnavailable``. A source says what identifies its
+content (``identity()``) and is rebuilt in another process from its ``recipe()``; ``plan_shards``
+groups the sources into shards; ``keep`` decides ``--sample`` from nothing but a document's name.
+See docs/training.md, 'Pretraining corpora'.
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 
 Imports lm-eval when imported: only the downstream probe imports this module, inside its ``run``,
 so diffsweep works without lm-eval installed. lm-eval ships no type information, so its classes
-come in through ``importlib`` (typed ``Any``).
-
-The three request kinds follow lm-eval's Hugging Face model (``lm_eval.models.huggingface.HFLM``):
-
-- ``loglikelihood(context, continuation)``: whitespace at the end of the context moves to the
-  continuation and the continuation's tokens are those of ``encode(context + continuation)`` after
-  ``encode(context)``'s (``TemplateLM._encode_pair``, reused as is); an empty context is the
-  end-of-text token. The model reads the last ``seq_len + 1`` tokens minus the last one (the
-  context truncated from the left to the trained length); the result is the sum of the
-  continuation tokens' log-probabilities and whether each is the argmax.
-- ``loglikelihood_rolling(text)``: disjoint windows of ``seq_len`` predicted tokens, each with the
-  longest context that fits (``lm_eval.utils.get_rolling_token_windows``), the first conditioned
-  on the end-of-text token.
-- ``generate_until(context, gen_kwargs)``: greedy decoding of up to ``max_gen_toks`` tokens from the
-  context truncated from the left to ``seq_len - max_gen_toks`` tokens, stopping at a stop string
-  or the end-of-text token; the text is cut before the first stop string.
-
-Requests are sorted by length (longest first) and run ``batch_size`` at a time, right-padded: the
-model is causal, so padding after a row's last token changes none of its logits.
+come in through ``importlib`` (typed ``Any``). The three request kinds (``loglikelihood``,
+``loglikelihood_rolling``, ``generate_until``) follow lm-eval's Hugging Face model
+(``lm_eval.models.huggingface.HFLM``), as ``DiffsweepLM``'s docstring says in detail: contexts are
+truncated from the left to the trained length, generation is greedy. Requests are sorted by length
+(longest first) and run ``batch_size`` at a time, right-padded: the model is causal, so padding
+after a row's last token changes none of its logits. See docs/eval.md, 'Downstream tasks (Table 1)
+on a cluster'.
 """
 
 from __future__ import annotations
@@ -52,7 +40,23 @@ DEFAULT_MAX_GEN_TOKS = 256  # HFLM's default, for a task that does not set max_g
 class DiffsweepLM(_lm_model.TemplateLM):
     """lm-eval's view of a diffsweep ``LanguageModel`` (eval mode) and the ``Tokenizer`` it trained
     with; ``seq_len`` is the trained context (``config.train.seq_len``); ``autocast`` the context
-    the forward runs in (``EvalContext.autocast``)."""
+    the forward runs in (``EvalContext.autocast``).
+
+    The three request kinds follow lm-eval's Hugging Face model (``lm_eval.models.huggingface.HFLM``):
+
+    - ``loglikelihood(context, continuation)``: whitespace at the end of the context moves to the
+      continuation and the continuation's tokens are those of ``encode(context + continuation)`` after
+      ``encode(context)``'s (``TemplateLM._encode_pair``, reused as is); an empty context is the
+      end-of-text token. The model reads the last ``seq_len + 1`` tokens minus the last one (the
+      context truncated from the left to the trained length); the result is the sum of the
+      continuation tokens' log-probabilities and whether each is the argmax.
+    - ``loglikelihood_rolling(text)``: disjoint windows of ``seq_len`` predicted tokens, each with the
+      longest context that fits (``lm_eval.utils.get_rolling_token_windows``), the first conditioned
+      on the end-of-text token.
+    - ``generate_until(context, gen_kwargs)``: greedy decoding of up to ``max_gen_toks`` tokens from the
+      context truncated from the left to ``seq_len - max_gen_toks`` tokens, stopping at a stop string
+      or the end-of-text token; the text is cut before the first stop string.
+    """
 
     backend = "causal"
 

@@ -1,33 +1,13 @@
 """Prompts of the multi-needle retrieval test (paper §3.3, Table 2 and Fig. 5).
 
-The paper follows the multi-needle protocol of LWM (Liu et al., 2024a) and Gemini 1.5 (Reid et
-al., 2024): N needles, each "a concise sentence that assigns a unique magic number to a specific
-city", are inserted into a haystack of ordinary text; R of the N cities are asked for; "the
-answer needle" sits at a depth of 0, 25, 50, 75 or 100% of the context, "while placing other
-distracting needles randomly"; 50 samples per (length, depth) cell.
-
-Here, exactly:
-
-- The haystack is a slice of token ids of the run's own validation split (a random start per
-  sample), so the prompt's length is exact in tokens: every prompt is ``context`` tokens.
-- A needle is ``NEEDLE`` ("\\nThe magic number of CITY is NUMBER.\\n", LWM's needle is "\\nThe
-  special magic CITY number is: NUMBER\\n"), encoded on its own and spliced between two haystack
-  tokens. NUMBER has ``digits`` digits (LWM's default ``rnd_number_digits = 7``), uniform over
-  ``[10**(digits-1), 10**digits)``; the N numbers and the N cities of a sample are distinct.
-- The prompt ends with the tail: "\\nWhat is the magic number of A?" (R = 1) or "\\nWhat are the
-  magic numbers of A, B and C?" (all R queried cities, as LWM's question), then the answer
-  prefix "\\nThe magic number of CITY is" of one queried city; the model's greedy continuation
-  should be " NUMBER". A sample has one prompt per queried city (R prompts).
-- Depth: in the prompt asking for city X, X's needle is the answer needle. With a haystack of
-  H tokens (H = context - needle tokens - tail tokens), a needle at fraction f goes after
-  ``round(f * H)`` haystack tokens: the answer needle at ``f = depth / 100`` (so 0% is the
-  first thing in the prompt, 100% is right before the question); every other needle at a
-  fraction drawn uniformly from [0, 1] once per sample (shared by its R prompts). Needles at
-  the same haystack offset keep the order of the sample's cities. Unlike LWM, a needle is not
-  moved back to the previous period (token ids carry no reliable sentence boundary).
-
-Everything is a pure function of ``seed`` and the arguments (``random.Random`` seeded by a string,
-which Python hashes with SHA-512: the same prompts on every machine and run).
+The paper follows the multi-needle protocol of LWM (Liu et al., 2024a) and Gemini 1.5 (Reid et al.,
+2024): N needles, each "a concise sentence that assigns a unique magic number to a specific city",
+are inserted into a haystack of ordinary text; R of the N cities are asked for; "the answer needle"
+sits at a depth of 0, 25, 50, 75 or 100% of the context, "while placing other distracting needles
+randomly"; 50 samples per (length, depth) cell. ``needle_prompts`` says exactly how a prompt is made
+here (and where it departs from LWM). Everything is a pure function of ``seed`` and the arguments
+(``random.Random`` seeded by a string, which Python hashes with SHA-512: the same prompts on every
+machine and run). See docs/eval.md, 'The probes'.
 """
 
 from __future__ import annotations
@@ -111,7 +91,28 @@ def needle_prompts(
     """``samples * queries`` prompts of ``context`` tokens (sample by sample, query by query).
 
     ``haystack``: token ids to cut haystacks from (the validation split). Raises ``ValueError``
-    when an argument is out of range or the needles and question leave no room for a haystack."""
+    when an argument is out of range or the needles and question leave no room for a haystack.
+
+    Exactly:
+
+    - The haystack is a slice of token ids of the run's own validation split (a random start per
+      sample), so the prompt's length is exact in tokens: every prompt is ``context`` tokens.
+    - A needle is ``NEEDLE`` ("\\nThe magic number of CITY is NUMBER.\\n", LWM's needle is "\\nThe
+      special magic CITY number is: NUMBER\\n"), encoded on its own and spliced between two haystack
+      tokens. NUMBER has ``digits`` digits (LWM's default ``rnd_number_digits = 7``), uniform over
+      ``[10**(digits-1), 10**digits)``; the N numbers and the N cities of a sample are distinct.
+    - The prompt ends with the tail: "\\nWhat is the magic number of A?" (R = 1) or "\\nWhat are the
+      magic numbers of A, B and C?" (all R queried cities, as LWM's question), then the answer
+      prefix "\\nThe magic number of CITY is" of one queried city; the model's greedy continuation
+      should be " NUMBER". A sample has one prompt per queried city (R prompts).
+    - Depth: in the prompt asking for city X, X's needle is the answer needle. With a haystack of
+      H tokens (H = context - needle tokens - tail tokens), a needle at fraction f goes after
+      ``round(f * H)`` haystack tokens: the answer needle at ``f = depth / 100`` (so 0% is the
+      first thing in the prompt, 100% is right before the question); every other needle at a
+      fraction drawn uniformly from [0, 1] once per sample (shared by its R prompts). Needles at
+      the same haystack offset keep the order of the sample's cities. Unlike LWM, a needle is not
+      moved back to the previous period (token ids carry no reliable sentence boundary).
+    """
     if not 1 <= queries <= needles <= len(CITIES):
         raise ValueError(f"need 1 <= queries ({queries}) <= needles ({needles}) <= {len(CITIES)} cities")
     if not 0 <= depth <= 100:

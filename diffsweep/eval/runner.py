@@ -1,28 +1,14 @@
 """Run probes on one trained checkpoint; each probe's findings become an MLflow run linked to the
 training run.
 
-Each evaluation is one MLflow run, nested under the training run (``mlflow.parentRunId``), so the
-UI lists a run's evaluations beneath it, and tagged with what it measured:
-
-- ``diffsweep.kind = eval`` (never an input to a fit or a sweep comparison of training runs);
-- ``diffsweep.eval.source_run`` (the training run's id), ``.step`` (the checkpoint's step),
-  ``.checkpoint`` (its path), ``.probe``, ``.settings`` (JSON), ``.run_key`` (the training
-  config's key), ``.sweep`` and ``.run_name`` (copied from the training run, for ``compare``);
-- ``diffsweep.eval.key``: a digest of everything the result depends on (``diffsweep.eval.identity``:
-  the checkpoint, data, device, probe, settings and the package's code, ``diffsweep.eval.code``).
-  An evaluation whose key already has a FINISHED run is reused, not run again (``force`` runs it
-  again), and the line says so with the code and time it was logged; evaluating a sweep twice
-  evaluates only what is new or what changed code would compute differently;
-- ``diffsweep.eval.capped``: the settings the data capped (JSON: setting -> what was used instead),
-  also logged as parameters ``PROBE.SETTING.used``.
-
-Each evaluation is said in one line (``Evaluation.line``: run, step, probe, its headline metric,
-evaluated or reused, what was capped); the notes and details are ``Detail`` lines.
-
-Metrics are logged at the checkpoint's step (evaluations of successive checkpoints form a curve);
-a probe's ``series`` are logged with their own index as the step. Tables (``<name>.json``) and
-files go to the run's artifacts, and to ``<run dir>/eval/step_XXXXXXXX/<probe>/`` beside the
-checkpoints when the run directory is known.
+Each evaluation is one MLflow run nested under the training run (``mlflow.parentRunId``), tagged
+``diffsweep.kind = eval`` (never an input to a fit or a sweep comparison of training runs) and with
+what it measured (``diffsweep.eval.*``: source run, step, checkpoint, probe, settings, ...). Its key
+(``diffsweep.eval.key``, from ``diffsweep.eval.identity``) digests everything the result depends on:
+an evaluation whose key already has a FINISHED run is reused unless ``force``. Each evaluation is
+said in one line (``Evaluation.line``; notes and details: ``Detail`` lines); metrics are logged at
+the checkpoint's step, tables and files as artifacts and beside the checkpoints. See docs/eval.md,
+'Commands'.
 """
 
 from __future__ import annotations
@@ -187,7 +173,7 @@ def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Pro
         "diffsweep.eval.run_name": train_name,
         "diffsweep.eval.kind": trained.config.model.attention.kind.value,
     }
-    for name in ("diffsweep.sweep", "diffsweep.sweep_run"):
+    for name in ("diffsweep.sweep", "diffsweep.sweep_run"):  # copied from the training run, for ``compare``
         if name in source_tags_:
             tags[name.replace("diffsweep.", "diffsweep.eval.")] = source_tags_[name]
     if source is not None:

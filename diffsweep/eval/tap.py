@@ -1,29 +1,14 @@
 """A tap on attention: see the attention logits, or quantize them (paper §3.6, §3.7).
 
-A ``Tap`` is an ``AttentionBackend`` wrapping the backend a model was built with (``inner``), put
-in place of every block's ``attention.backend`` by ``tapped`` for as long as a probe needs it; the
-modules and their parameters are untouched (the idea of ``diffsweep.train.probes``).
+A ``Tap`` is an ``AttentionBackend`` wrapping the backend a model was built with (``inner``), put in
+place of every block's ``attention.backend`` by ``tapped`` for as long as a probe needs it; the
+modules and their parameters are untouched (the idea of ``diffsweep.train.probes``). The attention
+logits (``attention_logits``) are computed in fp32 at the causal positions; quantizing them
+(``quantize_logits``, 2..15 bits) replaces ``inner`` by an explicit fp32 path, since a fused kernel
+does not expose its logits; ``bits=None`` or 16 runs ``inner`` unchanged (bit for bit the untapped
+model). The exact definitions are in the docstrings of those two functions and of ``Tap``.
 
-Definitions, for one call with q ``(B, H, T, D)``, k ``(B, Hkv, T, D)``, v ``(B, Hkv, T, Dv)``:
-
-- the *attention logits* are ``q · kᵀ · scale`` ``(B, H, T, T)``, computed in fp32 from the q and
-  k the backend receives (bf16 under bf16 autocast), K expanded to the query heads by
-  ``repeat_interleave`` (GQA, contiguous groups). Query t sees keys s ≤ t (the *causal positions*,
-  ``causal[t, s]``); the other positions are masked and are not logits of the model.
-- *quantizing* to ``bits`` (2..15) is dynamic post-training absmax quantization, symmetric and
-  signed, one scale per group of logits (``Granularity``: ``tensor``, one per sequence over all
-  heads; ``head``, one per sequence and head; ``row``, one per query row of a head):
-  ``scale = max |logit| over the group's causal positions / (2^(bits-1) − 1)``,
-  ``logit ← round(logit / scale) · scale`` (``torch.round``: halves to even; a group of zeros stays
-  zero). Groups never span sequences of a batch, so results do not depend on the micro-batch. The attention is then ``softmax(quantized logits, causal) @ V`` in fp32 (the *explicit
-  path*), cast back to q's dtype; DIFF V1's two maps are each quantized and combined in fp32 as
-  ``A1 V − λ A2 V`` (``AttentionBackend.diff_attend``'s semantics).
-- ``bits=None`` or 16 (the unquantized model, the paper's 16-bit baseline) computes the output
-  with ``inner`` itself, unchanged, so it is bit for bit the untapped model's.
-
-While quantizing, the explicit path replaces ``inner``: a fused kernel (flash, triton) does not
-expose its logits. ``replacement_note`` is the line a probe reports about it. The explicit path
-holds a few ``(B, H, T, T)`` fp32 tensors: the probe's micro-batch bounds that memory.
+See docs/eval.md, 'Quantization granularity'.
 """
 
 from __future__ import annotations
@@ -52,7 +37,12 @@ def causal_mask(T: int, device: torch.device) -> torch.Tensor:
 
 
 def attention_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``q · kᵀ · scale`` ``(B, H, T, T)`` in fp32 (fp64 stays fp64), K expanded to q's heads (GQA)."""
+    """``q · kᵀ · scale`` ``(B, H, T, T)`` in fp32 (fp64 stays fp64), K expanded to q's heads (GQA).
+
+    These are the *attention logits* of one call with q ``(B, H, T, D)``, k ``(B, Hkv, T, D)``: computed
+    in fp32 from the q and k the backend receives (bf16 under bf16 autocast), K expanded to the query
+    heads by ``repeat_interleave`` (GQA, contiguous groups). Query t sees keys s ≤ t (the *causal
+    positions*, ``causal[t, s]``); the other positions are masked and are not logits of the model."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     with torch.autocast(q.device.type, enabled=False):  # fp32 even under bf16 autocast
         return (upcast(q) @ upcast(k).transpose(-1, -2)) * scale
@@ -72,8 +62,14 @@ _REDUCED = {Granularity.TENSOR: (1, 2, 3), Granularity.HEAD: (2, 3), Granularity
 def quantize_logits(logits: torch.Tensor, causal: torch.Tensor, bits: int,
                     granularity: Granularity = Granularity.HEAD) -> torch.Tensor:
     """Absmax-quantize ``logits`` ``(B, H, T, T)`` to signed ``bits``, one scale per ``granularity``
-    group from its causal positions (see the module docstring); masked positions are quantized with
-    the same scale and stay meaningless."""
+    group from its causal positions; masked positions are quantized with the same scale and stay
+    meaningless.
+
+    Dynamic post-training absmax quantization, symmetric and signed, one scale per group of logits
+    (``tensor``: one per sequence over all heads; ``head``: one per sequence and head; ``row``: one
+    per query row of a head): ``scale = max |logit| over the group's causal positions / (2^(bits-1) − 1)``,
+    ``logit ← round(logit / scale) · scale`` (``torch.round``: halves to even; a group of zeros stays
+    zero). Groups never span sequences of a batch, so results do not depend on the micro-batch."""
     levels = 2 ** (bits - 1) - 1
     absmax = logits.abs().masked_fill(~causal, 0).amax(dim=_REDUCED[granularity], keepdim=True)
     scale = absmax / levels
@@ -89,7 +85,16 @@ def quantizes(bits: int | None) -> bool:
 class Tap(AttentionBackend):
     """``inner`` with its logits shown to ``observer`` and, when ``bits`` < 16, quantized with one
     scale per ``granularity`` group (then the explicit fp32 path computes the attention instead of
-    ``inner``). ``layer`` is 1-based."""
+    ``inner``). ``layer`` is 1-based.
+
+    While quantizing (``bits`` 2..15), the attention is ``softmax(quantized logits, causal) @ V`` in
+    fp32 (the *explicit path*), cast back to q's dtype; DIFF V1's two maps are each quantized and
+    combined in fp32 as ``A1 V − λ A2 V`` (``AttentionBackend.diff_attend``'s semantics). The
+    explicit path replaces ``inner`` because a fused kernel (flash, triton) does not expose its
+    logits (``replacement_note`` is the line a probe reports about it); it holds a few
+    ``(B, H, T, T)`` fp32 tensors: the probe's micro-batch bounds that memory. ``bits=None`` or 16
+    (the unquantized model, the paper's 16-bit baseline) computes the output with ``inner`` itself,
+    unchanged, so it is bit for bit the untapped model's."""
 
     def __init__(self, inner: AttentionBackend, layer: int, observer: Observer | None = None,
                  bits: int | None = None, granularity: Granularity = Granularity.HEAD) -> None:

@@ -1,31 +1,13 @@
 """Cluster profiles: what a cluster offers (GPU kind, GPUs per node, limits, partition, account,
-setup commands) as YAML under ``slurm/profiles/``. Resources per run are derived from its size
-(``diffsweep.launch.resources``); a profile never fixes them per run.
-
-A profile file::
-
-    executor: slurm                 # the scheduler: slurm | local | one a package registers
-    gpu: {name: H100, memory_gb: 80, peak_tflops: 989, mfu: 0.40}
-    gpus_per_node: 8
-    cpus_per_gpu: 16
-    mem_per_gpu_gb: 200
-    max_time_hours: 48              # partition limit; longer runs requeue from their checkpoint
-    min_time_minutes: 30
-    signal_delay_s: 120             # USR2 this long before the time limit (save + requeue)
-    max_array_size: null            # null: ask the cluster (scontrol show config)
-    max_num_timeout: 100            # requeues after time limits before a run counts as failed
-    setup: ["module load cuda/12.4"]   # shell lines before the job starts (yours, run as written)
-    executor_params: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # to submitit
-    cpu_jobs: {cpus: 1, mem_gb: 8, time_hours: 4}   # CPU-only jobs: `data prepare --launch` tasks
+setup commands) as YAML under ``slurm/profiles/`` (``Profile``'s docstring shows a file). Resources
+per run are derived from its size (``diffsweep.launch.resources``); a profile never fixes them per run.
 
 ``executor_params`` are the scheduler's own settings, checked against what its submitit executor
-accepts; a profile written before it was named so says ``slurm:``, which is still read, with a
-warning. On the command line, ``--slurm KEY=VALUE`` sets an ``executor_params:`` key, or ``time`` (the longest job,
-in Slurm's time format, instead of ``max_time_hours``), and ``--setup LINE`` adds a setup line
-(``with_overrides``).
-
-Every job asks for ``--requeue`` and sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` to its CPUs
-per task (``diffsweep.launch.resources.slurm_parameters``).
+accepts (``slurm:``, their old name, is still read, with a warning). On the command line,
+``--slurm KEY=VALUE`` sets an ``executor_params:`` key, or ``time`` (the longest job, in Slurm's time
+format, instead of ``max_time_hours``), and ``--setup LINE`` adds a setup line (``with_overrides``).
+Every job asks for ``--requeue`` and sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` to its CPUs per task
+(``diffsweep.launch.resources.slurm_parameters``). See docs/sweeps.md, 'Profiles and resources'.
 """
 
 from __future__ import annotations
@@ -95,7 +77,7 @@ class Accelerator:
 class CpuJobs:
     """What a CPU-only job asks for (a ``data prepare --launch`` task: one tokenizing process)."""
 
-    cpus: Annotated[int, AtLeast(1)] = 1  # a task tokenizes its shards one after another, in one process
+    cpus: Annotated[int, AtLeast(1)] = 1  # a Slurm task tokenizes its shards in as many processes as it has CPUs
     mem_gb: Annotated[int, AtLeast(1)] = 8
     time_hours: Annotated[float, Check(_finite)] | None = None  # None: the profile's max_time_hours
 
@@ -103,7 +85,22 @@ class CpuJobs:
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """A cluster (or this machine) as the launcher sees it. A profile file sets every field but
-    ``name`` (the file's stem) and ``overridden`` (``parse_profile``)."""
+    ``name`` (the file's stem) and ``overridden`` (``parse_profile``)::
+
+        executor: slurm                 # the scheduler: slurm | local | one a package registers
+        gpu: {name: H100, memory_gb: 80, peak_tflops: 989, mfu: 0.40}
+        gpus_per_node: 8
+        cpus_per_gpu: 16
+        mem_per_gpu_gb: 200
+        max_time_hours: 48              # partition limit; longer runs requeue from their checkpoint
+        min_time_minutes: 30
+        signal_delay_s: 120             # USR2 this long before the time limit (save + requeue)
+        max_array_size: null            # null: ask the cluster (scontrol show config)
+        max_num_timeout: 100            # requeues after time limits before a run counts as failed
+        setup: ["module load cuda/12.4"]   # shell lines before the job starts (yours, run as written)
+        executor_params: {partition: gpu, account: myproj, constraint: h100, qos: normal}   # to submitit
+        cpu_jobs: {cpus: 1, mem_gb: 8, time_hours: 4}   # CPU-only jobs: `data prepare --launch` tasks
+    """
 
     name: Annotated[str, INTERNAL] = "local"
     # the scheduler's name (diffsweep.launch.scheduler); a profile file that names none is slurm

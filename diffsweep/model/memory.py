@@ -1,64 +1,13 @@
 """Per-GPU training memory of a config, and the smallest GPU count that fits it (pure Python, no torch).
 
-``estimate`` adds up what one training process holds at its peak; ``plan_memory`` searches GPU
-counts and micro-batch sizes for the smallest layout that fits a GPU. Parameter counts come from
-``diffsweep.model.counting`` (the same table as the module tree).
+``estimate_memory`` adds up what one training process holds at its peak (parameters, gradients and
+AdamW state, FSDP gathers or DDP buckets, activations with or without checkpointing, logits, a fixed
+GPU overhead); ``plan_memory`` searches GPU counts and micro-batch sizes for the smallest layout that
+fits a GPU. Parameter counts come from ``diffsweep.model.counting`` (the same table as the module
+tree). The bytes of each term are in ``estimate_memory``'s docstring, those autograd saves per layer
+in ``layer_bytes_per_token``'s.
 
-Bytes per element: fp32 = 4, bf16 = 2. ``precision: auto`` is bf16 on a GPU, fp32 on CPU. bf16
-is autocast with fp32 master weights, so parameters, gradients and AdamW state are fp32 in both.
-
-Training state (P = parameters, W = world size; FSDP2 shards all three over W, DDP replicates):
-
-- params 4·P, grads 4·P, optimizer 8·P (AdamW: exp_avg and exp_avg_sq in fp32), each / W with FSDP;
-- FSDP (W > 1): the unsharded unit being computed plus the next one prefetched, in the gathered
-  dtype (bf16 under bf16, else fp32), plus its unsharded fp32 gradient before the reduce-scatter:
-  (2·gather_bytes + 4)·U, U = the largest FSDP unit (one block, or the root: embeddings + final norm);
-- DDP (W > 1): gradient buckets ≈ the gradients again (4·P; ``gradient_as_bucket_view`` off);
-- bf16 without FSDP: autocast's bf16 copies of every matmul weight (output head included), cached
-  for the whole forward and saved for the backward: 2 bytes per matmul parameter;
-- AdamW's step on a GPU (``foreach``) makes a parameter-sized fp32 temporary (4·P, / W with
-  FSDP). It happens after the backward, when activations are gone, so the total takes the larger
-  of the two, not their sum.
-
-Activations (one micro-batch of b sequences of T tokens, bytes per token per layer). Counted from
-what autograd saves for the backward in this code base's modules (checked with
-``torch.autograd.graph.saved_tensors_hooks`` on a block: the formulas reproduce those bytes
-exactly for every kind in fp32 and bf16). D = d_model, F = ffn_hidden, h = heads, h_kv = K/V
-heads, d = head_dim, c = compute bytes (4 fp32, 2 bf16). The residual stream is fp32 in both
-precisions (the embedding output is fp32 and autocast promotes the residual adds):
-
-- each RMSNorm saves its fp32 input and the normalised tensor (8·D); its output is saved by the
-  matmuls reading it: once (4·D) in fp32, once per reading matmul (2·D each) in bf16, where
-  autocast casts it for each of them (attention: wq, wk, wv and V2's wλ; feed-forward: 2);
-- attention saves (each kind's ``KindSpec.saved_bytes``) the rotated Q and K, V, the SDPA outputs and a log-sum-exp per query head
-  (fp32), and the contiguous input of ``wo`` (h·v_width·d):
-  transformer: Q h·d, K/V h_kv·d each, output h·d (+ per-head RMSNorm: 4·h·d fp32, 8·h·d bf16);
-  diff_v1: Q 2h·d, K 2h_kv·d, V 2h_kv·d; two maps each with an output of h·2d (the SDPA backend
-  splits V into two QK-wide chunks: four fused calls, each saving its output); the second
-  map's output again in fp32 for dλ (4·h·2d); the per-head RMSNorm's fp32 input and normalised
-  tensor (8·h·2d);
-  diff_v2: Q 2h·d, K/V h_kv·d each, output 2h·d, λ (h per token, fp32 and once cast);
-- SwiGLU saves gate, silu(gate), up and their product: 4·F·c.
-
-No T×T score matrix is stored (fused SDPA/flash kernels); the ``reference`` backend is not modelled.
-
-Per micro-batch, tokens = b·T:
-- without checkpointing: L · per-layer · tokens;
-- with activation checkpointing (per block): L block inputs (4·D fp32 each) plus one block's
-  activations recomputed in the backward;
-- plus the final RMSNorm (8·D + the head's input, like a norm read by one matmul).
-
-Logits (b·T·V elements): the model's logits in the compute dtype, kept by the training loop
-(c), the fp32 log-softmax the loss saves (4), and in the backward its gradient and the logits'
-gradient (4 + 4); under bf16 also the fp32 copy ``logits.float()`` (4): 16 bytes (fp32) or 18
-(bf16) per element.
-
-Fixed overhead: ``GPU_OVERHEAD_BYTES`` (1.5 GiB: CUDA context ~0.5 GiB, cuBLAS/cuDNN workspaces,
-NCCL buffers, caching-allocator slack) on a GPU; none on CPU. ``plan_memory`` further keeps
-``USABLE_FRACTION`` of the GPU (fragmentation).
-
-The total assumes gradients from earlier micro-batches are alive while a later one runs its
-forward (gradient accumulation), so state and activations add up.
+See docs/distributed.md, 'Multi-GPU runs under `diffsweep launch`'.
 """
 
 from __future__ import annotations
@@ -70,6 +19,8 @@ from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 
 GIB = 1024**3
+# Fixed overhead on a GPU (none on CPU): CUDA context ~0.5 GiB, cuBLAS/cuDNN workspaces, NCCL buffers,
+# caching-allocator slack.
 GPU_OVERHEAD_BYTES = int(1.5 * GIB)
 USABLE_FRACTION = 0.9  # of a GPU's memory that the estimate may fill (allocator fragmentation)
 FP32 = 4
@@ -79,7 +30,7 @@ MAX_NODES = 128  # plan_memory stops searching here
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-GPU bytes of one training process at its peak (see the module docstring)."""
+    """Per-GPU bytes of one training process at its peak (see ``estimate_memory``)."""
 
     world_size: int
     micro_batch_size: int
@@ -166,7 +117,29 @@ def _norm_bytes_per_token(d_model: int, readers: int, c: int) -> int:
 
 
 def layer_bytes_per_token(config: Config, c: int) -> int:
-    """Bytes autograd saves per token in one block (see the module docstring)."""
+    """Bytes autograd saves per token in one block.
+
+    Counted from what autograd saves for the backward in this code base's modules (checked with
+    ``torch.autograd.graph.saved_tensors_hooks`` on a block: the formulas reproduce those bytes
+    exactly for every kind in fp32 and bf16). D = d_model, F = ffn_hidden, h = heads, h_kv = K/V
+    heads, d = head_dim, c = compute bytes (4 fp32, 2 bf16). The residual stream is fp32 in both
+    precisions (the embedding output is fp32 and autocast promotes the residual adds):
+
+    - each RMSNorm saves its fp32 input and the normalised tensor (8·D); its output is saved by the
+      matmuls reading it: once (4·D) in fp32, once per reading matmul (2·D each) in bf16, where
+      autocast casts it for each of them (attention: wq, wk, wv and V2's wλ; feed-forward: 2);
+    - attention saves (each kind's ``KindSpec.saved_bytes``) the rotated Q and K, V, the SDPA outputs
+      and a log-sum-exp per query head (fp32), and the contiguous input of ``wo`` (h·v_width·d):
+      transformer: Q h·d, K/V h_kv·d each, output h·d (+ per-head RMSNorm: 4·h·d fp32, 8·h·d bf16);
+      diff_v1: Q 2h·d, K 2h_kv·d, V 2h_kv·d; two maps each with an output of h·2d (the SDPA backend
+      splits V into two QK-wide chunks: four fused calls, each saving its output); the second
+      map's output again in fp32 for dλ (4·h·2d); the per-head RMSNorm's fp32 input and normalised
+      tensor (8·h·2d);
+      diff_v2: Q 2h·d, K/V h_kv·d each, output 2h·d, λ (h per token, fp32 and once cast);
+    - SwiGLU saves gate, silu(gate), up and their product: 4·F·c.
+
+    No T×T score matrix is stored (fused SDPA/flash kernels); the ``reference`` backend is not modelled.
+    """
     m = config.model
     attn_readers = kind_spec(m.attention.kind).input_readers(m.attention)
     return (_norm_bytes_per_token(m.d_model, attn_readers, c) + _attention_bytes_per_token(config, c)
@@ -189,10 +162,45 @@ def _matmul_params(config: Config) -> int:
 
 def estimate_memory(config: Config, *, world_size: int, gpu_memory_bytes: int, device: str = "cuda",
              micro_batch_size: int | None = None, activation_checkpointing: bool | None = None) -> MemoryEstimate:
-    """Per-GPU peak training memory of ``config`` on ``world_size`` processes (module docstring).
+    """Per-GPU peak training memory of ``config`` on ``world_size`` processes.
 
     ``device="cpu"`` drops the GPU overhead and the foreach temporary and reads ``precision: auto``
     as fp32. ``micro_batch_size`` and ``activation_checkpointing`` override the config's.
+
+    Bytes per element: fp32 = 4, bf16 = 2. ``precision: auto`` is bf16 on a GPU, fp32 on CPU. bf16
+    is autocast with fp32 master weights, so parameters, gradients and AdamW state are fp32 in both.
+
+    Training state (P = parameters, W = world size; FSDP2 shards all three over W, DDP replicates):
+
+    - params 4·P, grads 4·P, optimizer 8·P (AdamW: exp_avg and exp_avg_sq in fp32), each / W with FSDP;
+    - FSDP (W > 1): the unsharded unit being computed plus the next one prefetched, in the gathered
+      dtype (bf16 under bf16, else fp32), plus its unsharded fp32 gradient before the reduce-scatter:
+      (2·gather_bytes + 4)·U, U = the largest FSDP unit (one block, or the root: embeddings + final norm);
+    - DDP (W > 1): gradient buckets ≈ the gradients again (4·P; ``gradient_as_bucket_view`` off);
+    - bf16 without FSDP: autocast's bf16 copies of every matmul weight (output head included), cached
+      for the whole forward and saved for the backward: 2 bytes per matmul parameter;
+    - AdamW's step on a GPU (``foreach``) makes a parameter-sized fp32 temporary (4·P, / W with
+      FSDP). It happens after the backward, when activations are gone, so the total takes the larger
+      of the two, not their sum.
+
+    Activations, per micro-batch of b sequences of T tokens (tokens = b·T), with per-layer the bytes
+    of ``layer_bytes_per_token``:
+
+    - without checkpointing: L · per-layer · tokens;
+    - with activation checkpointing (per block): L block inputs (4·D fp32 each) plus one block's
+      activations recomputed in the backward;
+    - plus the final RMSNorm (8·D + the head's input, like a norm read by one matmul).
+
+    Logits (b·T·V elements): the model's logits in the compute dtype, kept by the training loop
+    (c), the fp32 log-softmax the loss saves (4), and in the backward its gradient and the logits'
+    gradient (4 + 4); under bf16 also the fp32 copy ``logits.float()`` (4): 16 bytes (fp32) or 18
+    (bf16) per element.
+
+    Fixed overhead: ``GPU_OVERHEAD_BYTES`` (1.5 GiB) on a GPU; none on CPU. ``plan_memory`` further
+    keeps ``USABLE_FRACTION`` of the GPU (fragmentation).
+
+    The total assumes gradients from earlier micro-batches are alive while a later one runs its
+    forward (gradient accumulation), so state and activations add up.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")

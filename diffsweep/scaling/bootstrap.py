@@ -1,30 +1,14 @@
 """Noise model and parametric (hierarchical) bootstrap draws for scaling fits.
 
-Row resampling is useless on a five-size ladder (a resample has ≤ 3 distinct sizes 58% of the
-time; docs/references.md §4), so the bootstrap is parametric: each draw adds noise to
-the fitted curve and refits. The run is the unit of noise: every draw gives each run a random
-offset shared by all of its evaluations (a token scan reads one run at 40B, 80B, … tokens; those
-evaluations share the run's seed and data order) plus independent noise per evaluation. Where
-every run gives one point (a size ladder) the two are one per-point noise. The noise is measured,
-in order of preference:
+Row resampling is useless on a five-size ladder (a resample has ≤ 3 distinct sizes 58% of the time;
+docs/references.md §4), so the bootstrap is parametric: each draw adds noise to the fitted curve and
+refits. The run is the unit of noise: every draw gives each run a random offset shared by all of its
+evaluations, plus independent noise per evaluation (on a size ladder, one per-point noise). The noise
+comes, in order of preference, from ``given`` sds (``--noise-sd``, ``--run-sd``), from ``seeds``
+(seed replicates: ``_one_point_per_run``, ``_multi_point``) or from the fit's ``residuals``; each
+draw redraws every estimated sd for its own uncertainty (``scale_draws``).
 
-1. ``given``: a known sd of log loss per evaluation (``--noise-sd``) and/or per run (``--run-sd``).
-2. ``seeds``: seed replicates (runs that differ only in seed). On a size ladder the pooled
-   within-size variance is the run-to-run noise; when the size means scatter around the curve more
-   than that explains (a lack-of-fit F-test at 5%), the excess is a second, size-level component.
-   When runs give several points (a token scan with ≥ 2 runs per architecture) a two-way
-   decomposition (evaluation point × run) separates the per-run offset from the per-evaluation
-   noise (Henderson's method III: unbiased for unbalanced designs too).
-3. ``residuals``: the fit's residual variance. With one run per architecture on a token scan the
-   run offset is confounded with the curve: the interval is then curve-fit only
-   (``ci_scope = "curve_fit_only"``) and says so, unless ``--run-sd`` gives the offset's sd.
-
-Every estimated sd is itself uncertain: each draw scales it by ν/χ²_ν (ν its degrees of freedom),
-which for a quantity linear in the noise gives exactly the t_ν interval. With 5 sizes × 1 seed
-(ν = 4) that makes the intervals ~1.4× (t_4/z) as wide as with a known sd, and they are calibrated
-(95% coverage measured, analysis/benchmarks/RESULTS.md); a fixed t_ν/z scale instead was tried and
-measured no better (wider at the largest size), so the mixture stays. One draw shares its noise
-scales across architectures, so ratios are computed from paired fits.
+See docs/fits.md, 'Uncertainty: bootstrap, noise, resampling'.
 """
 
 from __future__ import annotations
@@ -169,7 +153,8 @@ def _residual_sd(groups: list[Group]) -> tuple[float, int, int]:
 
 def _multi_point(groups: list[Group], given: float | None, run_sd: float | None, runs: float) -> Noise:
     """Runs with several points: a per-run offset and per-evaluation noise, separated by a two-way
-    (cell × run) decomposition when some architecture has ≥ 2 runs."""
+    (cell × run) decomposition when some architecture has ≥ 2 runs (a token scan with ≥ 2 runs per
+    architecture; Henderson's method III: unbiased for unbalanced designs too)."""
     ss_e = dof_e = ss_r = dof_r = trace = 0.0
     for g in groups:
         n = len(g.y)
@@ -258,7 +243,14 @@ class Scales:
 
 
 def scale_draws(rng: np.random.Generator, noise: Noise, n_boot: int) -> Scales:
-    """Per-draw sds, each estimated one scaled by ν/χ²_ν for its own uncertainty."""
+    """Per-draw sds, each estimated one scaled by ν/χ²_ν for its own uncertainty.
+
+    Every estimated sd is itself uncertain: each draw scales its variance by ν/χ²_ν (ν its degrees of
+    freedom), which for a quantity linear in the noise gives exactly the t_ν interval. With 5 sizes ×
+    1 seed (ν = 4) that makes the intervals ~1.4× (t_4/z) as wide as with a known sd, and they are
+    calibrated (95% coverage measured, analysis/benchmarks/RESULTS.md); a fixed t_ν/z scale instead
+    was tried and measured no better (wider at the largest size), so the mixture stays. One draw
+    shares its noise scales across architectures, so ratios are computed from paired fits."""
     def mix(sd: float, dof: float) -> np.ndarray:
         if sd <= 0 or dof <= 0:
             return np.zeros((n_boot, 1))

@@ -1,37 +1,13 @@
 """Which run to add next: a preposterior analysis of the efficiency ratio's CI (``diffsweep suggest``).
 
-For a candidate run (an architecture at a size, or a token count), the question is how much
-narrower the CI of ρ at the chosen reference would be once that run has finished, per GPU-hour.
-For each of M paired bootstrap draws of the current fit (the fitted curve of that draw, per
-architecture), the candidate's outcome is simulated as the draw's curve at the candidate plus
-noise with the fit's noise sd; the law is refitted to the data plus that outcome (as
-``LawFit.refit`` refits a bootstrap draw: warm start plus the form's extra starts), and at the
-refitted laws the CI width that the analyst would read is computed twice, with and without the
-candidate's run (``expected_reduction``). The expected reduction is the median over the M draws
-of that paired difference (robust to the few draws whose candidate never reaches the baseline's
-loss, or whose refit is near-singular, where the linearised width explodes); the expected width
-after is the width now minus it. Unpaired, the widths after two different refits differ by more
-than one cheap run narrows them, and greedy stopped far below its budget.
-
-The CI inside the loop is linearised, not bootstrapped: a full bootstrap per simulated outcome per
-candidate would be M × B refits. It is the delta method on log ρ, with the Gauss-Newton
-covariance σ²(JᵀJ)⁻¹ of each architecture's fit and the Student t quantile for the noise's
-degrees of freedom (the bootstrap's ν/χ²_ν noise mixture gives exactly t_ν for a quantity
-linear in the noise; bootstrap.py):
-
-    width = ρ̂ (exp(t·se) − exp(−t·se)),  se² = Σ_arch g_archᵀ Cov_arch g_arch,  g = ∂ log ρ / ∂θ,
-
-with ρ̂ the current estimate (so the median over draws of the width is that of t·se, transformed).
-
-It is checked against the full bootstrap width on the synthetic ladder
-(tests/scaling/test_suggest.py); the current width is computed the same way, so the reduction
-compares like with like. ``choose_within`` picks runs within a GPU-hour budget greedily: the best
-reduction per GPU-hour, then the next given the ones already chosen (their simulated outcomes
-included), until nothing affordable narrows the CI (or ``max_runs``). Greedy is not the optimal set.
-
-Scope: one law per architecture (not ``--shared-e``), one point per run (size ladders, final
-points of token runs, Chinchilla grids); token scans read from one run's checkpoints share the
-run's offset, which this noise model does not simulate, and are refused.
+For a candidate run (an architecture at a size, or a token count): how much narrower the CI of ρ at
+the chosen reference is expected to be once it has finished, per GPU-hour. Its outcome is simulated
+from M paired bootstrap draws of the current fit, the laws are refitted, and the linearised
+(delta-method) CI width is read with and without it (``expected_reduction``, ``half_width``).
+``choose_within`` picks runs within a GPU-hour budget greedily (not the optimal set). Scope: one law
+per architecture (not ``--shared-e``), one point per run (size ladders, final points of token runs,
+Chinchilla grids); token scans read from one run's checkpoints are refused (their shared run offset
+is not simulated). See docs/fits.md, 'Which run next: `diffsweep suggest`'.
 """
 
 from __future__ import annotations
@@ -143,7 +119,19 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
 
 def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarray], dof: float) -> np.ndarray:
     """The linearised (delta-method) CI half-width of log ρ, t·se, for each row of ``theta`` (B, p
-    per architecture) fitted to ``data``: (B,), +inf where ρ is undefined."""
+    per architecture) fitted to ``data``: (B,), +inf where ρ is undefined.
+
+    Linearised, not bootstrapped: a full bootstrap per simulated outcome per candidate would be
+    M × B refits. The delta method on log ρ, with the Gauss-Newton covariance σ²(JᵀJ)⁻¹ of each
+    architecture's fit and the Student t quantile for the noise's degrees of freedom (the
+    bootstrap's ν/χ²_ν noise mixture gives exactly t_ν for a quantity linear in the noise;
+    bootstrap.py); ``_width`` turns it into a width of ρ:
+
+        width = ρ̂ (exp(t·se) − exp(−t·se)),  se² = Σ_arch g_archᵀ Cov_arch g_arch,  g = ∂ log ρ / ∂θ,
+
+    with ρ̂ the current estimate (so the median over draws of the width is that of t·se, transformed).
+    It is checked against the full bootstrap width on the synthetic ladder (tests/scaling/test_suggest.py).
+    """
     base, cand = design.baseline, design.candidate
     tb, tc = theta[base], theta[cand]
     log_rho = design.log_ratio(tb, tc)
@@ -205,7 +193,8 @@ def _dof_after(design: Design, added: Sequence[Candidate]) -> float:
 
 def _simulated(design: Design, added: Sequence[Candidate], seed: int) -> tuple[dict[str, Data], dict[str, np.ndarray]]:
     """Each architecture's data plus the runs ``added`` and its laws refitted for each of the design's
-    M draws: that draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes.
+    M draws: that draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes,
+    refitted as ``LawFit.refit`` refits a bootstrap draw (warm start plus the form's extra starts).
     The noise of the i-th added run is the i-th column of one seeded (M, k) normal matrix (common
     random numbers: candidates compared at one step see the same noise). An architecture's added
     rows follow its measured ones, in the order of ``added``."""
@@ -250,7 +239,10 @@ def expected_reduction(design: Design, chosen: Sequence[Candidate], candidate: C
     candidate's run (its information, and its degree of freedom). The median over the M draws of
     the difference is the expected reduction. Reading both widths at the same laws cancels what
     the refits add to both (the estimate moving with the simulated outcomes), which otherwise
-    swamps the small narrowing one cheap run brings."""
+    swamps the small narrowing one cheap run brings: unpaired, the widths after two different
+    refits differ by more than one cheap run narrows them, and greedy stopped far below its budget.
+    The median is robust to the few draws whose candidate never reaches the baseline's loss, or
+    whose refit is near-singular, where the linearised width explodes."""
     added = [*chosen, candidate]
     data, theta = _simulated(design, added, seed)
     before = dict(data)

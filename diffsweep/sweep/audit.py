@@ -1,27 +1,13 @@
 """The matched-arm audit: do the runs a fit will compare differ only in their attention kind?
 
-An *arm* is the runs of one attention kind in one *group*: the runs that share a size label and
-every other sweep axis except the kind, the kinds' own switches (``KindSpec.sweep_axes`` and
-``switches``) and the audited settings themselves. Each other kind's arm is compared with the
-baseline's arm of its group (default: the first registered kind, the Transformer) on:
-
-- parameters, non-embedding parameters, training FLOPs per token: flagged when they differ by more
-  than ``threshold`` (relative, default 1%);
-- tokens, batch tokens, the lr schedule (lr, warmup, schedule, min_lr, max_steps) and the seeds:
-  flagged on any difference.
-
-An arm with several runs (seeds, an lr grid, a kind's ablation variants) is compared as the set
-of its values: each value of one arm against the nearest of the other's.
-
-A flagged difference names the setting that would match it (for parameters: the FFN size the
-``param_parity`` derive rule computes). FLOPs per token that differ only by the attention-score
-FLOPs of the kinds' own math (DIFF V1 runs two maps against a 2d-wide V) are noted, not flagged:
-no setting matches them, and they are what the comparison measures. Without that breakdown
-(``ArmRecord.score_flops_per_token`` None, e.g. in ``fit``'s table) FLOPs are shown, not flagged:
-the parameters flag a mismatch in the rest.
-
-Pure: ``audit_runs`` takes a sweep's runs, ``audit_records`` any ``ArmRecord``s (``diffsweep fit``
-builds them from its table). Nothing here imports torch.
+An *arm* is the runs of one attention kind in one *group*: the runs that share a size label and every
+other sweep axis except the kind, the kinds' own switches (``KindSpec.sweep_axes`` and ``switches``)
+and the audited settings themselves. Each other kind's arm is compared with the baseline's arm of its
+group (default: the first registered kind, the Transformer) on parameters, FLOPs per token, tokens,
+batch tokens, the lr schedule and the seeds; an arm with several runs is compared as the set of its
+values (each value of one arm against the nearest of the other's). Pure: ``audit_runs`` takes a
+sweep's runs, ``audit_records`` any ``ArmRecord``s (``diffsweep fit`` builds them from its table).
+Nothing here imports torch. See docs/sweeps.md, 'The arm audit: are the compared runs matched?'.
 """
 
 from __future__ import annotations

@@ -1,47 +1,13 @@
 """The sweep file: a base config, axes over dotted config keys, filters, derived values, seeds.
 
-A sweep file is data (YAML); this module only reads it strictly into a ``SweepSpec``. Expansion
-into runs is ``diffsweep.sweep.expand``. Shape (every key optional except some source of runs):
+A sweep file is data (YAML); this module only reads it strictly into a ``SweepSpec`` (its docstring
+shows every key). Expansion into runs is ``diffsweep.sweep.expand``. A relative path in a sweep file
+is relative to the directory of the file that writes it, a ``--set`` value to the working directory;
+``extends`` layers a file's keys over another sweep's (``MERGED_KEYS`` merge key by key, the others
+replace; ``OWN_KEYS`` and ``launch.output`` are never inherited). Launch and eval settings never
+enter a run's identity.
 
-    name: table6-ablation          # [A-Za-z0-9._-]; default: the file's stem
-    experiment: table6-ablation    # MLflow experiment; default: the name
-    extends: table6-ablation.yaml  # start from another sweep's keys (below)
-    base: runs/paper-1.4B-transformer.yaml   # run config under every run
-    set: {model.size: 1.4B}        # dotted overrides on top of the base, for every run
-    grid: {model.attention.kind: [transformer, diff_v1], ...}   # cartesian product
-    zip: [{train.lr: [...], train.batch_tokens: [...]}]         # paired axes (equal lengths)
-    runs: [{model.attention.head_dim: 256}, ...]                # explicit extra points
-    seeds: [0, 1, 2]               # crossed with every point (train.seed); a count: 3
-    include: [{model.size: [1.4B, 2.8B]}]   # keep only points matching one of these
-    exclude: [{model.attention.kind: transformer, model.size: 13.1B}]   # drop matching points
-    derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
-    launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
-    eval: {probes: [outliers, needle], settings: {needle: {samples: 10}}, steps: [2000]}   # after training
-
-A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
-``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
-
-Paths: a relative path in a sweep file (``base``, ``extends``, ``data.path`` values,
-``launch.output``, ``launch.profile`` when it ends in .yaml or holds a /) is relative to the
-directory of the file that writes it; a relative ``data.path`` from the base config (or the
-default) is relative to the sweep file that names the base. Without ``launch.output`` a sweep
-writes to ``runs/<name>`` beside its file. ``--set`` values are relative to the working directory.
-
-``extends``: the parent's keys, the child's on top. ``set``, ``grid``, ``derive`` and ``launch``
-merge key by key (the child's value wins; an axis keeps its place); ``base``, ``zip``, ``runs``,
-``seeds``, ``include`` and ``exclude`` are the child's when it writes them, else the parent's.
-``name``, ``experiment`` and ``launch.output`` are never inherited. Cycles are refused.
-
-Precedence in a run, lowest first: size preset, base config, ``set`` (a parent's under its
-child's), ``--set``, the point's grid/zip/runs values, ``derive``. ``--set`` may not name a key
-that grid, zip, runs, seeds or derive set (it applies to every run, so it cannot replace them).
-
-``eval``: probes (``diffsweep eval``) each launched job runs on its run once it has trained, on the
-newest checkpoint and on the checkpoints of ``steps`` that are kept; ``settings`` per probe.
-Checked against every run when the sweep is planned; never part of a run's identity.
-
-A sweep may expand to at most ``launch.max_runs`` runs (default 100,000), counted from the axis
-lengths before anything is expanded. Launch settings never enter a run's identity.
+See docs/sweeps.md, 'Sweep files'; its paths, merge rules and precedence in full: sweeps/README.md.
 """
 
 from __future__ import annotations
@@ -102,7 +68,29 @@ class EvalSettings:
 class SweepSpec:
     """A sweep file, read strictly; dotted keys are checked against the run config schema.
 
-    Every path in it is absolute (see the module docstring for what relative paths mean).
+    Its YAML (every key optional except some source of runs)::
+
+        name: table6-ablation          # [A-Za-z0-9._-]; default: the file's stem
+        experiment: table6-ablation    # MLflow experiment; default: the name
+        extends: table6-ablation.yaml  # start from another sweep's keys
+        base: runs/paper-1.4B-transformer.yaml   # run config under every run
+        set: {model.size: 1.4B}        # dotted overrides on top of the base, for every run
+        grid: {model.attention.kind: [transformer, diff_v1], ...}   # cartesian product
+        zip: [{train.lr: [...], train.batch_tokens: [...]}]         # paired axes (equal lengths)
+        runs: [{model.attention.head_dim: 256}, ...]                # explicit extra points
+        seeds: [0, 1, 2]               # crossed with every point (train.seed); a count: 3
+        include: [{model.size: [1.4B, 2.8B]}]   # keep only points matching one of these
+        exclude: [{model.attention.kind: transformer, model.size: 13.1B}]   # drop matching points
+        derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
+        launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
+        eval: {probes: [outliers, needle], settings: {needle: {samples: 10}}, steps: [2000]}   # after training
+
+    A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
+    ``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
+
+    Every path in it is absolute: a relative one was resolved against the directory of the file that
+    wrote it. A relative ``data.path`` from the base config (or the default) is resolved when the
+    sweep expands, against ``data_root``: the directory of the sweep file that names the base.
     """
 
     path: Path

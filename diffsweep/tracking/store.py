@@ -3,30 +3,12 @@ from many processes at once, and ``mlflow_client``, the one constructor of an ML
 
 This module sits low (next to ``diffsweep.config``): launch/, scaling/, compare/ and the CLI use it
 without importing the trainer, and it imports neither torch nor mlflow at module level (mlflow is
-imported by the functions that talk to a store).
-
-- Where: ``MLFLOW_TRACKING_URI`` when set (e.g. a team server), else MLflow's own default, an
-  SQLite store ``mlflow.db`` in the working directory with artifacts in ``mlruns/`` beside it
-  (made absolute, so a resume from any directory finds it).
-- Which stores: ``sqlite:///PATH``, an MLflow server at ``http(s)://``, or a SQL database MLflow
-  supports whose driver is installed. ``check_tracking`` refuses anything else before a run
-  exists: the file store (MLflow 3 retires it, and it misroutes runs when several processes start
-  at once), a server that does not answer within ``CONNECT_TIMEOUT``, an SQLite path that is a
-  directory or not an SQLite database, a store left half-migrated.
-- Opening a store (``init_store``) happens once per process, before anything is logged. MLflow
-  creates an SQLite store's schema in whichever process opens it first, without a lock: 16
-  training processes started together on a new store all crashed, or left it half-migrated.
-  Here the first open happens under an exclusive lock on ``<database>.lock`` beside it, so one
-  process creates the schema and the others find it complete. Experiments are created under the
-  same lock (``ensure_experiment``; MLflow's ``set_experiment`` silently misroutes runs when it
-  loses a race, so it is never used).
-- SQLite answers "database is locked" when several processes write at once: ``retry_busy``
-  retries a call with backoff.
-- Ending a run from outside its process (``end_run``): ``status`` marks a run whose job died
-  without saying so.
-
-Beside it: where runs come from (``provenance.source_tags``) and which file system holds a store
-(``filesystems.shared_store_warning``).
+imported by the functions that talk to a store). Where: ``tracking_uri``; which stores:
+``check_tracking``; a new store opened by many processes at once: ``init_store``, ``ensure_experiment``
+(under a lock beside an SQLite store); "database is locked": ``retry_busy``; a dead job's run:
+``end_run``. Beside it: ``provenance.source_tags`` (where runs come from) and
+``filesystems.shared_store_warning`` (which file system holds a store).
+See docs/training.md, 'What a run logs to MLflow'.
 """
 
 from __future__ import annotations
@@ -114,9 +96,14 @@ def mlflow_client(uri: str) -> Any:
 
 def init_store(uri: str) -> None:
     """Open the store at ``uri`` for this process, creating its schema if it is new, safely when
-    many processes start at once (see the module's notes). Call it after ``check_tracking`` and
-    before anything is logged; ``ensure_experiment`` and ``MlflowTracker`` do. A store whose
-    schema MLflow cannot use is a ``ConfigError`` saying what to do.
+    many processes start at once. Call it after ``check_tracking`` and before anything is logged,
+    once per process; ``ensure_experiment`` and ``MlflowTracker`` do. A store whose schema MLflow
+    cannot use is a ``ConfigError`` saying what to do.
+
+    MLflow creates an SQLite store's schema in whichever process opens it first, without a lock: 16
+    training processes started together on a new store all crashed, or left it half-migrated. Here
+    the first open happens under an exclusive lock on ``<database>.lock`` beside it, so one process
+    creates the schema and the others find it complete.
 
     SQLite stores are created under the lock; other SQL databases and servers are created by
     MLflow (create a new SQL database once, from one process, before starting many)."""
@@ -180,7 +167,8 @@ def check_experiment_name(name: object, key: str = "experiment") -> str:
 def ensure_experiment(uri: str, name: str) -> str:
     """The id of experiment ``name`` in ``uri``, created (with the store) if needed. Safe when
     several processes ask at once: under the store's lock for SQLite, else the loser of a
-    creation race reads the winner's."""
+    creation race reads the winner's. (MLflow's ``set_experiment`` silently misroutes runs when it
+    loses a race, so it is never used.)"""
     check_experiment_name(name)
     init_store(uri)
     if uri.startswith("sqlite:"):

@@ -1,23 +1,13 @@
 """The MLflow UI on the project's store, run as a child ``mlflow server`` (``diffsweep ui``).
 
-- Store: the one training logs to (``tracking_uri()``: ``MLFLOW_TRACKING_URI``, else ``mlflow.db`` in
-  the working directory). A missing SQLite file is an error rather than a new empty database; an
-  ``http(s)`` URI is already a server, so there is nothing to start.
-- Server: ``python -m mlflow server --workers 1`` with job execution off (2 processes, ~0.4 GB,
-  ready in ~5 s; the default 4 uvicorn workers add ~40 ms to every kept-alive request), bound to
-  127.0.0.1 by default, in its own process group, its output kept (last lines) for error messages.
-- Artifacts: runs logged straight to SQLite have local artifact paths (``mlruns/`` beside the
-  store), which the server reads directly; artifacts uploaded through the server go to ``mlruns/``
-  beside the database too, not to an ``mlartifacts/`` in whatever directory the UI started from.
-- Stop: SIGTERM to the server's process group, then SIGKILL if it does not exit within seconds.
-- Links: each experiment's runs page in MLflow's "Model training" view (``MODEL_TRAINING``); the
-  UI of MLflow 3 opens its GenAI view otherwise, and offers no server setting for either that or
-  the "MLflow Assistant" panel it opens on a browser's first visit to a localhost UI.
-
+The store is the one training logs to (``tracking_uri()``); a missing SQLite file is an error rather
+than a new empty database, and an ``http(s)`` URI is already a server, so nothing starts. The server
+(``UiServer``) is ``python -m mlflow server --workers 1`` with job execution off, bound to 127.0.0.1
+by default, in its own process group, its output kept (last lines) for error messages; it is stopped
+by SIGTERM to that group, then SIGKILL. Links open MLflow's "Model training" view (``MODEL_TRAINING``).
 The tracking server a cluster's jobs log to (``diffsweep server``) is ``diffsweep.tracking.server``.
-
 Imports neither torch nor mlflow: the server is a separate process and experiments are looked up
-over its REST API.
+over its REST API. See docs/training.md, 'Browse runs: `diffsweep ui`'.
 """
 
 from __future__ import annotations
@@ -234,6 +224,11 @@ class UiServer:
         return f"http://{url_host(self.host)}:{self.port}"
 
     def command(self) -> list[str]:
+        """``mlflow server`` with one worker (2 processes, ~0.4 GB, ready in ~5 s; the default 4 uvicorn
+        workers add ~40 ms to every kept-alive request). Runs logged straight to SQLite have local
+        artifact paths (``mlruns/`` beside the store), which the server reads directly; artifacts
+        uploaded through the server go to ``mlruns/`` beside the database too, not to an
+        ``mlartifacts/`` in whatever directory the UI started from."""
         db = sqlite_path(self.store_uri)
         cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", absolute_store(self.store_uri),
                "--host", self.host, "--port", str(self.port), "--workers", "1"]

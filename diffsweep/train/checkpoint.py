@@ -1,33 +1,14 @@
 """Sharded, atomic checkpoints holding everything a resumed run needs to continue bit for bit.
 
-A checkpoint is a directory ``step_XXXXXXXX/`` in the run's ``checkpoints/``:
+A checkpoint is a directory ``step_XXXXXXXX/`` in the run's ``checkpoints/``: the model weights and
+optimizer state as ``torch.distributed.checkpoint`` (DCP) shards written by every process (no process
+holds the whole model; a run saved on N processes resumes on M), ``train_state.pt`` (the rest,
+written by rank 0) and ``checksums.json`` (every other file's size and CRC-32, written last). It is
+written into ``.step_XXXXXXXX.tmp/`` and renamed into place by rank 0 once every process has written
+its shards; only the newest ``keep`` are kept. Loading never runs code from a checkpoint, and checks
+every file before training resumes from it (``load_checkpoint``, ``verify_shards``).
 
-- the model weights and optimizer state, written by every process with
-  ``torch.distributed.checkpoint`` (DCP): each writes its own shards (``__<rank>_0.distcp``) and
-  rank 0 the global ``.metadata``, so no process ever holds the whole model, and DCP reshards on
-  load: a run saved on N processes resumes on M (one included);
-- ``train_state.pt``: step, tokens, schedule, data position, RNG, metric state, MLflow run id,
-  the optimizer's hyperparameter groups, the config. Small; written by rank 0;
-- ``checksums.json``: the size and CRC-32 of every other file, written last by rank 0. Each
-  process checksums the shards it wrote right after writing them (while they are in its page
-  cache), rank 0 gathers them. On load every process checks the sizes and the small files, and
-  the shards' checksums are split over the processes (``verify_shards``), so a flipped byte
-  anywhere is found before training resumes from it. CRC-32 (zlib, 4 GB/s on one core here,
-  against 1.7 for SHA-256 and 0.9 for BLAKE2b) because the threat is accidental damage (a bad
-  disk, a torn copy): it catches every burst of up to 32 bits and anything else but one time in
-  2^32; someone who can rewrite a shard can rewrite this file too, so a cryptographic hash
-  would buy nothing.
-
-It is written into ``.step_XXXXXXXX.tmp/`` (every file fsynced) and renamed into place by rank 0
-once every process has written its shards, so a crash leaves the older checkpoints and at most a
-temporary directory, never a torn checkpoint. Only the newest ``keep`` are kept. Processes on
-several nodes need the run directory on a shared file system (as a Slurm cluster's is).
-
-Loading never runs code from a checkpoint: ``train_state.pt`` is read ``weights_only``, the DCP
-metadata is unpickled only if it names nothing but DCP's own metadata classes, and the shards hold
-only tensors (DCP reads those ``weights_only``). Checkpoints from before checksums
-(``diffsweep-checkpoint/2``) and before sharding (one ``step_XXXXXXXX.pt`` file with the full
-state, ``diffsweep-checkpoint/1``) still load, unverified.
+See docs/training.md, 'Checkpoints, resume and preemption' (and the page it links for several processes).
 """
 
 from __future__ import annotations
@@ -53,6 +34,8 @@ from diffsweep.fsutil import publish
 FORMAT = "diffsweep-checkpoint/3"
 UNVERIFIED_FORMAT = "diffsweep-checkpoint/2"  # sharded, without checksums.json (before checksums)
 SINGLE_FILE_FORMAT = "diffsweep-checkpoint/1"  # one .pt file with the full state (before sharding)
+# Step, tokens, schedule, data position, RNG, metric state, MLflow run id, the optimizer's hyperparameter
+# groups, the config. Small; written by rank 0.
 STATE_FILE = "train_state.pt"
 METADATA_FILE = ".metadata"  # DCP's global metadata
 CHECKSUMS_FILE = "checksums.json"
@@ -249,7 +232,12 @@ def _bad_files(path: Path, checksums: dict[str, dict[str, int]], names: list[str
 
 
 def _file_sum(path: Path) -> dict[str, int]:
-    """Size and CRC-32 of a file, read in chunks (zlib releases the GIL on them)."""
+    """Size and CRC-32 of a file, read in chunks (zlib releases the GIL on them).
+
+    CRC-32 (zlib, 4 GB/s on one core here, against 1.7 for SHA-256 and 0.9 for BLAKE2b) because the
+    threat is accidental damage (a bad disk, a torn copy): it catches every burst of up to 32 bits and
+    anything else but one time in 2^32; someone who can rewrite a shard can rewrite ``checksums.json``
+    too, so a cryptographic hash would buy nothing."""
     crc, size = 0, 0
     buffer = bytearray(_CHUNK)
     view = memoryview(buffer)

@@ -117,7 +117,7 @@ def test_the_newest_step_of_each_run_is_chosen_or_the_step_asked_for():
 
 
 def _probe_rows(probe: str, shift: float) -> list[dict]:
-    """Rows shaped as each built-in probe's table (see its module docstring)."""
+    """Rows shaped as each built-in probe's table (see its ``Probe`` class docstring)."""
     if probe == "outliers":
         return _outlier_rows(30 + shift, 1.0, 300.0, 0.5 + shift)
     if probe == "quantization_downstream":

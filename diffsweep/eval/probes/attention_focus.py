@@ -2,23 +2,12 @@
 
 On the multi-needle retrieval prompts (``diffsweep.eval.needles``, the same generator as the
 ``needle`` probe), how much of the attention the answer prompt's positions pay goes to the answer
-needle, and how much to the rest of the context. Exactly:
-
-- the maps are each layer's ``AttentionModule.attention_maps``: what every output head applies
-  to V (softmax for the Transformer; ``A1 − λ·A2`` for DIFF V1; V2's paired heads with their
-  per-token λ), so DIFF's cancellation shows;
-- the query rows are the positions of the answer prefix ("\\nThe magic number of CITY is"), the
-  last tokens of the prompt, where the model is about to state the number;
-- each row is normalised by the sum of its absolute values (softmax rows already sum to 1; a
-  differential row may have negative entries and a smaller sum), so both kinds are on one scale;
-- **answer** = the normalised row's (signed) sum over the answer needle's tokens (the whole
-  sentence "\\nThe magic number of CITY is NUMBER.\\n" that holds the answer);
-- **noise** = the normalised row's absolute sum over the other context tokens: the haystack and
-  the other needles (not the question and answer prefix at the end, which are the query itself);
-- both are averaged over the query rows, heads, layers and samples, per depth of the answer needle.
-
-The paper's Table 3 (3B models, 64K context): Transformer 0.03–0.09 to the answer and 0.49–0.54
-noise; DIFF 0.27–0.40 and 0.01–0.02.
+needle, and how much to the rest of the context, per depth of the answer needle. The maps are what
+every output head applies to V (``A1 − λ·A2`` for DIFF V1, so DIFF's cancellation shows), each row
+normalised by the sum of its absolute values so that both kinds are on one scale;
+``AttentionFocusProbe``'s docstring defines **answer** and **noise** exactly. The paper's Table 3
+(3B models, 64K context): Transformer 0.03–0.09 to the answer and 0.49–0.54 noise; DIFF 0.27–0.40
+and 0.01–0.02. See docs/eval.md, 'The probes'.
 """
 
 from __future__ import annotations
@@ -47,6 +36,22 @@ class FocusSettings:
 
 
 class AttentionFocusProbe(Probe):
+    """Exactly:
+
+    - the maps are each layer's ``AttentionModule.attention_maps``: what every output head applies
+      to V (softmax for the Transformer; ``A1 − λ·A2`` for DIFF V1; V2's paired heads with their
+      per-token λ), so DIFF's cancellation shows;
+    - the query rows are the positions of the answer prefix ("\\nThe magic number of CITY is"), the
+      last tokens of the prompt, where the model is about to state the number;
+    - each row is normalised by the sum of its absolute values (softmax rows already sum to 1; a
+      differential row may have negative entries and a smaller sum), so both kinds are on one scale;
+    - **answer** = the normalised row's (signed) sum over the answer needle's tokens (the whole
+      sentence "\\nThe magic number of CITY is NUMBER.\\n" that holds the answer);
+    - **noise** = the normalised row's absolute sum over the other context tokens: the haystack and
+      the other needles (not the question and answer prefix at the end, which are the query itself);
+    - both are averaged over the query rows, heads, layers and samples, per depth of the answer needle.
+    """
+
     name = "attention_focus"
     summary = "attention the answer prompt pays to the answer needle vs the rest of the context"
     cites = "Table 3, §3.4"

@@ -2,34 +2,13 @@
 to the order of the demonstrations (Fig. 7).
 
 The data is a local labelled file (``data``): JSON lines ``{"text": ..., "label": ...}`` (both
-non-empty strings). The label set is the file's distinct labels, sorted.
+non-empty strings). A prompt is ``DEMONSTRATION`` per shot, then ``QUERY``; the prediction is
+constrained decoding over the file's sorted label set (the paper's protocol, after Ratner et al.,
+2023): the label whose ``CONTINUATION`` has the largest total log-likelihood. ``IclProbe``'s
+docstring defines the scoring, the many-shot curve and the robustness test exactly. Everything
+random is ``random.Random`` seeded by a string (SHA-512: the same draws everywhere).
 
-Prompt (``DEMONSTRATION`` per shot, then ``QUERY``), encoded as one string::
-
-    Input: {text}\\nLabel: {label}\\n\\n      (each demonstration)
-    Input: {text}\\nLabel:                  (the query)
-
-Prediction is constrained decoding over the label set (the paper's protocol, after Ratner et al.,
-2023): each label's continuation ``" {label}"`` is encoded on its own and appended to the prompt's
-tokens; the prediction is the label whose continuation tokens have the largest total log-likelihood
-(the exact sum of the model's log-probabilities of those tokens, fp32 log-softmax; the first label
-in sorted order on a tie). The model's input is prompt + continuation without its last token; it
-must be at most ``train.seq_len`` tokens for the longest label ("fits").
-
-- Queries: ``queries`` examples of the file, drawn once (keyed by the context's seed); the
-  demonstrations are drawn from the rest (the pool).
-- Many-shot curve (Fig. 6): for each of ``seeds`` demonstration sets, seed s orders the pool at
-  random and its k-shot set is the first k of that order (sets grow by adding demonstrations), in
-  that order. ``icl/shots_XX/accuracy`` is the mean accuracy over the seeds. A shot count for which
-  some prompt does not fit is skipped with a note.
-- Robustness (Fig. 7): one class-balanced set of ``robust_shots`` demonstrations (0: the largest
-  shot count of the curve that fits; a balanced set that does not fit steps down, with a note),
-  evaluated in ``permutations`` distinct random orders (``icl/robust/mean``, ``std`` (population),
-  ``best``, ``worst``, ``margin`` = best − worst, the paper's dashed lines), and in two fixed
-  arrangements: ``alternate`` (classes take turns, Fig. 7b's "alternately arranged by class") and
-  ``grouped`` (sorted by class, all of one class before the next).
-
-Everything random is ``random.Random`` seeded by a string (SHA-512: the same draws everywhere).
+See docs/eval.md, 'The probes'.
 """
 
 from __future__ import annotations
@@ -109,7 +88,7 @@ def labels_of(examples: Sequence[Example]) -> list[str]:
 
 
 def prompt(demonstrations: Sequence[Example], query: Example) -> str:
-    """The prompt text (see the module): the demonstrations in order, then the query."""
+    """The prompt text (see ``IclProbe``): the demonstrations in order, then the query."""
     shots = "".join(DEMONSTRATION.format(text=d.text, label=d.label) for d in demonstrations)
     return shots + QUERY.format(text=query.text)
 
@@ -222,6 +201,33 @@ class Task:
 
 
 class IclProbe(Probe):
+    """Many-shot accuracy (Fig. 6) and its robustness to demonstration order (Fig. 7).
+
+    Prompt (``DEMONSTRATION`` per shot, then ``QUERY``), encoded as one string::
+
+        Input: {text}\\nLabel: {label}\\n\\n      (each demonstration)
+        Input: {text}\\nLabel:                  (the query)
+
+    Each label's continuation ``" {label}"`` is encoded on its own and appended to the prompt's
+    tokens; the prediction is the label whose continuation tokens have the largest total
+    log-likelihood (the exact sum of the model's log-probabilities of those tokens, fp32 log-softmax;
+    the first label in sorted order on a tie). The model's input is prompt + continuation without its
+    last token; it must be at most ``train.seq_len`` tokens for the longest label ("fits").
+
+    - Queries: ``queries`` examples of the file, drawn once (keyed by the context's seed); the
+      demonstrations are drawn from the rest (the pool).
+    - Many-shot curve (Fig. 6): for each of ``seeds`` demonstration sets, seed s orders the pool at
+      random and its k-shot set is the first k of that order (sets grow by adding demonstrations), in
+      that order. ``icl/shots_XX/accuracy`` is the mean accuracy over the seeds. A shot count for which
+      some prompt does not fit is skipped with a note.
+    - Robustness (Fig. 7): one class-balanced set of ``robust_shots`` demonstrations (0: the largest
+      shot count of the curve that fits; a balanced set that does not fit steps down, with a note),
+      evaluated in ``permutations`` distinct random orders (``icl/robust/mean``, ``std`` (population),
+      ``best``, ``worst``, ``margin`` = best − worst, the paper's dashed lines), and in two fixed
+      arrangements: ``alternate`` (classes take turns, Fig. 7b's "alternately arranged by class") and
+      ``grouped`` (sorted by class, all of one class before the next).
+    """
+
     name = "icl"
     summary = "many-shot in-context classification accuracy and its spread under demonstration order permutations"
     cites = "Fig. 6, Fig. 7, §3.5"

@@ -1,27 +1,14 @@
 """Activation outliers (paper Table 5, §3.6): the largest and the median magnitudes of the attention
 logits and of the hidden states, on the validation split.
 
-Values, over the validation windows (non-overlapping, from the start of the split, the run's
-``train.seq_len`` tokens each, ``tokens`` predicted tokens in all and at least one window; one
-forward per micro-batch under the run's autocast):
+Over the run's validation windows, ``attn_logit`` is |q·kᵀ/√d| at the causal positions of every
+query head (``diffsweep.eval.tap``) and ``hidden`` |each block's output|; their top-K and median per
+layer and over all layers. The statistics are kept in one pass and constant memory (``AbsStats``:
+top 100 exactly, the median from a bfloat16-bin histogram), where the exact median would need every
+value. ``OutliersProbe``'s docstring gives the exact definitions, metrics and table; ``AbsStats``'s
+the statistics'.
 
-- ``attn_logit``: |q·kᵀ/√d| at the causal positions (key s ≤ query t) of every query head, in
-  fp32 from the q and k the backend receives (``diffsweep.eval.tap``): both maps of DIFF V1, all
-  2h query heads of DIFF V2;
-- ``hidden``: |each block's output| (the residual stream after block l), every channel of every token.
-
-Statistics, over all values of one layer (``layer_XX``, 1-based) or of all layers (``all``):
-
-- ``topK`` (K = 1, 2, 3, 10, 100): the K-th largest value, counting repeats (kept exactly, as a
-  running top 100 merged batch by batch); absent when fewer than K values were seen;
-- ``median``: the lower median (the value of 0-based rank ⌊(N − 1)/2⌋ among the N sorted values,
-  as ``torch.median``) truncated to bfloat16 precision: its float32 bits with the low 16 cleared
-  (8 significant bits, within a relative 2⁻⁷ below the exact median). This is exact from a 32768-bin
-  histogram of the values' top 16 bits, so it needs one pass and constant memory, where the exact
-  median would need every value (2·10¹¹ logits for a 3B model at 0.4M tokens).
-
-Metrics: ``outliers/<what>/<stat>`` (all layers) and ``outliers/<what>/layer_XX/<stat>``; table
-``outliers``: rows ``{layer ("all" or 1..L), what, top1, top2, top3, top10, top100, median}``.
+See docs/eval.md, 'The probes'.
 """
 
 from __future__ import annotations
@@ -42,7 +29,16 @@ WHATS = ("attn_logit", "hidden")
 
 
 class AbsStats:
-    """Running top 100 and bfloat16-bin histogram of the values added (see the module docstring)."""
+    """Running top 100 and bfloat16-bin histogram of the values added.
+
+    - ``topK`` (K = 1, 2, 3, 10, 100): the K-th largest value, counting repeats (kept exactly, as a
+      running top 100 merged batch by batch); absent when fewer than K values were seen;
+    - ``median``: the lower median (the value of 0-based rank ⌊(N − 1)/2⌋ among the N sorted values,
+      as ``torch.median``) truncated to bfloat16 precision: its float32 bits with the low 16 cleared
+      (8 significant bits, within a relative 2⁻⁷ below the exact median). This is exact from a 32768-bin
+      histogram of the values' top 16 bits, so it needs one pass and constant memory, where the exact
+      median would need every value (2·10¹¹ logits for a 3B model at 0.4M tokens).
+    """
 
     def __init__(self) -> None:
         self.top = torch.zeros(0)  # the largest values seen, descending
@@ -115,6 +111,22 @@ def validation_windows(ctx: EvalContext, tokens: int, result: ProbeResult | None
 
 
 class OutliersProbe(Probe):
+    """Values, over the validation windows (non-overlapping, from the start of the split, the run's
+    ``train.seq_len`` tokens each, ``tokens`` predicted tokens in all and at least one window; one
+    forward per micro-batch under the run's autocast):
+
+    - ``attn_logit``: |q·kᵀ/√d| at the causal positions (key s ≤ query t) of every query head, in
+      fp32 from the q and k the backend receives (``diffsweep.eval.tap``): both maps of DIFF V1, all
+      2h query heads of DIFF V2;
+    - ``hidden``: |each block's output| (the residual stream after block l), every channel of every token.
+
+    Statistics (``AbsStats``), over all values of one layer (``layer_XX``, 1-based) or of all layers
+    (``all``): ``top1``, ``top2``, ``top3``, ``top10``, ``top100`` and ``median``.
+
+    Metrics: ``outliers/<what>/<stat>`` (all layers) and ``outliers/<what>/layer_XX/<stat>``; table
+    ``outliers``: rows ``{layer ("all" or 1..L), what, top1, top2, top3, top10, top100, median}``.
+    """
+
     name = "outliers"
     summary = "top-k and median |attention logit| and |hidden state|, per layer (0.4M validation tokens)"
     cites = "Table 5, §3.6"

@@ -1,29 +1,14 @@
 """Attention-logit quantization (paper Fig. 8, §3.7): validation loss with the attention logits
 quantized to fewer bits.
 
-For each bit width b, the validation loss (mean next-token cross-entropy over the validation
-windows: non-overlapping, from the start of the split, the run's ``train.seq_len`` tokens each,
-``tokens`` predicted tokens in all and at least one window) of the model whose attention logits are
-absmax-quantized to b signed bits, one scale per ``granularity`` group (``tensor``: all heads of a
-sequence; ``head``: one head of a sequence, the default; ``row``: one query row of a head;
-``diffsweep.eval.tap``: every layer, both maps of DIFF V1, all 2h query heads of DIFF V2). The paper
-does not say which granularity it used, and it changes the 4-bit result: docs/eval.md says why
-``head`` is the default. 16 bits is the unquantized model, computed
-by the run's own backend under its autocast (the paper's 16-bit baseline), and is always evaluated:
-``delta`` is each width's loss minus its loss. The paper quantizes without any calibration or
-fine-tuning (dynamic post-training quantization), as here.
-
-With ``tasks`` (lm-eval task names, as the ``downstream`` probe takes them; none by default), the
-paper's other half of Fig. 8: the zero-shot downstream accuracy of the same quantized model at each
-bit width, through lm-evaluation-harness (``diffsweep.eval.probes.downstream``; needs the
-``lm-eval`` extra; the tasks' datasets offline, as there). 16 bits gives the ``downstream``
-probe's numbers exactly.
-
-Metrics: ``quantization/bits_XX/val_loss``, and with tasks ``quantization/bits_XX/TASK/METRIC``
-(and ``quantization/bits_XX/downstream_average``); table ``quantization``: rows ``{bits, val_loss,
-delta, granularity}``, widest first (``compare --probes`` keys a cell on granularity and bits, so evaluations at two
-granularities never pool); with tasks, table ``quantization_downstream``: rows ``{bits, task, metric,
-value, stderr, delta, granularity}`` (``delta``: the value minus its 16-bit value).
+For each bit width b, the validation loss of the model whose attention logits are absmax-quantized
+to b signed bits, one scale per ``granularity`` group (``diffsweep.eval.tap``), without calibration
+or fine-tuning, as in the paper; 16 bits, the unquantized model, is always evaluated. With ``tasks``,
+also the zero-shot downstream accuracy of the same quantized model at each width (Fig. 8's other
+half, through the ``downstream`` probe's lm-evaluation-harness). ``QuantizationProbe``'s docstring
+gives the exact definitions, metrics and tables. The paper does not say which granularity it used,
+and it changes the 4-bit result: docs/eval.md, 'Quantization granularity', says why ``head`` is the
+default. See docs/eval.md, 'The probes'.
 """
 
 from __future__ import annotations
@@ -63,6 +48,30 @@ class QuantizationSettings:
 
 
 class QuantizationProbe(Probe):
+    """For each bit width b, the validation loss (mean next-token cross-entropy over the validation
+    windows: non-overlapping, from the start of the split, the run's ``train.seq_len`` tokens each,
+    ``tokens`` predicted tokens in all and at least one window) of the model whose attention logits are
+    absmax-quantized to b signed bits, one scale per ``granularity`` group (``tensor``: all heads of a
+    sequence; ``head``: one head of a sequence, the default; ``row``: one query row of a head;
+    ``diffsweep.eval.tap``: every layer, both maps of DIFF V1, all 2h query heads of DIFF V2). 16 bits
+    is the unquantized model, computed by the run's own backend under its autocast (the paper's 16-bit
+    baseline), and is always evaluated: ``delta`` is each width's loss minus its loss. The paper
+    quantizes without any calibration or fine-tuning (dynamic post-training quantization), as here.
+
+    With ``tasks`` (lm-eval task names, as the ``downstream`` probe takes them; none by default), the
+    paper's other half of Fig. 8: the zero-shot downstream accuracy of the same quantized model at each
+    bit width, through lm-evaluation-harness (``diffsweep.eval.probes.downstream``; needs the
+    ``lm-eval`` extra; the tasks' datasets offline, as there). 16 bits gives the ``downstream``
+    probe's numbers exactly.
+
+    Metrics: ``quantization/bits_XX/val_loss``, and with tasks ``quantization/bits_XX/TASK/METRIC``
+    (and ``quantization/bits_XX/downstream_average``); table ``quantization``: rows ``{bits, val_loss,
+    delta, granularity}``, widest first (``compare --probes`` keys a cell on granularity and bits, so
+    evaluations at two granularities never pool); with tasks, table ``quantization_downstream``: rows
+    ``{bits, task, metric, value, stderr, delta, granularity}`` (``delta``: the value minus its 16-bit
+    value).
+    """
+
     name = "quantization"
     summary = "validation loss with attention logits absmax-quantized to 16/8/6/4 bits"
     cites = "Fig. 8, §3.7"
