@@ -1,0 +1,182 @@
+"""What users see from a checkout, written to a folder, so that a refactor can be checked against the
+commit before it (issue #31: "behaviour unchanged for users"):
+
+    python3 analysis/golden/snapshot.py OUT [--checkout DIR]      # DIR: default, this checkout
+    diff -r OUT_BEFORE OUT_AFTER                                  # identical, or every difference explained
+
+Every command runs in a fresh process with DIR first on PYTHONPATH (the environment's packages
+otherwise), in a scratch folder, with its paths replaced by ``<root>`` and ``<tmp>``:
+
+- ``plan/<sweep>.json``: ``diffsweep plan`` of every shipped sweep on the ``h100-example`` profile
+  (each run's name, key, size, tokens, GPUs, memory, time and Slurm resources), from a copy of
+  sweeps/ in one fixed folder (a run's key holds its data path);
+- ``fit/<case>.json``: ``diffsweep fit --csv`` of fixed synthetic tables (every form, objective, axis
+  and option the CLI offers), bootstrap seed fixed;
+- ``data.json``: the sha256 of every file ``diffsweep data prepare`` writes from a fixed corpus;
+- ``train.json``: the 12-step training and validation losses of each built-in kind on that corpus
+  (bitwise: the same numbers to the last digit on the same machine and torch).
+
+Nothing is fetched; the corpus is CPython's pydoc topics (as the tests' ``text_dataset``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = "h100-example"
+PROJECT = Path(tempfile.gettempdir()) / "diffsweep-golden-project"
+TINY = ["model.size=tiny-xs", "model.vocab_size=512", "train.seq_len=32", "train.batch_tokens=128",
+        "train.micro_batch_size=2", "train.max_steps=12", "train.warmup_steps=2", "train.eval_every=4",
+        "train.eval_tokens=256", "train.checkpoint_every=6", "train.log_every=1"]
+KINDS = ("transformer", "diff_v1", "diff_v2")
+
+
+def ladder(seed: int, ratio: float = 0.62, seeds: int = 2, noise: float = 0.004) -> list[dict]:
+    """Loss of an offset law L = E + A N^-α per size and seed, the candidate at N/ratio."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for arch, rho in (("transformer", 1.0), ("diff_v1", ratio)):
+        for n in np.geomspace(8.3e8, 1.31e10, 5):
+            for s in range(seeds):
+                loss = (1.7 + 400.0 * (n / rho) ** -0.3) * np.exp(rng.normal(0, noise))
+                rows.append({"arch": arch, "num_params": n, "tokens": 2e10, "loss": loss, "seed": s,
+                             "run_name": f"{arch}-{n:.3g}-s{s}"})
+    return rows
+
+
+def token_scan(seed: int) -> list[dict]:
+    """Loss against tokens at one size (a token scan), the candidate reaching it with 0.7x the tokens."""
+    rng = np.random.default_rng(seed)
+    return [{"arch": arch, "num_params": 3e9, "tokens": d, "loss": (1.8 + 2000.0 * (d / rho) ** -0.28)
+             * np.exp(rng.normal(0, 0.003)), "seed": 0, "run_name": f"{arch}-{d:.3g}"}
+            for arch, rho in (("transformer", 1.0), ("diff_v1", 0.7)) for d in np.geomspace(2e10, 4e11, 6)]
+
+
+def chinchilla(seed: int) -> list[dict]:
+    """L(N, D) = E + A/N^α + B/D^β on a grid of sizes and token budgets."""
+    rng = np.random.default_rng(seed)
+    return [{"arch": arch, "num_params": n, "tokens": d, "loss": (1.69 + 406.4 * (n / rho) ** -0.34
+                                                                 + 410.7 * d ** -0.28) * np.exp(rng.normal(0, 0.003)),
+             "seed": 0, "run_name": f"{arch}-{n:.3g}-{d:.3g}"}
+            for arch, rho in (("transformer", 1.0), ("diff_v1", 0.65))
+            for n in np.geomspace(4e8, 8e9, 4) for d in np.geomspace(8e9, 3e11, 4)]
+
+
+# name: (table, options); --boot 200 and --seed 7 for every case
+FIT_CASES: dict[str, tuple[list[dict], list[str]]] = {
+    "offset": (ladder(1), []),
+    "offset-huber": (ladder(2), ["--objective", "huber"]),
+    "offset-shared-e": (ladder(3), ["--shared-e"]),
+    "offset-level-90": (ladder(4), ["--level", "0.9"]),
+    "offset-holdout": (ladder(5), ["--holdout", "largest"]),
+    "offset-at": (ladder(6), ["--at", "20B", "--at", "3B"]),
+    "offset-one-seed": (ladder(7, seeds=1), []),
+    "offset-noise-sd": (ladder(8), ["--noise-sd", "0.004"]),
+    "pure": (ladder(9), ["--form", "pure"]),
+    "pure-huber": (ladder(10), ["--form", "pure", "--objective", "huber"]),
+    "tokens": (token_scan(11), ["--axis", "D"]),
+    "tokens-pure": (token_scan(12), ["--axis", "D", "--form", "pure"]),
+    "chinchilla": (chinchilla(13), ["--form", "chinchilla"]),
+    "chinchilla-l2": (chinchilla(14), ["--form", "chinchilla", "--objective", "l2"]),
+    "chinchilla-mle": (chinchilla(15), ["--form", "chinchilla", "--objective", "huber_mle"]),
+}
+
+
+def run(checkout: Path, cwd: Path, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "diffsweep", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"diffsweep {' '.join(args)}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def scrub(text: str, checkout: Path, tmp: Path) -> str:
+    text = text.replace(str(checkout.resolve()), "<root>").replace(str(tmp.resolve()), "<tmp>")
+    return re.sub(r'"(created|finished|started|time|timestamp|date|elapsed_s|seconds)": [^,\n}]+', r'"\1": "<t>"', text)
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--checkout", type=Path, default=ROOT)
+    parser.add_argument("--parts", default="plan,fit,train", help="plan, fit, train (data and train.json)")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    checkout, out = args.checkout.resolve(), args.out
+    with tempfile.TemporaryDirectory(prefix="golden-") as name:
+        tmp = Path(name)
+        # a run's key holds its data path, which the shipped sweeps give relative to sweeps/: the same
+        # project folder for every checkout, so that keys compare
+        shutil.rmtree(PROJECT, ignore_errors=True)
+        shutil.copytree(checkout / "sweeps", PROJECT / "sweeps")
+        for sweep in sorted((PROJECT / "sweeps").glob("*.yaml")) if "plan" in parts else ():
+            text = run(checkout, PROJECT, "plan", str(sweep), "--profile", PROFILE, "--json")
+            write(out / "plan" / f"{sweep.stem}.json", scrub(text, checkout, tmp))
+        shutil.rmtree(PROJECT)
+        for case, (rows, options) in FIT_CASES.items() if "fit" in parts else ():
+            table = tmp / f"{case}.csv"
+            table.write_text("arch,num_params,tokens,loss,seed,run_name\n" + "".join(
+                f"{r['arch']},{float(r['num_params'])!r},{float(r['tokens'])!r},{float(r['loss'])!r},{r['seed']},"
+                f"{r['run_name']}\n"
+                for r in rows))
+            text = run(checkout, tmp, "fit", "--csv", str(table), "--no-log", "--boot", "200", "--seed", "7", "--json",
+                       "--out", str(tmp / f"fit-{case}"), *options)
+            write(out / "fit" / f"{case}.json", scrub(text, checkout, tmp))
+        if "train" not in parts:
+            print(f"wrote {out}")
+            return
+        import pydoc_data.topics
+
+        corpus = tmp / "corpus"
+        corpus.mkdir()
+        for i, (key, text) in enumerate(sorted(pydoc_data.topics.topics.items())):
+            (corpus / f"{i:03d}-{key}.txt").write_text(text)
+        run(checkout, tmp, "data", "prepare", str(corpus), "--out", str(tmp / "data"), "--vocab-size", "512",
+            "--workers", "1")
+        sums = {str(p.relative_to(tmp / "data")): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted((tmp / "data").rglob("*")) if p.is_file() and p.name != "meta.json"}
+        meta = json.loads((tmp / "data" / "meta.json").read_text())
+        write(out / "data.json", scrub(json.dumps({"files": sums, "meta": meta}, indent=1, sort_keys=True), checkout,
+                                       tmp))
+        losses = {}
+        for kind in KINDS:
+            run(checkout, tmp, "train", "--arch", kind, "--out", str(tmp / "runs"), "--experiment", "golden",
+                *(a for s in [*TINY, f"data.path={tmp / 'data'}"] for a in ("--set", s)))
+            losses[kind] = _losses(checkout, tmp, kind)
+        write(out / "train.json", json.dumps(losses, indent=1))
+    print(f"wrote {out}")
+
+
+def _losses(checkout: Path, tmp: Path, kind: str) -> dict[str, list[float]]:
+    """The run's logged train/loss and val/loss by step, read back from its MLflow store."""
+    code = ("import json, sys\nfrom mlflow.tracking import MlflowClient\n"
+            "c = MlflowClient(sys.argv[1])\nexp = c.get_experiment_by_name('golden')\n"
+            "run = [r for r in c.search_runs([exp.experiment_id]) if r.data.params.get('model.attention.kind', "
+            "r.data.tags.get('diffsweep.arch')) == sys.argv[2] or sys.argv[2] in r.info.run_name][0]\n"
+            "print(json.dumps({m: [h.value for h in sorted(c.get_metric_history(run.info.run_id, m), "
+            "key=lambda h: h.step)] for m in ('train/loss', 'val/loss')}))")
+    done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp / 'mlflow.db'}", kind], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
+
+
+if __name__ == "__main__":
+    main()
