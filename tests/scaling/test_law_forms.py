@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -18,12 +17,13 @@ from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.fit import fit_law
 from diffsweep.scaling.forms import Law
 from diffsweep.scaling.laws import BUILTIN, LAW_FORMS, law_form, law_form_names, law_forms, register
-from diffsweep.scaling.laws.base import EXPONENT, LawForm, Param
+from diffsweep.scaling.laws.base import LawForm
 from diffsweep.scaling.optimize import Data
 from diffsweep.scaling.result import FitResult
 from diffsweep.scaling.table import _complete
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run
+from tests.plugins.toy_kind.toy_kind.law import KaplanNc
 
 # -- the registry ----------------------------------------------------------------------------------
 
@@ -90,30 +90,11 @@ def test_a_forms_inversion_undoes_its_loss_curve(name):
         assert law.invert(theta, loss, other=other, axis=axis) == pytest.approx(x[None, :], rel=1e-8)
 
 
-# -- a form defined and registered here: nothing else in the library is touched ---------------------
-
-class KaplanNc(LawForm):
-    """Kaplan et al.'s own parameterisation of the pure law: L = (N_c / x)^α, fitted as (c = log N_c, α).
-
-    Not linear in θ (log L = α·c - α·u), so it exercises the generic grid and refit machinery."""
-
-    name: ClassVar[str] = "kaplan_nc"
-    params = (Param("c", (0.0, 120.0), "Nc", "N_c", log=True), Param("alpha", EXPONENT, "alpha", "α", log=False))
-    formula = "L = (N_c/{x})^α"
-    words = "a pure power law in Kaplan et al.'s parameterisation"
-
-    def predict(self, law, theta, u, v, group):
-        c, alpha = theta[:, :1], theta[:, 1:2]
-        log_loss = alpha * (c - u)
-        jac = np.stack([np.broadcast_to(alpha, log_loss.shape), c - u], axis=2)
-        return log_loss, jac
-
-    def starts(self, law, u, y, v, group):
-        return np.array([[c, alpha] for c in (10.0, 20.0, 30.0, 40.0) for alpha in (0.05, 0.1, 0.3)])
-
-    def along(self, p, other, axis):
-        return np.zeros_like(p["alpha"]), p["Nc"] ** p["alpha"], p["alpha"]
-
+# -- a form registered here at run time: nothing else in the library is touched ----------------------
+# Kaplan et al.'s own parameterisation of the pure law, L = (N_c / x)^α, fitted as (c = log N_c, α): not
+# linear in θ (log L = α·c - α·u), so it exercises the generic grid and refit machinery. The toy plugin
+# package defines it (its entry point is used from the CLI in tests/plugins/test_toy_kind.py); here the
+# class is registered at run time instead.
 
 NC, ALPHA, RHO = 8.8e13, 0.076, 0.62  # Kaplan et al. (2020) eq. 1.1: N_c = 8.8e13, α_N = 0.076
 
