@@ -42,6 +42,19 @@ def test_an_unknown_form_is_an_error_keyed_by_the_field():
                                                              "[offset, pure, chinchilla]")
 
 
+def test_a_form_that_does_not_load_is_left_out_of_the_list_with_a_warning_and_named_when_asked_for():
+    """A user's broken package (here: a form registered as a module that does not exist) cannot stop a
+    fit with a built-in form, whose messages list the forms; asked for by name, it fails with the reason."""
+    LAW_FORMS.register("broken", "no_such_package.laws:Broken")
+    try:
+        with pytest.warns(RuntimeWarning, match="law form 'broken' was not loaded: ModuleNotFoundError"):
+            assert [f.name for f in law_forms()] == ["offset", "pure", "chinchilla"]
+        with pytest.raises(ModuleNotFoundError, match="no_such_package"):
+            law_form("broken")
+    finally:
+        LAW_FORMS.unregister("broken")
+
+
 def test_a_form_cannot_be_registered_twice():
     with pytest.raises(ValueError, match="already registered"):
         register(type(law_form("offset"))())

@@ -10,6 +10,7 @@ as for schedulers and probes.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 from diffsweep.registry import Registry
@@ -47,8 +48,18 @@ def law_form_names() -> list[str]:
 
 
 def law_forms() -> tuple[LawForm, ...]:
-    """Every registered form, in that order."""
-    return tuple(law_form(name) for name in law_form_names())
+    """Every form that loads, in that order. One that does not (a user's broken package) is left out
+    with a warning, so that it cannot stop a fit with a built-in form (as for attention kinds)."""
+    forms = []
+    for name in law_form_names():
+        try:
+            forms.append(law_form(name))
+        except Exception as exc:  # noqa: BLE001 (any failure of user code is reported the same way)
+            if name in BUILTIN:
+                raise
+            warnings.warn(f"law form {name!r} was not loaded: {type(exc).__name__}: {exc}", RuntimeWarning,
+                          stacklevel=2)
+    return tuple(forms)
 
 
 __all__ = ["BUILTIN", "DEFAULT", "LAW_FORMS", "law_form", "law_form_names", "law_forms", "register"]
