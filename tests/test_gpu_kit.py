@@ -235,3 +235,17 @@ def test_profile_step_times_every_phase_and_lists_the_top_kernels(capsys):
     assert list(phases) == ["forward", "loss", "backward", "clip", "optimizer"] and all(v > 0 for v in phases.values())
     assert float(out[0].split("step ")[1].removesuffix(" ms")) == pytest.approx(sum(phases.values()), abs=0.3)
     assert any("aten::mm" in line for line in out[6:]) and any("AdamW.step" in line for line in out[6:])
+
+
+def test_sdpa_check_runs_every_kernel_and_says_which_are_wrong(tmp_path):
+    """analysis/gpu/sdpa_check.py (the flaky SDPA gradients of the GPU windows) on the CPU: every
+    kernel x dtype x shape x V layout gets a row; the CPU has no cuDNN or efficient kernel."""
+    out = tmp_path / "sdpa.json"
+    done = subprocess.run([sys.executable, str(ROOT / "analysis/gpu/sdpa_check.py"), "--tiny", "--repeats", "1",
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 * 2 * 5 * 2 and not any(r["WRONG"] for r in rows)
+    ran = {r["kernel"] for r in rows if r["unsupported"] is None}
+    assert {"default", "math", "flash"} <= ran and "cudnn" not in ran
+    assert "0 wrong of 80" in done.stdout

@@ -74,7 +74,31 @@ def _check(device, backend_name, shape, dtype, op):
         # At most 2x the reference's own error at this precision, plus a few units of rounding of
         # the result itself (a lucky reference can be almost exact on a single scalar).
         floor = 4 * torch.finfo(dtype).eps * max(1.0, t.abs().max().item())
+        if err > 2 * ref_err + floor and device == "cuda" and (backend_name == Backend.SDPA or op == "attend"):
+            # Seen on H100 and H200 (torch 2.11): PyTorch's default SDPA kernel now and then gives
+            # a wrong dq at these tiny shapes inside this suite, never in 800 calls alone
+            # (analysis/gpu/sdpa_check.py). Say which kernel, and whether it repeats.
+            again = _sdpa_reruns(backend, op, tensors, dtype, names.index(name), t)
+            pytest.fail(f"{backend_name} {op} {name}: err {err:.2e} vs reference {ref_err:.2e}; the same "
+                        f"inputs again with SDPA's kernel forced: {again}")
         assert err <= 2 * ref_err + floor, f"{backend_name} {op} {name}: err {err:.2e} vs reference {ref_err:.2e}"
+
+
+def _sdpa_reruns(backend, op, tensors, dtype, index, truth) -> str:
+    """The error of gradient ``index`` when the failed call is repeated with each SDPA kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fn = _diff(backend, dtype) if op == "diff" else _attend(backend)
+    errors = []
+    for kernel in (None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                   SDPBackend.MATH):
+        try:
+            with sdpa_kernel([kernel]) if kernel is not None else torch.enable_grad():
+                err = (_run(fn, tensors, dtype)[index] - truth).abs().max().item()
+            errors.append(f"{'default' if kernel is None else kernel.name.lower()} {err:.2e}")
+        except RuntimeError:  # this kernel does not take these inputs
+            errors.append(f"{kernel.name.lower()} unsupported")
+    return ", ".join(errors)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
