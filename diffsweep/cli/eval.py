@@ -10,12 +10,11 @@ from typing import Annotated, Any
 import typer
 
 from diffsweep.cli.common import handle_errors, name_choice
-from diffsweep.cli.sweep import FLAGS as SWEEP_FLAGS
 from diffsweep.cli.sweep import ExecutorOpt, OnlyOpt, OutOpt, ProfileOpt, SweepSetOpt
 from diffsweep.config import ConfigError
 from diffsweep.eval.probe import probe_names
 
-FLAGS = {**SWEEP_FLAGS, "probe_settings": "--probe-set", "json": "--json"}  # and the options' own (handle_errors)
+FLAGS = {"probe_settings": "--probe-set", "json": "--json"}  # fields named otherwise than their options
 
 
 @handle_errors(flags=FLAGS)

@@ -45,10 +45,6 @@ AuditOpt = Annotated[float, typer.Option("--audit-threshold", min=0.0, max=0.99,
                                          "difference in parameters or FLOPs/token between a kind's runs and the "
                                          "baseline's of the same size that is flagged (tokens, batch, lr schedule "
                                          "and seeds: any difference).")]
-# The library's fields at fault, as the flags that set them (the store's experiment: the sweep's, as before).
-FLAGS = {"executor": "--executor", "only": "--only", "out": "--out", "budget": "--budget", "attempt": "--attempt",
-         "experiment": "--experiment", "strict": "--strict", "audit_threshold": "--audit-threshold",
-         "max_parallel": "--max-parallel", "retries": "--retries"}
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
 
 
@@ -182,7 +178,7 @@ def _warn(plan) -> None:
         typer.echo(f"warning: {w}", err=True)
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def plan(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -226,7 +222,7 @@ def plan(
         typer.echo(f"over budget: {p.gpu_hours:,.1f} GPU-hours > --budget {budget:,.1f}", err=True)
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def launch(
     sweep: SweepArg,
     executor: ExecutorOpt = None,
@@ -301,7 +297,7 @@ def _render_selection(report: LaunchReport) -> None:
         typer.echo(f"nothing to submit ({', '.join(f'{n} {s}' for s, n in sorted(p.counts().items()))})")
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def status(
     sweep: SweepArg,
     profile: ProfileOpt = None,
@@ -339,7 +335,7 @@ def _echo_reconciled(marked: list[Reconciled]) -> None:
                    f"{m.mlflow_status}", err=True)
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
     """Mark runs whose job died unreported as FAILED/KILLED in MLflow.
 
@@ -352,7 +348,7 @@ def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
     typer.echo(f"reconciled {len(marked)} runs")
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def cancel(
     sweep: SweepArg,
     only: OnlyOpt = None,
@@ -375,7 +371,7 @@ def cancel(
     typer.echo(f"cancelled {len(report.cancelled)} runs")
 
 
-@handle_errors(flags=FLAGS)
+@handle_errors
 def logs(
     run: Annotated[str, typer.Argument(help="The run: its name or key (prefix) as plan/status show them, its run "
                                        "directory's name, or its MLflow run name.", show_default=False)],
