@@ -6,20 +6,24 @@ A run directory (``<sweep output>/runs/<name>-<key>/``, or ``train --out``'s ``<
 ``run.json`` (so that a resume from any working directory continues the same MLflow run in the same
 store), a launched job's ``launch_config.yaml``, ``launch_eval.json`` (both written at submission)
 and ``job.json``, and the checkpoints (``diffsweep.train.checkpoint``); a launch's code snapshot
-(``<sweep output>/code/<hash>/``) holds ``SNAPSHOT.json``. The constants below say what each holds.
+(``<sweep output>/code/<hash>/``) holds ``SNAPSHOT.json``. The constants below say what each holds;
+``run.json`` and ``job.json`` are typed records (``RunRecord``, ``JobRecord``) read back strictly.
 Light on purpose: no torch, no mlflow, no diffsweep module above ``config``.
 See docs/training.md, '`diffsweep train`'.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import decode
 from diffsweep.fsutil import write_atomically
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
@@ -29,42 +33,86 @@ LAUNCH_EVAL = "launch_eval.json"  # the probes a launched job runs once it has t
 SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and dirty flag it was made from
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: the run's MLflow run and the store it is in."""
+
+    run_id: str
+    tracking_uri: str
+    run_key: str = ""  # absent from run directories of before run keys were recorded
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """``job.json``: a launched job's last report on its run (rewritten as it goes)."""
+
+    state: str  # running, finished, preempted or failed
+    updated: str = ""  # when written (``now()``)
+    host: str = ""
+    job_id: str | None = None  # the scheduler's (None outside one)
+    starts: int = 1  # this job's starts so far (a requeue starts it again)
+    pid: int | None = None  # the training process (while running)
+    started: str | None = None  # when this start began
+    step: int | None = None  # the last step trained
+    total: int | None = None  # of the run's steps
+    seconds_per_step: float | None = None  # this start's pace (launch --wait's ETA)
+    run_id: str | None = None  # the MLflow run (once finished)
+    reason: str | None = None  # why it failed or stopped
+    retryable: bool | None = None  # False: the same config fails again (it diverged)
+    evaluating: tuple[str, ...] = ()  # the sweep's probes it runs now, having trained
+    evaluated: tuple[str, ...] = ()  # the probes it ran once trained
+    eval_error: str | None = None  # why they failed (the run trained; ``diffsweep eval`` retries)
+
+
+def _read(cls: type, path: Path) -> Any:
+    """``path`` decoded as ``cls``: its JSON object, strictly (a ``ConfigError`` naming the file)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(path), f"not JSON ({exc})") from exc
+    return decode(cls, raw, source=str(path), noun="field", expected=f"a JSON object of {cls.__name__} fields")
+
+
+def _json(record: Any) -> str:
+    """A record as one line of JSON, leaving out what is unset (None or empty)."""
+    return json.dumps({k: v for k, v in dataclasses.asdict(record).items() if v is not None and v != ()}) + "\n"
+
+
 def now() -> str:
     """The time now, UTC, to the second (ISO 8601): how every diffsweep file stamps times."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def read_run_file(run_dir: Path) -> dict[str, str] | None:
+def read_run_file(run_dir: Path) -> RunRecord | None:
     """The run directory's ``run.json`` (MLflow run id and store), None before the run has one;
     an unreadable one is a ``ConfigError`` saying what to do."""
     run_file = run_dir / RUN_FILE
-    if not run_file.exists():
-        return None
     try:
-        found = json.loads(run_file.read_text())
-        if not (isinstance(found, dict) and all(isinstance(found.get(k), str) for k in ("run_id", "tracking_uri"))):
-            raise ValueError("not an object with run_id and tracking_uri")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(str(run_file), f"unreadable ({exc}); it names the run's MLflow run and store: restore it, "
+        return _read(RunRecord, run_file)
+    except FileNotFoundError:
+        return None
+    except (OSError, ConfigError) as exc:
+        why = str(exc)
+        if isinstance(exc, ConfigError):  # the field at fault, without the file's name again
+            field = exc.key.removeprefix(str(run_file)).removeprefix(": ")
+            why = f"{field}: {exc.message}" if field else exc.message
+        raise ConfigError(str(run_file), f"unreadable ({why}); it names the run's MLflow run and store: restore it, "
                           "or delete it to continue the run in the store MLFLOW_TRACKING_URI names (default "
                           "./mlflow.db)") from exc
-    return found
 
 
-def run_info(run_dir: Path) -> dict[str, Any]:
-    """The run directory's ``run.json``, or {} before the job made it (or if it is unreadable):
+def run_info(run_dir: Path) -> RunRecord | None:
+    """The run directory's ``run.json``, or None before the job made it (or if it is unreadable):
     for ``status`` and the like, which show what they can rather than fail."""
     try:
-        info = json.loads((run_dir / RUN_FILE).read_text())
-        return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
-        return {}
+        return _read(RunRecord, run_dir / RUN_FILE)
+    except (OSError, ConfigError):
+        return None
 
 
 def write_run_file(run_dir: Path, run_id: str, tracking_uri: str, run_key: str) -> None:
     """Record the run's MLflow run and store in ``run.json`` (atomically, synced)."""
-    data = {"run_id": run_id, "tracking_uri": tracking_uri, "run_key": run_key}
-    write_atomically(run_dir / RUN_FILE, json.dumps(data) + "\n", sync=True)
+    write_atomically(run_dir / RUN_FILE, _json(RunRecord(run_id, tracking_uri, run_key)), sync=True)
 
 
 def write_launch_config(run_dir: Path, config: dict[str, Any]) -> None:
@@ -100,16 +148,18 @@ def read_launch_eval(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def write_job_state(run_dir: Path, state: str, **extra: Any) -> None:
-    """Record the job's state atomically (the launcher and ``status`` read it)."""
+def write_job_state(run_dir: Path, state: str, **fields: Any) -> None:
+    """Record the job's state and ``fields`` of ``JobRecord`` atomically (the launcher and
+    ``status`` read it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"state": state, "updated": now(), "host": socket.gethostname(), **extra}
-    write_atomically(run_dir / JOB_FILE, json.dumps(record) + "\n")
+    record = JobRecord(state=state, updated=now(), host=socket.gethostname(), **fields)
+    write_atomically(run_dir / JOB_FILE, _json(record))
 
 
-def read_job_state(run_dir: Path) -> dict[str, Any] | None:
-    """The job's last recorded state (``write_job_state``), None if it has written none."""
+def read_job_state(run_dir: Path) -> JobRecord | None:
+    """The job's last recorded state (``write_job_state``), None if it has written none (or one
+    this version cannot read: status shows what it can rather than fail)."""
     try:
-        return json.loads((run_dir / JOB_FILE).read_text())
-    except (OSError, ValueError):
+        return _read(JobRecord, run_dir / JOB_FILE)
+    except (OSError, ConfigError):
         return None

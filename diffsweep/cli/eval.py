@@ -184,12 +184,12 @@ def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], No
     wait_for_sweep(target, sweep)  # exits 1 if a job did not finish
     failed = []
     for name, run_dir in submitted.items():
-        job = read_job_state(run_dir) or {}
-        if job.get("eval_error"):
+        job = read_job_state(run_dir)
+        if job is not None and job.eval_error:
             failed.append(name)
-            typer.echo(f"{name}: evaluation failed: {job['eval_error']}")
+            typer.echo(f"{name}: evaluation failed: {job.eval_error}")
         else:
-            typer.echo(f"{name}: evaluated {', '.join(job.get('evaluated', [])) or 'nothing'}")
+            typer.echo(f"{name}: evaluated {', '.join(job.evaluated if job else ()) or 'nothing'}")
     if failed:
         fail(f"{len(failed)} of {len(submitted)} evaluation jobs failed a probe ({', '.join(failed)}); see "
              f"`diffsweep logs {sweep} RUN`, then run `diffsweep eval {sweep} --probe ...` for what is missing", 1)

@@ -96,7 +96,7 @@ def _ids(entry, run_dir: Path) -> dict:
     if run_id is None:  # status records it in the ledger; until then the run directory knows it
         from diffsweep.rundir import run_info
 
-        run_id = run_info(run_dir).get("run_id")
+        run_id = info.run_id if (info := run_info(run_dir)) else None
     return {"job_id": entry.latest.job_id if entry.latest else None, "mlflow_run_id": run_id}
 
 

@@ -89,24 +89,24 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
                     f"{logs}; or pass a longer --timeout")
     if _state(run_dir) != "running":
         return fail(f"{_state(run_dir)} before it could be preempted", logs)
-    run_id = run_info(run_dir).get("run_id")
+    run_id = info.run_id if (info := run_info(run_dir)) else None
     slurm.send_signal(job.job_id, "USR2")
     signalled = time.monotonic()
     if not _wait(lambda: _state(run_dir) in ("finished", "failed"), start, timeout_s + 120):
-        state = read_job_state(run_dir) or {}
-        return fail(f"not finished {time.monotonic() - signalled:.0f} s after USR2 (job.json: {state.get('state')}, "
-                    f"starts {state.get('starts')})",
+        state = read_job_state(run_dir)
+        return fail(f"not finished {time.monotonic() - signalled:.0f} s after USR2 (job.json: "
+                    f"{state.state if state else None}, starts {state.starts if state else None})",
                     f"{logs}; a requeued job that stays PENDING (BeginTime) waits for Slurm's cred_expire and "
                     "scheduler interval; `scontrol show job ID` says why")
-    state = read_job_state(run_dir) or {}
-    if state.get("state") != "finished":
-        return fail(f"{state.get('state')}: {state.get('reason')}"[:400], logs)
-    if state.get("starts", 1) < 2:
+    state = read_job_state(run_dir)
+    if state is None or state.state != "finished":
+        return fail(f"{state.state if state else None}: {state.reason if state else None}"[:400], logs)
+    if state.starts < 2:
         return Check(NAME, False, f"job {job.job_id} finished without being requeued (it started once)",
                      "Slurm must requeue preempted jobs: JobRequeue=1 in slurm.conf, or jobs asking --requeue "
                      f"(diffsweep's do); {logs}")
-    if state.get("run_id") != run_id:
-        return Check(NAME, False, f"the requeued job finished MLflow run {state.get('run_id')}, not the "
+    if state.run_id != run_id:
+        return Check(NAME, False, f"the requeued job finished MLflow run {state.run_id}, not the "
                      f"preempted job's {run_id}", f"run.json in the run directory must survive a requeue; {logs}")
     steps = _metric_steps(uri, run_id)
     if steps != list(range(1, STEPS + 1)):
@@ -133,7 +133,7 @@ def _checkpoints(run_dir: Path) -> bool:
 
 def _state(run_dir: Path) -> str | None:
     try:
-        return (read_job_state(run_dir) or {}).get("state")
+        return state.state if (state := read_job_state(run_dir)) else None
     except Exception:  # noqa: BLE001 (a file being rewritten; asked again)
         return None
 

@@ -64,8 +64,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         job_id = _job_id()
         # With one task per GPU every task trains (torch.distributed); the first one speaks for the job.
         write_job_state = _write_job_state if _global_rank() == 0 else _skip_job_state
-        before = read_job_state(run_dir) or {}
-        starts = before.get("starts", 0) + 1 if job_id is not None and before.get("job_id") == job_id else 1
+        before = read_job_state(run_dir)
+        starts = before.starts + 1 if job_id is not None and before is not None and before.job_id == job_id else 1
         if _global_rank() == 0:
             _mark_start(job_id, starts)
         ident = {"job_id": job_id, "starts": starts}  # in every record: the next start counts on from it

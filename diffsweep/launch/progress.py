@@ -78,11 +78,11 @@ def snapshot(plan: SweepPlan) -> Snapshot:
         step = total = None
         hours_left = r.estimate.hours if r.state.state in ACTIVE_STATES else 0.0
         job = read_job_state(r.run_dir) if r.state.state == RUNNING else None
-        if job and job.get("state") == "running" and isinstance(job.get("step"), int):
-            step = job["step"]
-            total = job.get("total") if isinstance(job.get("total"), int) else None
-            pace = job.get("seconds_per_step")
-            if total and isinstance(pace, (int, float)):
+        if job and job.state == "running" and job.step is not None:
+            step = job.step
+            total = job.total
+            pace = job.seconds_per_step
+            if total and pace is not None:
                 hours_left = max(0, total - step) * pace / 3600
             elif total:
                 hours_left = r.estimate.hours * max(0.0, 1 - step / total)

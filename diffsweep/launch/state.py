@@ -23,7 +23,7 @@ from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
 from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.lockfile import pid_alive
-from diffsweep.rundir import read_job_state, run_info, write_job_state
+from diffsweep.rundir import JobRecord, read_job_state, run_info, write_job_state
 
 NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
     "new", "changed", "pending", "running", "done", "failed", "cancelled")
@@ -47,14 +47,14 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
     """The state of one planned run (see the module docstring); ``run_dir`` None: it does not exist."""
     job = read_job_state(run_dir) if run_dir is not None else None
     entry = ledger.entries.get(key) if ledger else None
-    if job and job.get("state") == "finished":
-        if entry is not None and entry.latest is not None and str(job.get("updated", "")) < entry.latest.submitted:
+    if job and job.state == "finished":
+        if entry is not None and entry.latest is not None and job.updated < entry.latest.submitted:
             # A finished run's job submitted again (``diffsweep eval --launch``) and not started yet:
             # pending or running while the scheduler says so, then done as before.
             again = attempt_state(entry.latest, None, scheduler)
             if again.state in ACTIVE_STATES:
                 return RunState(again.state, ", ".join(x for x in ("evaluating", again.detail) if x))
-        return RunState(DONE, f"{job.get('step', '?')} steps")
+        return RunState(DONE, f"{_step(job)} steps")
     if entry is None or not entry.attempts:
         others = [e for e in (ledger.by_name(name) if ledger else []) if e.key != key]
         if others:
@@ -72,12 +72,12 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
 def entry_state(entry: Entry, scheduler: dict[str, str]) -> RunState:
     """The state of a launched run from its ledger entry alone (a run the sweep no longer plans)."""
     job = read_job_state(Path(entry.run_dir))
-    if job and job.get("state") == "finished":
-        return RunState(DONE, f"{job.get('step', '?')} steps")
+    if job and job.state == "finished":
+        return RunState(DONE, f"{_step(job)} steps")
     return attempt_state(entry.latest, job, scheduler) if entry.latest else RunState(NEW)
 
 
-def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str]) -> RunState:
+def attempt_state(attempt: Attempt, job: JobRecord | None, scheduler: dict[str, str]) -> RunState:
     """The state of a run from its latest attempt, the scheduler and the job's own report."""
     if attempt.state == "failed-to-start":
         return RunState(FAILED, "the local queue could not start it (see the sweep's logs/queue-*.log)")
@@ -92,18 +92,18 @@ def attempt_state(attempt: Attempt, job: dict | None, scheduler: dict[str, str])
             return RunState(RUNNING, "cancelling", blocked="it is still stopping")
         return RunState(CANCELLED)
     if word in slurm.WAITING:
-        requeued = f"requeued at step {job['step']}" if job and job.get("state") == "preempted" else ""
+        requeued = f"requeued at step {_step(job)}" if job and job.state == "preempted" else ""
         return RunState(PENDING, ", ".join(x for x in (word if word != "PENDING" else "", reason, requeued) if x))
     if word in slurm.LIVE:
         return RunState(RUNNING, ", ".join(x for x in (word if word != "RUNNING" else "", progress(job)) if x))
-    if job and job.get("state") == "failed":
-        reason = str(job.get("reason", ""))[:200]
-        if job.get("retryable") is False:
+    if job and job.state == "failed":
+        reason = (job.reason or "")[:200]
+        if job.retryable is False:
             return RunState(FAILED, reason, blocked="it diverged; a rerun of the same config diverges again "
                             "(change the config, e.g. train.lr, which makes a new run)")
         return RunState(FAILED, reason)
-    if job and job.get("state") == "preempted":  # stopped by a signal (not diffsweep's cancel) and not requeued
-        return RunState(FAILED, str(job.get("reason") or f"stopped at step {job.get('step', '?')}")[:200])
+    if job and job.state == "preempted":  # stopped by a signal (not diffsweep's cancel) and not requeued
+        return RunState(FAILED, (job.reason or f"stopped at step {_step(job)}")[:200])
     if sched == UNKNOWN:
         return RunState(UNKNOWN_STATE, "the scheduler does not know job " + str(attempt.job_id),
                         blocked="its job's state is unknown (cancel it to allow a resubmission)")
@@ -120,11 +120,15 @@ def split_state(sched: str) -> tuple[str, str]:
     return word, rest.strip().removeprefix("(").removesuffix(")")
 
 
-def progress(job: dict | None) -> str:
+def progress(job: JobRecord | None) -> str:
     """``step 40/400`` from a running job's ``job.json`` (its step callback updates it), or ""."""
-    if not job or job.get("state") != "running" or "step" not in job:
+    if not job or job.state != "running" or job.step is None:
         return ""
-    return f"step {job['step']}/{job['total']}" if job.get("total") else f"step {job['step']}"
+    return f"step {job.step}/{job.total}" if job.total else f"step {job.step}"
+
+
+def _step(job: JobRecord) -> str:
+    return "?" if job.step is None else str(job.step)
 
 
 def changed_fields(old: dict[str, object], new: dict[str, object]) -> list[str]:
@@ -161,7 +165,7 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
     for entry in ledger.entries.values():
         run_dir = Path(entry.run_dir)
         if entry.mlflow_run_id is None:
-            entry.mlflow_run_id = run_info(run_dir).get("run_id")
+            entry.mlflow_run_id = info.run_id if (info := run_info(run_dir)) else None
         a = entry.latest
         if a is None or a.job_id is None or a.reconciled:
             continue
@@ -169,7 +173,7 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
         if sched is None or slurm.word(sched) in slurm.LIVE or sched == "COMPLETED":
             continue
         job = read_job_state(run_dir)
-        if job and job.get("state") in ("finished", "failed", "preempted"):
+        if job and job.state in ("finished", "failed", "preempted"):
             continue  # the job reported how it ended
         where = f"{a.executor} job"
         cancelled = a.state == "cancelled" or slurm.word(sched) in slurm.KILLED
@@ -189,8 +193,8 @@ def reconcile(ledger: Ledger, out: Path, scheduler: dict[str, str],
 
 def _mark_mlflow(run_dir: Path, status: str, reason: str) -> None:
     info = run_info(run_dir)
-    if "run_id" not in info or "tracking_uri" not in info:
+    if info is None:
         return  # the job died before creating its MLflow run
     from diffsweep.tracking.store import end_run
 
-    end_run(info["tracking_uri"], info["run_id"], status, reason)
+    end_run(info.tracking_uri, info.run_id, status, reason)

@@ -27,7 +27,7 @@ def run_tracking_uri(run_dir: Path) -> str:
     run_file = read_run_file(run_dir)
     if run_file is None:
         return tracking_uri()
-    recorded = run_file["tracking_uri"]
+    recorded = run_file.tracking_uri
     asked = os.environ.get("MLFLOW_TRACKING_URI")
     if asked and asked != recorded:
         raise ConfigError("MLFLOW_TRACKING_URI", f"{asked} is not where {run_dir} is tracked ({recorded}); "
@@ -50,7 +50,7 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
     run_file = read_run_file(run_dir)
     run_id = state["mlflow_run_id"] if state else None
     if run_id is None and run_file is not None:
-        run_id = run_file["run_id"]
+        run_id = run_file.run_id
     if run_id is not None:
         tracker = MlflowTracker(uri, run_id=run_id)
         tracker.resume(source, attempt)

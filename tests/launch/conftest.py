@@ -4,6 +4,7 @@ process held still (SIGSTOP) while a test signals it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -131,9 +132,9 @@ def held(pid: int) -> Iterator[None]:
 def training(run_dir: Path, starts: int | None = None) -> dict | None:
     """The run's ``job.json`` once its job (its start number ``starts``, if given) is running and
     has reported a step, e.g. to hold its ``pid``; None before."""
-    job = read_job_state(run_dir) or {}
-    running = job.get("state") == "running" and isinstance(job.get("step"), int)
-    return job if running and starts in (None, job.get("starts")) else None
+    job = read_job_state(run_dir)
+    running = job is not None and job.state == "running" and job.step is not None
+    return dataclasses.asdict(job) if running and starts in (None, job.starts) else None
 
 
 def metric_steps(uri: str, run_id: str, key: str = "train/loss") -> list[int]:

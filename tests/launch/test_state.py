@@ -10,7 +10,7 @@ import sys
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
 from diffsweep.launch.state import attempt_state, run_state
 from diffsweep.lockfile import pid_alive, proc_start
-from diffsweep.rundir import write_job_state
+from diffsweep.rundir import JobRecord, write_job_state
 
 
 def attempt(**kw) -> Attempt:
@@ -19,26 +19,26 @@ def attempt(**kw) -> Attempt:
 
 def test_active_jobs_are_pending_or_running_whatever_the_job_last_said():
     for sched in ("RUNNING", "COMPLETING"):
-        s = attempt_state(attempt(), {"state": "preempted", "step": 40}, {"7_1": sched})
+        s = attempt_state(attempt(), JobRecord(state="preempted", step=40), {"7_1": sched})
         assert s.state == "running" and not s.blocked
     assert attempt_state(attempt(), None, {"7_1": "COMPLETING"}).detail == "COMPLETING"
-    s = attempt_state(attempt(), {"state": "running", "step": 40, "total": 400}, {"7_1": "RUNNING"})
+    s = attempt_state(attempt(), JobRecord(state="running", step=40, total=400), {"7_1": "RUNNING"})
     assert (s.state, s.detail) == ("running", "step 40/400")
     s = attempt_state(attempt(), None, {"7_1": "PENDING (JobArrayTaskLimit)"})
     assert (s.state, s.detail, s.blocked) == ("pending", "JobArrayTaskLimit", "")
-    s = attempt_state(attempt(), {"state": "preempted", "step": 40}, {"7_1": "PENDING (BeginTime)"})
+    s = attempt_state(attempt(), JobRecord(state="preempted", step=40), {"7_1": "PENDING (BeginTime)"})
     assert (s.state, s.detail) == ("pending", "BeginTime, requeued at step 40")
     assert attempt_state(attempt(), None, {"7_1": "REQUEUE_HOLD (JobHeldUser)"}).detail == "REQUEUE_HOLD, JobHeldUser"
 
 
 def test_a_job_stopped_by_a_stray_signal_shows_its_recorded_reason_and_is_resubmittable():
     reason = "stopped by SIGTERM at step 40 after saving a checkpoint; launch the sweep again to resume"
-    s = attempt_state(attempt(), {"state": "preempted", "step": 40, "reason": reason}, {"7_1": "FAILED"})
+    s = attempt_state(attempt(), JobRecord(state="preempted", step=40, reason=reason), {"7_1": "FAILED"})
     assert (s.state, s.detail, s.blocked) == ("failed", reason, "")
 
 
 def test_a_cancelled_job_that_is_still_stopping_blocks_a_resubmission():
-    s = attempt_state(attempt(state="cancelled"), {"state": "running"}, {"7_1": "COMPLETING"})
+    s = attempt_state(attempt(state="cancelled"), JobRecord(state="running"), {"7_1": "COMPLETING"})
     assert (s.state, s.detail) == ("running", "cancelling") and s.blocked
     assert attempt_state(attempt(state="cancelled"), None, {"7_1": "CANCELLED by 0"}).state == "cancelled"
 
@@ -49,11 +49,11 @@ def test_unknown_jobs_are_never_resubmitted_blindly():
 
 
 def test_failures():
-    assert attempt_state(attempt(), {"state": "failed", "reason": "OOM"}, {"7_1": "FAILED"}).detail == "OOM"
+    assert attempt_state(attempt(), JobRecord(state="failed", reason="OOM"), {"7_1": "FAILED"}).detail == "OOM"
     assert attempt_state(attempt(), None, {"7_1": "TIMEOUT"}).detail == "TIMEOUT"
-    s = attempt_state(attempt(), {"state": "running"}, {"7_1": "COMPLETED"})
+    s = attempt_state(attempt(), JobRecord(state="running"), {"7_1": "COMPLETED"})
     assert (s.state, s.detail) == ("failed", "the job ended without finishing the run")
-    s = attempt_state(attempt(), {"state": "failed", "reason": "diverged: loss nan", "retryable": False},
+    s = attempt_state(attempt(), JobRecord(state="failed", reason="diverged: loss nan", retryable=False),
                       {"7_1": "FAILED"})
     assert s.state == "failed" and "diverged" in s.blocked
 

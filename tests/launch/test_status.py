@@ -209,9 +209,9 @@ def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_p
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
     (old,) = ledger(out)["entries"].values()
     run_dir = Path(old["run_dir"])  # a SIGTERM before the trainer's handler is up would be lost: let it train
-    job = wait_for(lambda: (j := read_job_state(run_dir) or {}).get("step") is not None and j, 300, "the run to train",
+    job = wait_for(lambda: (j := read_job_state(run_dir)) is not None and j.step is not None and j, 300, "the run to train",
                    poll=0.05)
-    with held(job["pid"]):
+    with held(job.pid):
         sweep.write_text(sweep.read_text() + "  train.lr: [0.002]\n")  # renames the row, with a new key
 
         data = json.loads(cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
@@ -229,7 +229,7 @@ def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_p
         r = cli("cancel", str(sweep), "--executor", "local", "--only", old["key"], cwd=tmp_path, env=store)
         assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0\ncancelled 1 runs" in r.stdout, \
             r.stdout + r.stderr
-        wait_for(lambda: pending(job["pid"], signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
+        wait_for(lambda: pending(job.pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
     wait_for(lambda: status(sweep, tmp_path, store, "--executor", "local")["orphaned"][0]["state"] == "cancelled",
              120, "the orphan to stop")
 
