@@ -64,6 +64,14 @@ class JobRecord:
     eval_error: str | None = None  # why they failed (the run trained; ``diffsweep eval`` retries)
 
 
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """``SNAPSHOT.json`` in a launch's code snapshot: the checkout it was copied from."""
+
+    git_commit: str  # or "unknown" (not a git checkout)
+    git_dirty: str  # "true", "false" or "unknown"
+
+
 def _read(cls: type, path: Path) -> Any:
     """``path`` decoded as ``cls``: its JSON object, strictly (a ``ConfigError`` naming the file)."""
     try:
@@ -113,6 +121,19 @@ def run_info(run_dir: Path) -> RunRecord | None:
 def write_run_file(run_dir: Path, run_id: str, tracking_uri: str, run_key: str) -> None:
     """Record the run's MLflow run and store in ``run.json`` (atomically, synced)."""
     write_atomically(run_dir / RUN_FILE, _json(RunRecord(run_id, tracking_uri, run_key)), sync=True)
+
+
+def write_snapshot_record(folder: Path, git_commit: str, git_dirty: str) -> None:
+    """Record in a code snapshot which checkout it was copied from."""
+    write_atomically(folder / SNAPSHOT_FILE, _json(SnapshotRecord(git_commit, git_dirty)))
+
+
+def read_snapshot_record(folder: Path) -> SnapshotRecord | None:
+    """The code snapshot's ``SNAPSHOT.json``, None when ``folder`` is no snapshot (a checkout)."""
+    try:
+        return _read(SnapshotRecord, folder / SNAPSHOT_FILE)
+    except FileNotFoundError:
+        return None
 
 
 def write_launch_config(run_dir: Path, config: dict[str, Any]) -> None:

@@ -57,3 +57,11 @@ def test_missing_or_unreadable_job_records_read_as_none(tmp_path):
     assert read_job_state(tmp_path) is None and read_run_file(tmp_path) is None
     (tmp_path / "job.json").write_text('{"state": "running", "step": "three"}')
     assert read_job_state(tmp_path) is None
+
+
+def test_a_code_snapshot_records_its_checkout_and_a_checkout_has_no_record(tmp_path):
+    from diffsweep.rundir import SnapshotRecord, read_snapshot_record, write_snapshot_record
+
+    assert read_snapshot_record(tmp_path) is None
+    write_snapshot_record(tmp_path, "0123abc", "false")
+    assert read_snapshot_record(tmp_path) == SnapshotRecord("0123abc", "false")

@@ -9,13 +9,12 @@ Jobs put that directory first on ``PYTHONPATH``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from diffsweep.rundir import SNAPSHOT_FILE
+from diffsweep.rundir import SNAPSHOT_FILE, write_snapshot_record
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*")
 
@@ -54,7 +53,7 @@ def snapshot_code(out: Path) -> Path:
     for name, root in packages.items():
         shutil.copytree(root, staging / name, ignore=IGNORE)
     commit, dirty = _git_state(packages["diffsweep"].parent)
-    (staging / SNAPSHOT_FILE).write_text(json.dumps({"git_commit": commit, "git_dirty": dirty}) + "\n")
+    write_snapshot_record(staging, commit, dirty)
     try:
         os.rename(staging, target)
     except OSError:  # another launch made the same snapshot first

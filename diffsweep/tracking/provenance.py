@@ -4,13 +4,12 @@ job (``source_tags``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 from pathlib import Path
 
-from diffsweep.rundir import SNAPSHOT_FILE
+from diffsweep.rundir import read_snapshot_record
 
 SOURCE_KEYS = ("diffsweep.host", "diffsweep.git_commit", "mlflow.source.git.commit", "diffsweep.git_dirty",
                "diffsweep.code", "diffsweep.slurm_job_id", "diffsweep.slurm_array_job_id",
@@ -21,11 +20,10 @@ def source_tags() -> dict[str, str]:
     """Where this code and job come from: git commit and dirty flag, host, Slurm job."""
     tags = {"diffsweep.host": socket.gethostname()}
     root = Path(__file__).resolve().parents[2]  # the directory holding the diffsweep package
-    snapshot = root / SNAPSHOT_FILE  # a launched job runs a copy of the code, made from a checkout
-    if snapshot.is_file():
-        info = json.loads(snapshot.read_text())
-        return tags | {"diffsweep.git_commit": info["git_commit"], "mlflow.source.git.commit": info["git_commit"],
-                       "diffsweep.git_dirty": info["git_dirty"], "diffsweep.code": str(root)} | _slurm_tags()
+    snapshot = read_snapshot_record(root)  # a launched job runs a copy of the code, made from a checkout
+    if snapshot is not None:
+        return tags | {"diffsweep.git_commit": snapshot.git_commit, "mlflow.source.git.commit": snapshot.git_commit,
+                       "diffsweep.git_dirty": snapshot.git_dirty, "diffsweep.code": str(root)} | _slurm_tags()
     try:
         commit = _git(root, "rev-parse", "HEAD")
         dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
