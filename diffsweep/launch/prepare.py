@@ -32,23 +32,25 @@ from diffsweep import lockfile, slurm
 from diffsweep.config import ConfigError, ConfigWarning, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import DatasetMeta, check_replaceable
 from diffsweep.data.prepare import check_apart, finish, input_paths, stage
-from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_json, write_shards
+from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
 from diffsweep.launch.plan import cpu_count
 from diffsweep.launch.prepare_record import (
     FINISH_LOCK,
-    FINISHED_FILE,
     FORMAT,
     JOBS,
-    LAUNCH_FILE,
     STAGING,
+    LaunchRecord,
+    TaskRecord,
     discard,
     finished_meta,
     launch_folder,
     locked,
     read_record,
     require_record,
+    write_finished,
+    write_record,
 )
 from diffsweep.launch.profiles import Profile, pick_profile
 from diffsweep.launch.resources import cpu_resources
@@ -118,7 +120,7 @@ def finalize(folder: Path, out: Path, replace: bool) -> DatasetMeta | None:
                 if partial.name.startswith(".") and partial.is_file():
                     partial.unlink()
             meta = finish(staging, out, force=replace)
-            write_json(folder / FINISHED_FILE, {"fingerprint": meta.fingerprint, "finished": now()})
+            write_finished(folder, meta.fingerprint)
             return meta
     except lockfile.LockBusy:
         return None
@@ -183,8 +185,8 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
     if record is None or force:  # a relaunch without --profile/--executor uses the first launch's
         chosen_profile, chosen_executor = profile, executor
     else:
-        chosen_profile = profile if profile is not None or executor is not None else record["profile"]
-        chosen_executor = executor if profile is not None or executor is not None else record["executor"]
+        chosen_profile = profile if profile is not None or executor is not None else record.profile
+        chosen_executor = executor if profile is not None or executor is not None else record.executor
     chosen = pick_profile(chosen_profile, chosen_executor)
     scheduler = get_scheduler(chosen.executor)
     with locked(folder, out, "launch"):
@@ -195,11 +197,11 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
                 raise ConfigError("force", f"tasks {_span(active)} of the launched prepare of {out} are still pending "
                                   f"or running; stop them first (diffsweep data cancel {out})")
             if not force:
-                if record["request"] != request and out.exists():
+                if record.request != request and out.exists():
                     raise ConfigError(str(out), "already exists (pass --force to replace it)")
-                if record["request"] != request:
-                    differ = [_SETTINGS.get(k, k) for k in sorted(set(request) | set(record["request"]))
-                              if request.get(k) != record["request"].get(k)]
+                if record.request != request:
+                    differ = [_SETTINGS.get(k, k) for k in sorted(set(request) | set(record.request))
+                              if request.get(k) != record.request.get(k)]
                     raise ConfigError(str(out), f"a launched prepare of other {', '.join(differ)} is in {folder}; "
                                       "pass --force to discard it and start over")
                 return _resume(record, folder, out, scheduler, chosen, tasks, active, echo)
@@ -217,20 +219,20 @@ def launch_prepare(corpus: Corpus, out: Path, tokenizer: TokenizerKind, *, vocab
             size = tasks or min(MAX_TASKS if scheduler.reserves_resources else cpu_count(), staged.num_shards)
             if profile is not None and Path(profile).is_file():  # a relaunch from elsewhere finds it too
                 profile = str(Path(profile).absolute())
-            record = {"format": FORMAT, "out": str(out), "request": request, "replace": force,
-                      "profile": profile, "executor": executor, "created": now(),
-                      "tasks": [{"shards": g, "attempts": []} for g in task_groups(staged.num_shards, size)]}
-            write_json(folder / LAUNCH_FILE, record)
-            submitted = _submit(record, folder, out, list(range(len(record["tasks"]))), chosen, echo)
+            record = LaunchRecord(format=FORMAT, out=str(out), request=request, replace=force, profile=profile,
+                                  executor=executor, created=now(),
+                                  tasks=[TaskRecord(g) for g in task_groups(staged.num_shards, size)])
+            write_record(folder, record)
+            submitted = _submit(record, folder, out, list(range(len(record.tasks))), chosen, echo)
         except BaseException:
             discard(folder)  # nothing was launched: leave nothing behind
             raise
-        return Launched(folder, submitted, len(record["tasks"]), staged.num_shards, [], None)
+        return Launched(folder, submitted, len(record.tasks), staged.num_shards, [], None)
 
 
-def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Scheduler, profile: Profile, tasks: int | None,
+def _resume(record: LaunchRecord, folder: Path, out: Path, scheduler: Scheduler, profile: Profile, tasks: int | None,
             active: list[int], echo: Callable[[str], None]) -> Launched:
-    num_tasks, num_shards = len(record["tasks"]), sum(len(t["shards"]) for t in record["tasks"])
+    num_tasks, num_shards = len(record.tasks), sum(len(t.shards) for t in record.tasks)
     if tasks is not None and tasks != num_tasks:
         warnings.warn(ConfigWarning(f"tasks: ignored; this prepare was launched as {num_tasks} tasks, which "
                                     "keep their shards (pass --force to start over)"), stacklevel=2)
@@ -243,12 +245,12 @@ def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Schedule
                           "made (replaced or removed since); pass --force to prepare it again")
     if active:
         return Launched(folder, [], num_tasks, num_shards, active, None)
-    if out.exists() and not record["replace"]:
+    if out.exists() and not record.replace:
         raise ConfigError(str(out), "already exists (pass --force to replace it)")
-    todo = [t for t, task in enumerate(record["tasks"]) if any(shard_record(staging, i) is None for i in task["shards"])]
+    todo = [t for t, task in enumerate(record.tasks) if any(shard_record(staging, i) is None for i in task.shards)]
     if not todo:  # every shard is written, but the task that would have finished did not (killed)
         echo("every shard is written; finishing the dataset here")
-        meta = finalize(folder, out, record["replace"])
+        meta = finalize(folder, out, record.replace)
         if meta is None:
             raise ConfigError(str(out), f"another process is finishing the dataset (lock {folder / FINISH_LOCK})")
         return Launched(folder, [], num_tasks, num_shards, [], meta)
@@ -257,7 +259,7 @@ def _resume(record: dict[str, Any], folder: Path, out: Path, scheduler: Schedule
     return Launched(folder, submitted, num_tasks, num_shards, [], None)
 
 
-def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], profile: Profile,
+def _submit(record: LaunchRecord, folder: Path, out: Path, todo: list[int], profile: Profile,
             echo: Callable[[str], None]) -> list[int]:
     """Submit the tasks ``todo`` as one array and record their attempts at once."""
     from diffsweep.launch.snapshot import snapshot_code
@@ -267,17 +269,17 @@ def _submit(record: dict[str, Any], folder: Path, out: Path, todo: list[int], pr
     code_dir = str(snapshot_code(folder))
     # Locally there is one task per core already; a Slurm task uses the CPUs it asked for.
     workers = resources.cpus_per_task if scheduler.reserves_resources else 1
-    calls: list[Callable[[], Any]] = [PrepareTask(str(folder), str(out), tuple(record["tasks"][t]["shards"]),
-                                                  bool(record["replace"]), workers) for t in todo]
+    calls: list[Callable[[], Any]] = [PrepareTask(str(folder), str(out), tuple(record.tasks[t].shards),
+                                                  record.replace, workers) for t in todo]
     attempts = scheduler.submit_tasks(TaskArray(calls=calls, resources=resources, profile=profile,
                                                 folder=folder / JOBS, job_name=f"prepare-{out.name}",
                                                 code_dir=code_dir))
     for t, a in zip(todo, attempts):
         a.profile, a.resources = profile.name, asdict(resources)
-        record["tasks"][t]["attempts"].append(asdict(a))
-    write_json(folder / LAUNCH_FILE, record)
+        record.tasks[t].attempts.append(a)
+    write_record(folder, record)
     ids = [a.job_id for a in attempts]
-    echo(f"launched {len(todo)} of {len(record['tasks'])} tasks {scheduler.runs_jobs} ({resources.describe()}): "
+    echo(f"launched {len(todo)} of {len(record.tasks)} tasks {scheduler.runs_jobs} ({resources.describe()}): "
          f"jobs {ids[0]}" + (f" .. {ids[-1]}" if len(ids) > 1 else ""))
     return todo
 
@@ -327,13 +329,9 @@ class PrepareStatus:
                 "finished": self.finished, "tasks": [asdict(t) for t in self.tasks]}
 
 
-def _latest(task: dict[str, Any]) -> Attempt | None:
-    return Attempt(**task["attempts"][-1]) if task["attempts"] else None
-
-
-def _states(record: dict[str, Any]) -> dict[int, tuple[str, str | None]]:
+def _states(record: LaunchRecord) -> dict[int, tuple[str, str | None]]:
     """Each task's state (and error) from its latest attempt's scheduler, by task number."""
-    latest = {t: a for t, a in enumerate(_latest(task) for task in record["tasks"]) if a is not None}
+    latest = {t: a for t, a in enumerate(task.latest for task in record.tasks) if a is not None}
     by_executor: dict[str, list[Attempt]] = {}
     for a in latest.values():
         by_executor.setdefault(a.executor, []).append(a)
@@ -374,7 +372,7 @@ def _last_line(text: Any) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def active_tasks(record: dict[str, Any]) -> list[int]:
+def active_tasks(record: LaunchRecord) -> list[int]:
     return [t for t, (state, _) in _states(record).items() if slurm.word(state) in slurm.LIVE]
 
 
@@ -385,16 +383,15 @@ def prepare_status(out: Path) -> PrepareStatus:
     finished = finished_meta(folder, out) is not None
     states = _states(record)
     tasks, written = [], 0
-    for t, task in enumerate(record["tasks"]):
-        done = len(task["shards"]) if finished else sum(
-            shard_record(staging, i) is not None for i in task["shards"])
+    for t, task in enumerate(record.tasks):
+        done = len(task.shards) if finished else sum(shard_record(staging, i) is not None for i in task.shards)
         written += done
-        a = _latest(task)
+        a = task.latest
         state, error = states.get(t, ("not submitted", None))
-        tasks.append(TaskStatus(task=t, shards=task["shards"], written=done, attempts=len(task["attempts"]),
+        tasks.append(TaskStatus(task=t, shards=task.shards, written=done, attempts=len(task.attempts),
                                 executor=a.executor if a else None, job_id=a.job_id if a else None, state=state,
                                 error=error))
-    total = sum(len(t["shards"]) for t in record["tasks"])
+    total = sum(len(t.shards) for t in record.tasks)
     return PrepareStatus(out=out.absolute(), folder=folder, num_shards=total, written=written, finished=finished,
                          tasks=tasks)
 
@@ -416,19 +413,19 @@ def wait(out: Path, poll_s: float = 1.0, on_change: Callable[[PrepareStatus], No
 def task_logs(out: Path, task: int | None) -> list[tuple[str, list[Path]]]:
     """(header, log files that exist) of the latest attempt of ``task`` (None: of every task)."""
     folder, record = require_record(out)
-    num = len(record["tasks"])
+    num = len(record.tasks)
     if task is not None and not 0 <= task < num:
         raise ConfigError("task", f"expected a task from 0 to {num - 1}, got {task}")
     result: list[tuple[str, list[Path]]] = []
     for t in [task] if task is not None else range(num):
-        entry = record["tasks"][t]
-        a = _latest(entry)
-        head = f"==> task {t} (shards {_span(entry['shards'])})"
+        entry = record.tasks[t]
+        a = entry.latest
+        head = f"==> task {t} (shards {_span(entry.shards)})"
         if a is None:
             result.append((f"{head}: not submitted <==", []))
             continue
         files = get_scheduler(a.executor, "launch.json: executor").log_files(a)
-        line = f"{head}: {a.executor} job {a.job_id}, attempt {len(entry['attempts'])}, submitted {a.submitted} <=="
+        line = f"{head}: {a.executor} job {a.job_id}, attempt {len(entry.attempts)}, submitted {a.submitted} <=="
         result.append((line, files))
     return result
 
@@ -443,7 +440,7 @@ def cancel_prepare(out: Path) -> list[int]:
         active = active_tasks(record)
         by_executor: dict[str, list[tuple[int, Attempt]]] = {}
         for t in active:
-            a = _latest(record["tasks"][t])
+            a = record.tasks[t].latest
             assert a is not None
             by_executor.setdefault(a.executor, []).append((t, a))
         errors, cancelled = [], []
@@ -451,11 +448,11 @@ def cancel_prepare(out: Path) -> list[int]:
             still, why = get_scheduler(executor).cancel([a for _, a in pairs])
             for t, a in pairs:
                 if a.job_id not in still:
-                    record["tasks"][t]["attempts"][-1]["state"] = "cancelled"
+                    a.state = "cancelled"  # the latest attempt, recorded below
                     cancelled.append(t)
             if why:
                 errors.append(why)
-        write_json(folder / LAUNCH_FILE, record)
+        write_record(folder, record)
     if errors:
         raise EnvironmentUnavailable(f"{'; '.join(errors)}; run `diffsweep data cancel {out}` again")
     return cancelled

@@ -18,14 +18,18 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import AtLeast, Check, decode, decode_value
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
+from diffsweep.data.shards import write_json
 from diffsweep.fsutil import empty_folder
 from diffsweep.launch.ledger import Attempt
+from diffsweep.rundir import now
 
 FORMAT = "diffsweep-prepare-launch/1"
 LAUNCH_FILE = "launch.json"
@@ -45,50 +49,63 @@ def launch_folder(out: Path) -> Path:
     return out.parent / f".{out.name}.prepare"
 
 
-def read_record(folder: Path) -> dict[str, Any] | None:
-    """The launch record (None when there is none)."""
+def _format(value: Any, key: str) -> str:
+    if value != FORMAT:
+        raise ConfigError(key, f"expected {FORMAT!r}, got {value!r}")
+    return value
+
+
+def _shards(value: Any, key: str) -> list[int]:
+    shards = decode_value(list[Annotated[int, AtLeast(0)]], value, key)
+    if not shards:
+        raise ConfigError(key, "expected a list of shard numbers, got []")
+    return shards
+
+
+@dataclass
+class TaskRecord:
+    """One task of the array: its shards and its submissions (the latest last)."""
+
+    shards: Annotated[list[int], Check(_shards)]
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def latest(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+@dataclass
+class LaunchRecord:
+    """``launch.json``: what was asked and where each task stands."""
+
+    format: Annotated[str, Check(_format)]
+    out: str  # the dataset folder
+    request: dict[str, Any]  # inputs with their sizes and dates, settings, the shard plan (``request_of``)
+    replace: bool  # launched with --force: the dataset replaces one that exists
+    tasks: list[TaskRecord]
+    profile: str | None = None  # as given on the first launch (a relaunch without --profile uses it)
+    executor: str | None = None
+    created: str | None = None
+
+
+def read_record(folder: Path) -> LaunchRecord | None:
+    """The launch record (None when there is none), checked (the file may have been edited or
+    damaged): a ``ConfigError`` naming the file and the field."""
+    path = folder / LAUNCH_FILE
     try:
-        record = json.loads((folder / LAUNCH_FILE).read_text())
+        raw = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise ConfigError(str(folder / LAUNCH_FILE), f"not a readable launch record ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ConfigError(str(folder / LAUNCH_FILE), f"format is not {FORMAT!r}")
-    _check_record(record, folder / LAUNCH_FILE)
-    return record
+        raise ConfigError(str(path), f"not a readable launch record ({exc})") from None
+    return decode(LaunchRecord, raw, source=str(path), noun="field", expected="a launch record (a JSON object)")
 
 
-def _check_record(record: dict[str, Any], path: Path) -> None:
-    """What the launch code reads from a launch record, checked (the file may have been edited or
-    damaged): a ``ConfigError`` naming the file and the field."""
-    def bad(key: str, expected: str, value: Any) -> ConfigError:
-        return ConfigError(str(path), f"{key}: expected {expected}, got {value!r}")
-
-    for key, kind, expected in (("request", dict, "an object"), ("tasks", list, "a list of tasks"),
-                                ("replace", bool, "true or false"), ("out", str, "a path")):
-        if not isinstance(record.get(key), kind):
-            raise bad(key, expected, record.get(key))
-    for key in ("profile", "executor"):
-        if record.get(key) is not None and not isinstance(record[key], str):
-            raise bad(key, "a name or null", record[key])
-    fields = {f.name for f in dataclasses.fields(Attempt)}
-    for t, task in enumerate(record["tasks"]):
-        shards = task.get("shards") if isinstance(task, dict) else None
-        if not isinstance(shards, list) or not shards or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in shards):
-            raise bad(f"tasks[{t}].shards", "a list of shard numbers", shards)
-        attempts = task.get("attempts")
-        if not isinstance(attempts, list) or not all(
-                isinstance(a, dict) and {"executor", "submitted", "code_dir", "folder"} <= set(a) <= fields for a in attempts):
-            raise bad(f"tasks[{t}].attempts", "a list of submissions", attempts)
-        for a in attempts:
-            if not isinstance(a["executor"], str) or not isinstance(a["folder"], str) or not (
-                    a.get("job_id") is None or isinstance(a["job_id"], str)):
-                raise bad(f"tasks[{t}].attempts", "submissions with an executor, job_id and folder", a)
+def write_record(folder: Path, record: LaunchRecord) -> None:
+    write_json(folder / LAUNCH_FILE, dataclasses.asdict(record))
 
 
-def require_record(out: Path) -> tuple[Path, dict[str, Any]]:
+def require_record(out: Path) -> tuple[Path, LaunchRecord]:
     """The launch folder of ``out`` and its record; a ``ConfigError`` saying how to launch one when there is none."""
     folder = launch_folder(out)
     record = read_record(folder)
@@ -98,14 +115,26 @@ def require_record(out: Path) -> tuple[Path, dict[str, Any]]:
     return folder, record
 
 
+@dataclass(frozen=True)
+class FinishedRecord:
+    """``finished.json``: written by the task that finished the dataset."""
+
+    fingerprint: str  # the dataset's (``DatasetMeta.fingerprint``)
+    finished: str  # when
+
+
+def write_finished(folder: Path, fingerprint: str) -> None:
+    write_json(folder / FINISHED_FILE, dataclasses.asdict(FinishedRecord(fingerprint, now())))
+
+
 def finished_meta(folder: Path, out: Path) -> DatasetMeta | None:
     """The dataset's metadata if this launch finished it (and it is still the one there)."""
     try:
-        done = json.loads((folder / FINISHED_FILE).read_text())
+        done = decode(FinishedRecord, json.loads((folder / FINISHED_FILE).read_text()), source=FINISHED_FILE)
         meta = read_meta(out.absolute() / META_FILE)
-    except (OSError, ValueError, ConfigError):
+    except (OSError, ValueError):  # ConfigError included: a damaged record finished nothing
         return None
-    return meta if meta.fingerprint == done.get("fingerprint") else None
+    return meta if meta.fingerprint == done.fingerprint else None
 
 
 @contextmanager
