@@ -5,7 +5,8 @@ imported when first asked for, so listing the names imports nothing. Built-in en
 then those registered at run time, then those packages add through the registry's entry-point
 group (``[project.entry-points."diffsweep.<group>"]``, see docs/extending.md). A name is registered
 once; an unknown name is a ``ConfigError`` on the caller's key that names the closest known one and
-lists them all.
+lists them all; a plug-in that does not load (a user's broken package) is an ``EnvironmentUnavailable``
+naming it and why (the CLI: one line, exit 3).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 from diffsweep.config.decode import did_you_mean
-from diffsweep.config.errors import ConfigError
+from diffsweep.config.errors import ConfigError, EnvironmentUnavailable
 
 T = TypeVar("T")
 
@@ -37,6 +38,7 @@ class Registry(Generic[T]):
         self.noun, self.group, self.key = noun, group, key or noun
         self._base = base
         self._targets: dict[str, Any] = dict(builtin or {})
+        self._builtin = frozenset(self._targets)
         self._made: dict[str, T] = {}
 
     def register(self, name: str, target: Any) -> None:
@@ -71,8 +73,14 @@ class Registry(Generic[T]):
             names = self.names()
             raise ConfigError(key or self.key, f"unknown {self.noun} {name!r}{did_you_mean(str(name), names)}; "
                               f"expected one of [{', '.join(names)}]")
-        made = load(target) if isinstance(target, str) else target
-        made = made() if isinstance(made, type) else made
+        try:
+            made = load(target) if isinstance(target, str) else target
+            made = made() if isinstance(made, type) else made
+        except Exception as exc:
+            if name in self._builtin:
+                raise  # diffsweep's own: a bug, with its traceback
+            raise EnvironmentUnavailable(f"{self.noun} {name!r} ({target!r}) could not be loaded: "
+                                         f"{type(exc).__name__}: {exc}") from exc
         base = load(self._base) if isinstance(self._base, str) else self._base
         if not isinstance(made, base):
             raise TypeError(f"{self.noun} {name!r}: {target!r} is not a {base.__module__}.{base.__qualname__}")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.registry import Registry
 
 
@@ -75,3 +75,26 @@ def test_an_entry_of_the_wrong_type_or_under_another_name_is_refused():
         animals.get("rock")
     with pytest.raises(ConfigError, match="animal 'fido' is registered as .*Dog.*, whose name is 'dog'"):
         animals.get("fido")
+
+
+def test_a_plugin_that_does_not_load_is_an_environment_error_naming_it_and_a_builtin_one_a_bug():
+    """A user's broken package (a module that is not there, a class whose constructor fails) is one
+    ``EnvironmentUnavailable`` naming the entry and why (the CLI prints it as one line, exit 3);
+    the same failure of a built-in entry is diffsweep's bug and keeps its own exception."""
+
+    class Sick(Animal):
+        name = "sick"
+
+        def __init__(self):
+            raise OSError("no licence file")
+
+    animals = zoo(builtin_sick="no_such_package_xyz.animals:Gone")
+    animals.register("gone", "no_such_package_xyz.animals:Gone")
+    animals.register("sick", Sick)
+    with pytest.raises(EnvironmentUnavailable, match=r"animal 'gone' \('no_such_package_xyz.animals:Gone'\) could "
+                       "not be loaded: ModuleNotFoundError: No module named 'no_such_package_xyz'"):
+        animals.get("gone")
+    with pytest.raises(EnvironmentUnavailable, match="animal 'sick' .* could not be loaded: OSError: no licence file"):
+        animals.get("sick")
+    with pytest.raises(ModuleNotFoundError):
+        animals.get("builtin_sick")

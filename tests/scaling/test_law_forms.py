@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffsweep.config import ConfigError
+from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.fit import fit_law
 from diffsweep.scaling.forms import Law
@@ -47,12 +47,30 @@ def test_a_form_that_does_not_load_is_left_out_of_the_list_with_a_warning_and_na
     fit with a built-in form, whose messages list the forms; asked for by name, it fails with the reason."""
     LAW_FORMS.register("broken", "no_such_package.laws:Broken")
     try:
-        with pytest.warns(RuntimeWarning, match="law form 'broken' was not loaded: ModuleNotFoundError"):
+        with pytest.warns(RuntimeWarning, match="law form 'broken' .* could not be loaded: ModuleNotFoundError.*; "
+                          "left out"):
             assert [f.name for f in law_forms()] == ["offset", "pure", "chinchilla"]
-        with pytest.raises(ModuleNotFoundError, match="no_such_package"):
+        with pytest.raises(EnvironmentUnavailable, match="law form 'broken' .* No module named 'no_such_package'"):
             law_form("broken")
     finally:
         LAW_FORMS.unregister("broken")
+
+
+def test_fit_with_a_form_that_does_not_load_is_one_line_exit_3_and_writes_nothing(tmp_path):
+    """``fit --form broken`` (a user's package that is not installed): one line naming the form and
+    why, exit 3 (the machine lacks a package), no traceback and no fit folder."""
+    from tests.scaling.synthetic import ladder
+
+    ladder(noise_sd=0.004, seeds=2).to_csv(tmp_path / "p.csv", index=False)
+    LAW_FORMS.register("broken", "no_such_package.laws:Broken")
+    try:
+        r = run("fit", "--csv", str(tmp_path / "p.csv"), "--no-log", "--form", "broken", "--boot", "50",
+                "--out", str(tmp_path / "out"))
+    finally:
+        LAW_FORMS.unregister("broken")
+    refused(r, "law form 'broken' ('no_such_package.laws:Broken') could not be loaded: ModuleNotFoundError",
+            code=3)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_form_cannot_be_registered_twice():

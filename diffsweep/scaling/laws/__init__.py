@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
+from diffsweep.config import EnvironmentUnavailable
 from diffsweep.registry import Registry
 
 if TYPE_CHECKING:
@@ -54,11 +55,8 @@ def law_forms() -> tuple[LawForm, ...]:
     for name in law_form_names():
         try:
             forms.append(law_form(name))
-        except Exception as exc:  # noqa: BLE001 (any failure of user code is reported the same way)
-            if name in BUILTIN:
-                raise
-            warnings.warn(f"law form {name!r} was not loaded: {type(exc).__name__}: {exc}", RuntimeWarning,
-                          stacklevel=2)
+        except EnvironmentUnavailable as exc:  # a registered or a package's form (a built-in one raises)
+            warnings.warn(f"{exc}; left out", RuntimeWarning, stacklevel=2)
     return tuple(forms)
 
 
