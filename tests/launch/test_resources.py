@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from diffsweep.config import ConfigError
 from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile
 from diffsweep.launch.resources import Resources, chunks, estimate_resources, slurm_parameters
 from diffsweep.sweep import expand, load_sweep
+from tests.helpers.gpu import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,6 +89,9 @@ def test_the_profiles_own_thread_settings_and_sbatch_parameters_are_kept():
 
 def test_slurm_parameters_make_a_valid_sbatch_script(tmp_path):
     import submitit
+
+    if shutil.which("srun") is None:  # submitit's SlurmExecutor refuses to exist without it
+        skip_or_fail("needs Slurm's srun on PATH (bash slurm/start-cluster.sh installs Slurm)", "DIFFSWEEP_REQUIRE_SLURM")
 
     profile = load_profile(str(REPO / "slurm/profiles/localhost.yaml"))
     resources = Resources(nodes=1, gpus_per_node=1, tasks_per_node=1, cpus_per_task=1, mem_gb=2, time_min=60)
