@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import decode
+from diffsweep.config.decode import read_json_record
 from diffsweep.fsutil import write_atomically
 
 RUN_FILE = "run.json"  # the MLflow run of a run directory, written when the run is created
@@ -72,15 +72,6 @@ class SnapshotRecord:
     git_dirty: str  # "true", "false" or "unknown"
 
 
-def _read(cls: type, path: Path) -> Any:
-    """``path`` decoded as ``cls``: its JSON object, strictly (a ``ConfigError`` naming the file)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(str(path), f"not JSON ({exc})") from exc
-    return decode(cls, raw, source=str(path), noun="field", expected=f"a JSON object of {cls.__name__} fields")
-
-
 def _json(record: Any) -> str:
     """A record as one line of JSON, leaving out what is unset (None or empty)."""
     return json.dumps({k: v for k, v in dataclasses.asdict(record).items() if v is not None and v != ()}) + "\n"
@@ -96,7 +87,7 @@ def read_run_file(run_dir: Path) -> RunRecord | None:
     an unreadable one is a ``ConfigError`` saying what to do."""
     run_file = run_dir / RUN_FILE
     try:
-        return _read(RunRecord, run_file)
+        return read_json_record(RunRecord, run_file, "run record")
     except FileNotFoundError:
         return None
     except (OSError, ConfigError) as exc:
@@ -113,7 +104,7 @@ def run_info(run_dir: Path) -> RunRecord | None:
     """The run directory's ``run.json``, or None before the job made it (or if it is unreadable):
     for ``status`` and the like, which show what they can rather than fail."""
     try:
-        return _read(RunRecord, run_dir / RUN_FILE)
+        return read_json_record(RunRecord, run_dir / RUN_FILE, "run record")
     except (OSError, ConfigError):
         return None
 
@@ -131,7 +122,7 @@ def write_snapshot_record(folder: Path, git_commit: str, git_dirty: str) -> None
 def read_snapshot_record(folder: Path) -> SnapshotRecord | None:
     """The code snapshot's ``SNAPSHOT.json``, None when ``folder`` is no snapshot (a checkout)."""
     try:
-        return _read(SnapshotRecord, folder / SNAPSHOT_FILE)
+        return read_json_record(SnapshotRecord, folder / SNAPSHOT_FILE, "snapshot record")
     except FileNotFoundError:
         return None
 
@@ -181,6 +172,6 @@ def read_job_state(run_dir: Path) -> JobRecord | None:
     """The job's last recorded state (``write_job_state``), None if it has written none (or one
     this version cannot read: status shows what it can rather than fail)."""
     try:
-        return _read(JobRecord, run_dir / JOB_FILE)
+        return read_json_record(JobRecord, run_dir / JOB_FILE, "job record")
     except (OSError, ConfigError):
         return None

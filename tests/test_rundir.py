@@ -39,8 +39,8 @@ def test_a_field_the_record_does_not_have_is_refused_when_written():
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("", "not JSON"),
-    ("[1, 2]", "expected a JSON object of RunRecord fields"),
+    ("", "not a readable run record"),
+    ("[1, 2]", "expected a run record (a JSON object), got [1, 2]"),
     ('{"run_id": "a"}', "tracking_uri: is required"),
     ('{"run_id": "a", "tracking_uri": "b", "runid": "c"}', "runid: unknown field (did you mean 'run_id'?)"),
 ])

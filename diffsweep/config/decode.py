@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from diffsweep.config.errors import ConfigError
@@ -99,6 +101,19 @@ def decode_value(tp: Any, value: Any, key: str) -> Any:
     """Decode one value by its type hint ``tp`` (any type ``decode`` takes); ``key`` is the
     whole error key (``sweeps/t.yaml: grid``)."""
     return _value(tp, value, key, None)
+
+
+def read_json_record(cls: type[T], path: Path, what: str) -> T:
+    """The JSON file ``path`` decoded strictly as dataclass ``cls`` (a file diffsweep writes and
+    reads back); unreadable or not JSON: a ``ConfigError`` naming the file and ``what`` it should be.
+    A missing file raises ``FileNotFoundError`` (callers decide what none means)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(path), f"not a readable {what} ({exc})") from None
+    return decode(cls, raw, source=str(path), noun="field", expected=f"a {what} (a JSON object)")
 
 
 def unknown_key(key: Any, allowed: Iterable[str], prefix: str = "", noun: str = "key") -> ConfigError:

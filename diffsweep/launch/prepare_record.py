@@ -15,7 +15,6 @@ by a launch or cancel, and emptied by ``--force`` only when it holds nothing but
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Annotated, Any
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import AtLeast, Check, decode, decode_value
+from diffsweep.config.decode import AtLeast, Check, decode_value, read_json_record
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
 from diffsweep.data.shards import write_json
 from diffsweep.fsutil import empty_folder
@@ -91,14 +90,10 @@ class LaunchRecord:
 def read_record(folder: Path) -> LaunchRecord | None:
     """The launch record (None when there is none), checked (the file may have been edited or
     damaged): a ``ConfigError`` naming the file and the field."""
-    path = folder / LAUNCH_FILE
     try:
-        raw = json.loads(path.read_text())
+        return read_json_record(LaunchRecord, folder / LAUNCH_FILE, "launch record")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(str(path), f"not a readable launch record ({exc})") from None
-    return decode(LaunchRecord, raw, source=str(path), noun="field", expected="a launch record (a JSON object)")
 
 
 def write_record(folder: Path, record: LaunchRecord) -> None:
@@ -130,7 +125,7 @@ def write_finished(folder: Path, fingerprint: str) -> None:
 def finished_meta(folder: Path, out: Path) -> DatasetMeta | None:
     """The dataset's metadata if this launch finished it (and it is still the one there)."""
     try:
-        done = decode(FinishedRecord, json.loads((folder / FINISHED_FILE).read_text()), source=FINISHED_FILE)
+        done = read_json_record(FinishedRecord, folder / FINISHED_FILE, "finished record")
         meta = read_meta(out.absolute() / META_FILE)
     except (OSError, ValueError):  # ConfigError included: a damaged record finished nothing
         return None
