@@ -286,8 +286,6 @@ def test_no_import_cycles():
 CYCLES_TODAY = [
     {"diffsweep.config.builtin_kinds", "diffsweep.config.enums", "diffsweep.config.kind_spec",
      "diffsweep.config.kinds", "diffsweep.config.lambda_init", "diffsweep.config.schema"},
-    {"diffsweep.launch.plan", "diffsweep.launch.profiles", "diffsweep.launch.resources", "diffsweep.launch.scheduler",
-     "diffsweep.launch.state"},
 ]
 
 

@@ -32,7 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    from diffsweep.launch.plan import LOCAL, make_plan
+    from diffsweep.launch.planning import make_plan
+    from diffsweep.launch.profiles import LOCAL
     from diffsweep.sweep import expand, load_sweep
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -214,7 +214,7 @@ def _rate(profile: str | None) -> float:
     """FLOPs per GPU-hour: the profile's GPU at its assumed MFU, else the default H100."""
     if profile is None:
         return DEFAULT_PEAK_TFLOPS * 1e12 * DEFAULT_MFU * 3600
-    from diffsweep.launch.profiles import load_profile
+    from diffsweep.launch.profile_choice import load_profile
 
     gpu = load_profile(profile).gpu
     return gpu.peak_tflops * 1e12 * gpu.mfu * 3600

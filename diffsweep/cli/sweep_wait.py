@@ -64,7 +64,7 @@ def _interrupted(target: SweepTarget, sweep: Path, scheduler: Scheduler | None, 
     from diffsweep.config import ConfigError, EnvironmentUnavailable
     from diffsweep.launch.api import plan_sweep, stop_sweep
     from diffsweep.launch.progress import snapshot
-    from diffsweep.launch.state import ACTIVE_STATES
+    from diffsweep.launch.run_state import ACTIVE_STATES
 
     follow, stop = f"diffsweep status {sweep}{again}", f"diffsweep cancel {sweep}{again}"
     stops = scheduler is not None and scheduler.interrupt_stops_jobs
@@ -114,7 +114,7 @@ def _wait_bars(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
     from diffsweep.launch.progress import changes, duration
-    from diffsweep.launch.state import ACTIVE_STATES, RUNNING
+    from diffsweep.launch.run_state import ACTIVE_STATES, RUNNING
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"))
     with Progress(*columns, console=console) as bars:

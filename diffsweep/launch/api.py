@@ -17,12 +17,14 @@ from typing import Any
 
 from diffsweep.config import ConfigError
 from diffsweep.launch.ledger import Attempt, Entry, locked, read_ledger, write_ledger
-from diffsweep.launch.plan import PlanRow, SweepPlan, choose_profile, make_plan, output_dir
-from diffsweep.launch.profiles import with_overrides
+from diffsweep.launch.plan import PlanRow, SweepPlan
+from diffsweep.launch.planning import make_plan, output_dir
+from diffsweep.launch.profile_choice import choose_profile, with_overrides
 from diffsweep.launch.progress import Snapshot, snapshot
+from diffsweep.launch.run_state import ACTIVE_STATES, PENDING, RUNNING
 from diffsweep.launch.scheduler import get_scheduler
-from diffsweep.launch.state import ACTIVE_STATES, PENDING, RUNNING, scheduler_states
 from diffsweep.launch.state import reconcile as mark_ended
+from diffsweep.launch.state import scheduler_states
 from diffsweep.launch.submit import Selection, check_launch, launch_lock, select
 from diffsweep.launch.submit import launch as submit
 from diffsweep.sweep import SweepSpec
@@ -389,7 +391,7 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
     before anything runs."""
     from diffsweep.eval.loading import load_trained
     from diffsweep.eval.runner import Detail, evaluate
-    from diffsweep.launch.state import DONE
+    from diffsweep.launch.run_state import DONE
 
     plan = plan_sweep(target)
     finished = [row for row in plan.runs if row.state.state == DONE]
@@ -418,7 +420,7 @@ def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str
     submitted."""
     from dataclasses import replace
 
-    from diffsweep.launch.state import DONE
+    from diffsweep.launch.run_state import DONE
     from diffsweep.sweep.spec import EvalSettings
 
     spec = replace(target.spec, eval=EvalSettings(probes=probes, settings=settings, steps=steps))

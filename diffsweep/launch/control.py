@@ -11,8 +11,9 @@ from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.config.identity import run_name_of
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SweepPlan
+from diffsweep.launch.run_state import ACTIVE_STATES, PENDING, RunState
 from diffsweep.launch.scheduler import get_scheduler
-from diffsweep.launch.state import ACTIVE_STATES, PENDING, RunState, attempt_state, entry_state, scheduler_states
+from diffsweep.launch.state import attempt_state, entry_state, scheduler_states
 from diffsweep.rundir import read_job_state
 
 

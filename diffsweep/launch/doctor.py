@@ -81,7 +81,8 @@ def doctor_profile(profile: str | None, executor: str | None, slurm_overrides: l
     that answers here if it has cluster checks (Slurm), else Slurm's default profile (whose first
     check then says that no controller answers, and how to fix it); with ``--slurm`` and
     ``--setup`` applied as ``launch`` applies them."""
-    from diffsweep.launch.profiles import FILE_EXECUTOR, pick_profile, with_overrides
+    from diffsweep.launch.profile_choice import pick_profile, with_overrides
+    from diffsweep.launch.profiles import FILE_EXECUTOR
     from diffsweep.launch.scheduler import detect_scheduler, get_scheduler
 
     if profile is None and executor is None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from diffsweep.launch.ledger import Attempt, locked, now, read_ledger
-from diffsweep.launch.plan import PlanRow, cpu_count
+from diffsweep.launch.plan import PlanRow
 from diffsweep.launch.profiles import LOCAL, Profile
 from diffsweep.launch.scheduler import Scheduler, Submission, TaskArray
 from diffsweep.lockfile import pid_alive, proc_start
@@ -149,3 +149,10 @@ def _live_queue(out: Path) -> tuple[int, int | None] | None:
                 and pid_alive(a.queue_pid, a.queue_start) and not closed_marker(out, a.queue_pid).exists()):
             return a.queue_pid, a.queue_start
     return None
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

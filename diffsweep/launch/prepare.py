@@ -35,7 +35,7 @@ from diffsweep.data.prepare import check_apart, finish, input_paths, stage
 from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.ledger import Attempt
-from diffsweep.launch.plan import cpu_count
+from diffsweep.launch.local_scheduler import cpu_count
 from diffsweep.launch.prepare_record import (
     FINISH_LOCK,
     FORMAT,
@@ -52,7 +52,8 @@ from diffsweep.launch.prepare_record import (
     write_finished,
     write_record,
 )
-from diffsweep.launch.profiles import Profile, pick_profile
+from diffsweep.launch.profile_choice import pick_profile
+from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import cpu_resources
 from diffsweep.launch.scheduler import Scheduler, TaskArray, get_scheduler
 from diffsweep.rundir import now
@@ -265,7 +266,7 @@ def _submit(record: LaunchRecord, folder: Path, out: Path, todo: list[int], prof
     from diffsweep.launch.snapshot import snapshot_code
 
     scheduler = get_scheduler(profile.executor)
-    resources = cpu_resources(profile)
+    resources = cpu_resources(profile, reserves=scheduler.reserves_resources)
     code_dir = str(snapshot_code(folder))
     # Locally there is one task per core already; a Slurm task uses the CPUs it asked for.
     workers = resources.cpus_per_task if scheduler.reserves_resources else 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffsweep.launch.plan import SweepPlan
-from diffsweep.launch.state import ACTIVE_STATES, RUNNING
+from diffsweep.launch.run_state import ACTIVE_STATES, RUNNING
 from diffsweep.rundir import read_job_state
 
 ORDER = ("pending", "running", "done", "failed", "cancelled", "unknown", "new", "changed")  # how counts read

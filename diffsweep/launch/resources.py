@@ -21,7 +21,6 @@ from typing import Any
 
 from diffsweep.config import ConfigError, Parallel
 from diffsweep.launch.profiles import Profile
-from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.model import memory
 from diffsweep.sweep.expand import SweepRun
 
@@ -95,10 +94,11 @@ def gpus_for(run: SweepRun, profile: Profile, gpus: int | None = None) -> memory
                       f"({profile.gpu.memory_gb:g} GB) as configured (needs {memory.gb(needed.total)} on one); {hint}")
 
 
-def estimate_resources(run: SweepRun, profile: Profile, gpus: int | None = None) -> ResourceEstimate:
+def estimate_resources(run: SweepRun, profile: Profile, gpus: int | None = None, *, reserves: bool
+                       ) -> ResourceEstimate:
     """Resources and time of ``run`` on ``profile`` (pure); ``gpus`` fixes the GPU count
-    (``launch.gpus_per_run``) instead of the fewest that fit."""
-    reserves = get_scheduler(profile.executor).reserves_resources  # a name, its class attribute: still pure
+    (``launch.gpus_per_run``) instead of the fewest that fit. ``reserves``: the profile's scheduler
+    reserves what jobs ask for (``Scheduler.reserves_resources``; False: no GPUs, no memory asked)."""
     if not reserves or profile.gpus_per_node == 0:
         gpus, nodes, per_node = 0, 1, 0
         need_gb = memory.estimate_memory(run.config, world_size=1, gpu_memory_bytes=0, device="cpu").total / 1e9
@@ -119,14 +119,14 @@ def estimate_resources(run: SweepRun, profile: Profile, gpus: int | None = None)
     return ResourceEstimate(resources=resources, memory_gb=need_gb, hours=hours, gpu_hours=hours * gpus)
 
 
-def cpu_resources(profile: Profile) -> Resources:
+def cpu_resources(profile: Profile, *, reserves: bool) -> Resources:
     """What one CPU-only job (a ``data prepare --launch`` task) asks for on ``profile`` (pure): its
     ``cpu_jobs`` CPUs, memory and time (default: the profile's ``max_time_hours``), no GPUs; on a
-    scheduler that reserves nothing (local), a process that takes what it finds."""
+    scheduler that reserves nothing (``reserves`` False: local), a process that takes what it finds."""
     jobs = profile.cpu_jobs
     hours = jobs.time_hours if jobs.time_hours is not None else profile.max_time_hours
     time_min = max(1, math.floor(hours * 60 + 1e-6))
-    mem = jobs.mem_gb if get_scheduler(profile.executor).reserves_resources else 0
+    mem = jobs.mem_gb if reserves else 0
     return Resources(nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=jobs.cpus, mem_gb=mem,
                      time_min=time_min)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from diffsweep.config import ConfigError
 from diffsweep.registry import Registry
 
-if TYPE_CHECKING:  # only for annotations: the launcher's modules import this one
+if TYPE_CHECKING:  # only for annotations (none of them imports this module)
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.ledger import Attempt
     from diffsweep.launch.plan import PlanRow, SweepPlan

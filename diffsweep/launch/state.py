@@ -14,32 +14,28 @@ launch skips it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from diffsweep import slurm
 from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
+from diffsweep.launch.run_state import (
+    ACTIVE_STATES,
+    CANCELLED,
+    CHANGED,
+    DONE,
+    FAILED,
+    NEW,
+    PENDING,
+    RUNNING,
+    UNKNOWN,
+    UNKNOWN_STATE,
+    RunState,
+)
 from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.lockfile import pid_alive
 from diffsweep.rundir import JobRecord, read_job_state, run_info, write_job_state
-
-NEW, CHANGED, PENDING, RUNNING, DONE, FAILED, CANCELLED = (
-    "new", "changed", "pending", "running", "done", "failed", "cancelled")
-ACTIVE_STATES = (PENDING, RUNNING)  # a job exists and may still train: never submit another one
-UNKNOWN_STATE = "unknown"  # launched, but neither the scheduler nor the job says what became of it
-UNKNOWN = "UNKNOWN"  # scheduler state of a job id nobody reports
-# Schedulers report states in Slurm's words (``Scheduler.states``), the vocabulary of ``diffsweep.slurm``:
-# LIVE (a job may still run), of which WAITING (not executing; squeue's %r says why), and KILLED
-# (its MLflow run ends KILLED; other failures FAILED).
-
-
-@dataclass(frozen=True)
-class RunState:
-    state: str
-    detail: str = ""
-    blocked: str = ""  # why launch must not submit it now (e.g. its previous version still runs)
 
 
 def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, scheduler: dict[str, str],

@@ -10,7 +10,8 @@ import pytest
 from diffsweep.cli.common import COMMON_FLAGS, rekeyed
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.launch.cluster import gpus_per_node
-from diffsweep.launch.profiles import LOCAL, find_profile, load_profile, parse_profile, slurm_minutes, with_overrides
+from diffsweep.launch.profile_choice import find_profile, load_profile, parse_profile, with_overrides
+from diffsweep.launch.profiles import LOCAL, slurm_minutes
 from tests.helpers.cli import run as cli
 
 SLURM = {"executor": "slurm", "gpus_per_node": 2}

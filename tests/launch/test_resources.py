@@ -9,12 +9,23 @@ from pathlib import Path
 import pytest
 
 from diffsweep.config import ConfigError
-from diffsweep.launch.profiles import LOCAL, load_profile, parse_profile
-from diffsweep.launch.resources import Resources, chunks, estimate_resources, slurm_parameters
+from diffsweep.launch.profile_choice import load_profile, parse_profile
+from diffsweep.launch.profiles import LOCAL
+from diffsweep.launch.resources import Resources, chunks, cpu_resources, estimate_resources, slurm_parameters
+from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.sweep import expand, load_sweep
 from tests.helpers.gpu import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def estimate(run, profile, gpus=None):
+    """``estimate_resources`` as the planner calls it: on what the profile's scheduler reserves."""
+    return estimate_resources(run, profile, gpus, reserves=get_scheduler(profile.executor).reserves_resources)
+
+
+def cpus(profile):
+    return cpu_resources(profile, reserves=get_scheduler(profile.executor).reserves_resources)
 
 
 def planned(tmp_path: Path, sizes: list[str], kind: str = "diff_v1"):
@@ -27,25 +38,25 @@ def test_paper_sizes_on_h100(tmp_path):
     h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
     assert h100.executor == "slurm" and h100.executor_params["partition"] == "gpu"
     runs = {r.size: r for r in planned(tmp_path, ["830M", "1.4B", "2.8B", "6.8B", "13.1B"])}
-    gpus = {size: estimate_resources(r, h100).resources.gpus for size, r in runs.items()}
+    gpus = {size: estimate(r, h100).resources.gpus for size, r in runs.items()}
     # diffsweep.model.memory at the paper recipe (micro-batch 1, T = 2048, bf16, no activation
     # checkpointing): sharded state + activations + logits + overhead within 90% of 80 GB. 6.8B
     # does not fit on 2 GPUs and 3 do not divide its 128 sequences; 13.1B needs a whole node.
     assert gpus == {"830M": 1, "1.4B": 1, "2.8B": 1, "6.8B": 4, "13.1B": 8}
     for size in gpus:
-        assert estimate_resources(runs[size], h100).memory_gb <= 0.9 * 80
-    e = estimate_resources(runs["1.4B"], h100)
+        assert estimate(runs[size], h100).memory_gb <= 0.9 * 80
+    e = estimate(runs["1.4B"], h100)
     # 1.4B, 10.5B tokens: 6ND-style FLOPs / (989 TFLOP/s x 0.40) -> about 72 GPU-hours
     assert e.gpu_hours == pytest.approx(runs["1.4B"].flops / (989e12 * 0.40) / 3600)
     assert 60 < e.gpu_hours < 90
     assert e.resources.time_min == 48 * 60  # capped at the partition limit: it requeues from checkpoints
-    big = estimate_resources(runs["13.1B"], h100).resources
+    big = estimate(runs["13.1B"], h100).resources
     assert (big.nodes, big.gpus_per_node, big.tasks_per_node) == (1, 8, 8)  # one process per GPU
 
 
 def test_local_profile_uses_no_gpus(tmp_path):
     (r,) = planned(tmp_path, ["tiny-xs"])
-    e = estimate_resources(r, LOCAL)
+    e = estimate(r, LOCAL)
     assert e.resources.gpus == 0 and e.gpu_hours == 0 and e.hours > 0
 
 
@@ -135,28 +146,27 @@ def test_unknown_profile_name_lists_the_known_ones():
 def test_gpus_per_run_must_be_whole_nodes_and_split_the_batch(tmp_path):
     h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))  # 8 GPUs per node
     (run,) = planned(tmp_path, ["1.4B"])
-    assert estimate_resources(run, h100, gpus=2).resources.gpus == 2
-    assert estimate_resources(run, h100, gpus=16).resources.nodes == 2
+    assert estimate(run, h100, gpus=2).resources.gpus == 2
+    assert estimate(run, h100, gpus=16).resources.nodes == 2
     with pytest.raises(ConfigError, match="launch.gpus_per_run: 12 GPUs are not whole nodes of 8"):
-        estimate_resources(run, h100, gpus=12)
+        estimate(run, h100, gpus=12)
     with pytest.raises(ConfigError, match="launch.gpus_per_run: 3 GPUs x micro-batch 1 do not divide the 128"):
-        estimate_resources(run, h100, gpus=3)
+        estimate(run, h100, gpus=3)
 
 
 def test_cpu_jobs_ask_for_no_gpus_golden():
     """``data prepare --launch`` tasks: the profile's cpu_jobs (localhost: 1 CPU, 1 GB), its longest
     time, no GPUs; the defaults elsewhere; a process taking what it finds on the local executor."""
-    from diffsweep.launch.resources import cpu_resources
 
     localhost = load_profile(str(REPO / "slurm/profiles/localhost.yaml"))
-    resources = cpu_resources(localhost)
+    resources = cpus(localhost)
     assert resources == Resources(nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1, mem_gb=1, time_min=120)
     params = slurm_parameters(resources, localhost, job_name="prepare-ds", code_dir="/c", max_parallel=None)
     assert "gpus_per_node" not in params and "srun_args" not in params
     assert (params["cpus_per_task"], params["mem"], params["time"], params["ntasks_per_node"]) == (1, "1GB", 120, 1)
-    h100 = cpu_resources(load_profile(str(REPO / "slurm/profiles/h100-example.yaml")))
+    h100 = cpus(load_profile(str(REPO / "slurm/profiles/h100-example.yaml")))
     assert (h100.cpus_per_task, h100.mem_gb, h100.time_min, h100.gpus) == (1, 8, 48 * 60, 0)
-    assert cpu_resources(LOCAL).mem_gb == 0 and cpu_resources(LOCAL).describe() == "local process"
+    assert cpus(LOCAL).mem_gb == 0 and cpus(LOCAL).describe() == "local process"
 
 
 def test_a_profile_cpu_jobs_key_is_checked(tmp_path):
@@ -165,6 +175,5 @@ def test_a_profile_cpu_jobs_key_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="cpu_jobs.gpus"):
         load_profile(str(path))
     path.write_text("cpu_jobs: {cpus: 4, mem_gb: 32, time_hours: 0.5}\n")
-    from diffsweep.launch.resources import cpu_resources
 
-    assert cpu_resources(load_profile(str(path))).time_min == 30
+    assert cpus(load_profile(str(path))).time_min == 30

@@ -13,8 +13,8 @@ import pytest
 from diffsweep.config import ConfigError
 from diffsweep.launch import scheduler as schedulers
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
-from diffsweep.launch.plan import choose_profile
-from diffsweep.launch.profiles import Profile, parse_profile, with_overrides
+from diffsweep.launch.profile_choice import choose_profile, parse_profile, with_overrides
+from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import estimate_resources
 from diffsweep.launch.scheduler import Scheduler, get_scheduler, register, scheduler_names
 from diffsweep.launch.state import attempt_state, scheduler_states
@@ -92,7 +92,7 @@ def test_a_registered_scheduler_is_chosen_estimated_and_asked_by_name(tmp_path, 
     spec = sweep(tmp_path)
     profile = choose_profile(spec, None, "fake")
     assert profile.executor == "fake" and profile.gpus_per_node == 4
-    e = estimate_resources(expand(spec).runs[0], profile)
+    e = estimate_resources(expand(spec).runs[0], profile, reserves=get_scheduler(profile.executor).reserves_resources)
     assert e.resources.gpus == 1 and e.resources.mem_gb > 0  # it reserves resources, unlike local
     assert with_overrides(profile, ["queue=short"], None).executor_params == {"queue": "short"}
     with pytest.raises(ConfigError, match="does not accept this parameter"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from diffsweep.config import ConfigError
-from diffsweep.launch.plan import output_dir
+from diffsweep.launch.planning import output_dir
 from diffsweep.sweep import expand, load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
