@@ -10,6 +10,7 @@ process (start-up, imports, printing 10,200 rows). Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -36,18 +37,18 @@ def main() -> None:
     from diffsweep.launch.profiles import LOCAL
     from diffsweep.sweep import expand, load_sweep
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):  # relative paths as the CLI's (run in tmp)
         path = Path(tmp) / "bench.yaml"
         path.write_text(SWEEP.format(lrs=", ".join(f"{(i + 4) * 1e-4:.1e}" for i in range(20))))
         spec = load_sweep(path)
-        n = len(expand(spec, cwd=Path(tmp)).runs)
+        n = len(expand(spec).runs)
         expand_s, plan_s, cli_s = [], [], []
         for _ in range(args.repeat):
             t = time.perf_counter()
-            expand(load_sweep(path), cwd=Path(tmp))
+            expand(load_sweep(path))
             expand_s.append(time.perf_counter() - t)
             t = time.perf_counter()
-            make_plan(load_sweep(path), LOCAL, Path(tmp) / "out", cwd=Path(tmp))
+            make_plan(load_sweep(path), LOCAL, Path(tmp) / "out")
             plan_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "diffsweep", "plan", str(path), "--executor", "local", "--json"],
