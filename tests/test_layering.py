@@ -41,14 +41,13 @@ SOURCES = {"diffsweep": ROOT / "diffsweep", "diffsweep_kernels": ROOT / "kernels
 # ``diffsweep_kernels``) and the parts it may import, anywhere in it. Lowest first.
 # ``tracking`` owns MLflow (the store, the trainer's logger, the UI and server); ``rundir`` the run
 # directory's files.
-BASE = {"diffsweep", "fsutil", "lockfile", "slurm", "config", "registry", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
+BASE = {"diffsweep", "fsutil", "lockfile", "slurm", "config", "startup"}  # ``diffsweep`` is the root __init__ (__version__)
 ALLOWED: dict[str, set[str]] = {
     "diffsweep": set(),
     "diffsweep_kernels": set(),  # a leaf: imports nothing of diffsweep
     "fsutil": set(),
     "startup": set(),  # heavy imports with the garbage collector paused
-    "config": set(),  # typed configs and enums: pure Python
-    "registry": {"config"},  # named plug-ins (schedulers, probes, law forms): built in, registered, entry points
+    "config": set(),  # typed configs, enums, the registry of named plug-ins (kinds, schedulers, probes, law forms)
     "slurm": {"config"},  # the one Slurm client: every Slurm command and job-state word
     "lockfile": {"config", "slurm"},  # asks Slurm whether a holder's job still runs
     "tracking": BASE | {"rundir"},  # the only part that constructs an MLflow client
@@ -273,31 +272,12 @@ def test_what_importing_a_module_loads(prefix):
     assert not bad, "\n".join(bad[:12]) + more
 
 
-def test_no_import_cycles():
-    """Module-level imports between diffsweep modules form no cycle (one would make the import
-    order matter, and break whoever imports the cycle from its other end)."""
-    graph = _graph(lambda i: i.at_import)
+def test_no_import_cycles_even_through_lazy_imports():
+    """Counting imports inside functions and under TYPE_CHECKING too, the modules form no cycle (a
+    lazy import hides a cycle; it does not remove it): each module sits above the ones it uses."""
+    graph = _graph(lambda i: True)
     cycles = [_cycle_in(component, graph) for component in _components(graph)]
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
-
-
-# Modules that still import each other through imports inside functions or under TYPE_CHECKING
-# (issue #31): each set must still be one such cycle, so an entry is removed once it is untangled.
-CYCLES_TODAY = [
-    {"diffsweep.config.builtin_kinds", "diffsweep.config.enums", "diffsweep.config.kind_spec",
-     "diffsweep.config.kinds", "diffsweep.config.lambda_init", "diffsweep.config.schema"},
-]
-
-
-def test_no_import_cycles_even_through_lazy_imports():
-    """Counting imports inside functions and under TYPE_CHECKING too, the modules form no cycle
-    but those of ``CYCLES_TODAY`` (a lazy import hides a cycle; it does not remove it)."""
-    graph = _graph(lambda i: True)
-    found = [set(c) for c in _components(graph)]
-    new = [_cycle_in(sorted(c), graph) for c in found if c not in CYCLES_TODAY]
-    assert not new, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in new)
-    untangled = [sorted(c) for c in CYCLES_TODAY if c not in found]
-    assert not untangled, f"no longer a cycle, remove from CYCLES_TODAY: {untangled}"
 
 
 def _graph(counted) -> dict[str, set[str]]:

@@ -43,7 +43,8 @@ from diffsweep.config import (
     ModelConfig,
     load_config,
 )
-from diffsweep.config.kinds import kind_spec
+from diffsweep.config.enums import TRANSFORMER
+from diffsweep.config.kinds import kind_names, kind_spec
 from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model.attention.backends import BACKENDS, AttentionBackend, AttentionCall, resolve_backend
 from diffsweep.model.layers import Rotary
@@ -68,8 +69,8 @@ MAX_ROUNDS = 1_000_000  # timed or warm-up rounds: a benchmark, not a training r
 
 def layout_models(size: str) -> dict[AttentionKind, ModelConfig]:
     """The model config of the size preset ``size`` for each registered kind."""
-    return {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model
-            for kind in AttentionKind}
+    return {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind}"]).model
+            for kind in kind_names()}
 
 
 def layout_calls(size: str) -> dict[AttentionKind, AttentionCall]:
@@ -168,7 +169,7 @@ def plan_rows(models: dict[AttentionKind, ModelConfig], device: torch.device, dt
               backends: tuple[Backend, ...]) -> list[Row]:
     """The rows of one layout, baseline first; then each kind, through every backend if its call is
     differential (the backends differ there), else through SDPA."""
-    base_kind = AttentionKind.TRANSFORMER
+    base_kind = TRANSFORMER
     base, call = models[base_kind], attention_call(models[base_kind])
     if device.type == "cuda":
         rows = [Row(base_kind, "sdpa-flash", call, base, backend=SdpaKernel(SDPBackend.FLASH_ATTENTION)),
@@ -272,7 +273,7 @@ class AttentionCase(TypedDict):
 def _row_result(row: Row, base: Row, batch: int, seq: int) -> AttentionRow:
     c = row.call
     result: AttentionRow = {
-        "kind": row.kind.value, "kernel": row.kernel, "q_heads": c.num_q_heads, "kv_heads": c.num_kv_heads,
+        "kind": row.kind, "kernel": row.kernel, "q_heads": c.num_q_heads, "kv_heads": c.num_kv_heads,
         "qk_dim": c.qk_dim, "v_dim": c.v_dim, "fwd_flops": forward_flops(c, batch, seq),
         "fwd_bwd_flops": forward_backward_flops(c, batch, seq), "reason": row.reason,
         "fwd_ms": None, "fwd_bwd_ms": None, "fwd_tflops": None, "fwd_bwd_tflops": None,

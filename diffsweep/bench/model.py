@@ -48,6 +48,8 @@ from diffsweep.config import (
     Precision,
     load_config,
 )
+from diffsweep.config.enums import TRANSFORMER
+from diffsweep.config.kinds import kind_names, kind_spec
 from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model import counting
 from diffsweep.model.memory import GIB, estimate_memory
@@ -166,7 +168,7 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     """
     if size is not None and size not in SIZES:
         raise ConfigError("size", f"expected a size preset, one of [{', '.join(SIZES)}], got '{size}'")
-    chosen = [_kind(k) for k in kinds] if kinds else list(AttentionKind)
+    chosen = [_kind(k) for k in kinds] if kinds else kind_names()
     try:
         backend_name = Backend(backend)
     except ValueError:
@@ -186,12 +188,12 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     if seq * micro_batch > MAX_MICRO_BATCH_TOKENS:  # the limit a run's config has (train.micro_batch_size)
         raise ConfigError("micro_batch" if micro_batch > 1 else "seq", f"{micro_batch} sequences of {seq:,} tokens "
                           f"is over the limit of {MAX_MICRO_BATCH_TOKENS:,} tokens per step")
-    baseline = AttentionKind.TRANSFORMER if AttentionKind.TRANSFORMER in chosen else chosen[0]
+    baseline = TRANSFORMER if TRANSFORMER in chosen else chosen[0]
     gpu = dev.type == "cuda"
     gpu_memory = torch.cuda.get_device_properties(dev).total_memory if gpu else GPU_MEMORY_DEFAULT
     device_flops = peak_flops(dev) if torch_dtype == torch.bfloat16 else None  # the trainer's train/mfu denominator
     peak_tflops = device_flops / 1e12 if device_flops else None
-    configs = {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}",
+    configs = {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind}",
                                         f"model.attention.backend={backend_name.value}"])
                for kind in dict.fromkeys(chosen)}
     estimates = {kind: estimate_memory(_estimate_config(cfg, seq, micro_batch, torch_dtype), world_size=1,
@@ -201,7 +203,7 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     header = {
         "device": describe_device(dev), "dtype": dtype_name(torch_dtype), "size": size, "seq": seq,
         "micro_batch": micro_batch, "tokens_per_step": micro_batch * seq, "steps": steps, "warmup": warmup,
-        "compile": compile_model, "baseline": baseline.value, "note": None if gpu else CPU_NOTE,
+        "compile": compile_model, "baseline": baseline, "note": None if gpu else CPU_NOTE,
         "peak_bf16_tflops": peak_tflops,
         "peak_memory": PEAK_MEMORY[dev.type], "memory_note": MEMORY_NOTE,
     }
@@ -211,7 +213,7 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
     report(_result(header, rows, baseline, complete=False))
     for kind, cfg in configs.items():
         estimate = estimates[kind]
-        row: ModelRow = {"kind": kind.value, "backend": backend_name.value, "params": counting.num_params(cfg.model),
+        row: ModelRow = {"kind": kind, "backend": backend_name.value, "params": counting.num_params(cfg.model),
                "non_embedding_params": counting.num_non_embedding_params(cfg.model), "reason": None,
                "ms_per_step": None, "tokens_per_s": None, "ratio": None, "compile_s": None, "autotune": None,
                "peak_alloc_bytes": None, "estimate_bytes": estimate.total,
@@ -262,7 +264,7 @@ def _check_memory(estimates: dict, memory: int | None, device: str, seq: int, mi
 def _result(header: dict, rows: list[ModelRow], baseline: AttentionKind, *, complete: bool) -> dict:
     """The results: ``header``, then copies of ``rows`` with their ratio to the baseline's tokens/s
     (None until the baseline's row is measured)."""
-    base = next((r for r in rows if r["kind"] == baseline.value), None)
+    base = next((r for r in rows if r["kind"] == baseline), None)
     shown: list[ModelRow] = []
     for row in rows:
         ratio = None
@@ -273,11 +275,8 @@ def _result(header: dict, rows: list[ModelRow], baseline: AttentionKind, *, comp
 
 
 def _kind(name: str) -> AttentionKind:
-    try:
-        return AttentionKind(name)
-    except ValueError:
-        raise ConfigError("kinds", f"expected one of [{', '.join(k.value for k in AttentionKind)}], "
-                          f"got '{name}'") from None
+    kind_spec(name, "kinds")  # an unknown name lists every registered kind
+    return name
 
 
 def render(result: dict) -> None:

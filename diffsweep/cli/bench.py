@@ -10,6 +10,7 @@ import typer
 from diffsweep.bench.choices import MODEL_DTYPES, Device, Dtype
 from diffsweep.cli.common import JsonOpt, choice, handle_errors, name_choice, print_json
 from diffsweep.config import SIZES, AttentionKind, Backend
+from diffsweep.config.kinds import kind_names
 
 app = typer.Typer(help="Benchmarks that print numbers: attention kernels, full-model training throughput.",
                   no_args_is_help=True)
@@ -67,8 +68,8 @@ def model(
     size: Annotated[str | None, name_choice(lambda: SIZES, "--size", "Size preset: {choices} (default: 1.4B on a "
                                             "GPU, tiny-m on CPU).", expected="a size preset, one of", metavar="SIZE",
                                             show_default=False)] = None,
-    kinds: Annotated[list[AttentionKind] | None, choice(AttentionKind, "--kind", "Attention kind(s) (repeatable) "
-                                                       "(default: all).", show_default=False)] = None,
+    kinds: Annotated[list[AttentionKind] | None, name_choice(kind_names, "--kind", "Attention kind(s) (repeatable) "
+                                                            "(default: all).", show_default=False)] = None,
     backend: Annotated[Backend, choice(Backend, "--backend", "Attention backend of every model.")] = Backend.SDPA,
     seq: Annotated[int | None, typer.Option("--seq", help="Sequence length (default: 2048 on a GPU, 256 on CPU).",
                                             show_default=False)] = None,
@@ -94,7 +95,7 @@ def model(
     check_out(out)
     from diffsweep.bench.model import render, run_model
 
-    result = run_model(size=size, kinds=[k.value for k in kinds] if kinds else None, backend=backend.value, seq=seq,
+    result = run_model(size=size, kinds=list(kinds) if kinds else None, backend=backend.value, seq=seq,
                        micro_batch=micro_batch, steps=steps, warmup=warmup, device=device.value,
                        dtype=_value(dtype), compile_model=compile_model, on_progress=result_writer(out))
     if out is not None:

@@ -31,6 +31,7 @@ from diffsweep.config import (
     EnvironmentUnavailable,
     load_config,
 )
+from diffsweep.config.kinds import kind_names
 
 F = TypeVar("F", bound=Callable[..., Any])
 E = TypeVar("E", bound=StrEnum)
@@ -138,8 +139,8 @@ SizeOpt = Annotated[str | None, name_choice(lambda: SIZES, "--size", "Size prese
                                              "sizes`).", key="model.size", metavar="SIZE", show_default=False)]
 ArchOpt = Annotated[
     AttentionKind | None,
-    choice(AttentionKind, "--arch", "Attention kind: {choices}.", key="model.attention.kind", metavar="KIND",
-           show_default=False),
+    name_choice(kind_names, "--arch", "Attention kind: {choices}.", key="model.attention.kind", metavar="KIND",
+                show_default=False),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -223,7 +224,7 @@ def cli_overrides(size: str | None, arch: AttentionKind | None, sets: list[str] 
     if size is not None:
         overrides.append(f"model.size={size}")
     if arch is not None:
-        overrides.append(f"model.attention.kind={arch.value}")
+        overrides.append(f"model.attention.kind={arch}")
     return overrides + list(sets or [])
 
 

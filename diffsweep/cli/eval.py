@@ -86,7 +86,7 @@ def eval_(
         from diffsweep.eval.runner import evaluate
 
         trained = load_trained(target)
-        plain(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind.value}) "
+        plain(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind}) "
               f"on {trained.device}")
         done = evaluate(trained, requests, force=force, echo=echo)
         num_runs = 1

@@ -16,7 +16,7 @@ from diffsweep.cli.common import (
     handle_errors,
     print_json,
 )
-from diffsweep.config import AttentionKind
+from diffsweep.config.kinds import kind_names
 
 app = typer.Typer(help="Inspect model sizes, FLOPs and head layouts without training.", no_args_is_help=True)
 
@@ -120,8 +120,8 @@ def compare(config: ConfigArg = None, size: SizeOpt = None, set_: SetOpt = None,
     # Each kind is loaded from the same inputs, so derived fields (head counts, per-head norm)
     # are derived per kind unless the user pinned them; the kind itself is forced last.
     configs = {
-        kind.value: cli_config(config, size, None, [*(set_ or []), f"model.attention.kind={kind.value}"])
-        for kind in AttentionKind
+        kind: cli_config(config, size, None, [*(set_ or []), f"model.attention.kind={kind}"])
+        for kind in kind_names()
     }
     data = compare_configs(configs)
     if check:

@@ -1,6 +1,7 @@
-"""The paper's attention kinds: one ``KindSpec`` each (registered by ``BUILTIN_KINDS`` at the end).
+"""The paper's attention kinds: one ``KindSpec`` each (registered by name in
+``diffsweep.config.kinds.BUILTIN``).
 
-Adding a kind to diffsweep: one class here (the entry) and its module under
+Adding a kind to diffsweep: one class here, its name in ``kinds.BUILTIN``, and its module under
 ``diffsweep/model/attention/`` (see docs/extending.md).
 """
 
@@ -162,7 +163,3 @@ class DiffV2(KindSpec):
 
     def summary(self, a, n_layers):
         return {"attention": {"pairing": a.v2_pairing.value, "lambda": a.v2_lambda.value}}
-
-
-# The registration of the built-in kinds, in the order they are listed (baseline first).
-BUILTIN_KINDS: tuple[type[KindSpec], ...] = (Transformer, DiffV1, DiffV2)

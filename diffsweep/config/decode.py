@@ -72,7 +72,7 @@ def decode(cls: type[T], raw: Any, path: str = "", *, source: str = "", noun: st
     give ``sweeps/t.yaml: launch.max_runs``); ``noun`` names its keys in the unknown-key error
     (``unknown launch setting``), ``expected`` what it must be if it is no mapping. Errors::
 
-        model.attention.kind: expected one of [transformer, diff_v1, diff_v2], got 'diff'
+        model.attention.backend: expected one of [reference, sdpa, flash, triton], got 'cuda'
         sweeps/t.yaml: launch.max_paralel: unknown launch setting (did you mean 'max_parallel'?); expected one of [...]
 
     It recurses into nested dataclasses (sections) and decodes each field by its type hint:

@@ -16,6 +16,7 @@ import yaml
 
 from diffsweep.config.decode import decode
 from diffsweep.config.errors import ConfigError
+from diffsweep.config.kinds import kind_spec
 from diffsweep.config.schema import Config
 from diffsweep.config.sizes import SIZES
 from diffsweep.config.validate import resolve
@@ -44,7 +45,9 @@ def declared_config(raw: dict[str, Any]) -> Config:
     """
     if not isinstance(raw, dict):
         raise ConfigError("", f"expected a mapping at the top level, got {type(raw).__name__}")
-    return decode(Config, apply_size_preset(raw))
+    config = decode(Config, apply_size_preset(raw))
+    kind_spec(config.model.attention.kind)  # a name the kinds' registry knows (the error lists them)
+    return config
 
 
 def load_declared(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

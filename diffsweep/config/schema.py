@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diffsweep.config.enums import (
+    TRANSFORMER,
     AttentionKind,
     Backend,
     HeadNorm,
@@ -42,7 +43,7 @@ class AttentionConfig:
     """
 
     # Any registered kind: the paper's three or a plug-in's (``diffsweep.config.kinds``).
-    kind: AttentionKind = AttentionKind.TRANSFORMER
+    kind: AttentionKind = TRANSFORMER
     backend: Backend = Backend.SDPA
     head_dim: int = 128
     num_heads: int | None = None  # None: derived from d_model and head_dim per kind (above)

@@ -186,7 +186,7 @@ def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
     defaults = AttentionConfig()
     for name in sorted({s for other in kind_specs().values() for s in other.switches}, key=_SWITCH_ORDER.index):
         if name not in spec.switches and getattr(a, name) != getattr(defaults, name):
-            users = [k.value for k, s in kind_specs().items() if name in s.switches]
+            users = [k for k, s in kind_specs().items() if name in s.switches]
             _no_effect(f"{key}.{name}", str(getattr(a, name)), a.kind, ", ".join(users))
     resolved = dataclasses.replace(
         a, num_heads=num_heads, num_kv_heads=num_kv, kv_group_size=group, head_norm=head_norm,
@@ -230,7 +230,7 @@ def _resolve_gqa(a: AttentionConfig, num_heads: int, key: str) -> tuple[int, int
 
 def _no_effect(key: str, value: str, kind: AttentionKind, applies_to: str) -> None:
     warnings.warn(
-        f"{key}: {value!r} has no effect for attention kind {kind.value!r} (only {applies_to} uses it)",
+        f"{key}: {value!r} has no effect for attention kind {kind!r} (only {applies_to} uses it)",
         ConfigWarning,
         stacklevel=4,
     )

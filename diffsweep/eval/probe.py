@@ -3,7 +3,7 @@
 A probe measures a trained model offline, on synthetic prompts or on the validation split the run
 trained on. Each is one module in ``diffsweep/eval/probes/`` (or a user's package) defining one
 ``Probe`` subclass, registered here by name (``PROBES``) or through the entry-point group
-``diffsweep.probes`` (``name = "package.module:Class"``): one ``diffsweep.registry.Registry``.
+``diffsweep.probes`` (``name = "package.module:Class"``): one ``diffsweep.config.registry.Registry``.
 
 A probe has typed settings: a frozen dataclass (``Probe.Settings``) decoded strictly with the
 one decoder from ``NAME.KEY=VALUE`` items (``diffsweep eval --probe-set needle.samples=10``) or a
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import decode
-from diffsweep.registry import Registry
+from diffsweep.config.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np

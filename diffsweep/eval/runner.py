@@ -171,7 +171,7 @@ def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Pro
         "diffsweep.eval.checkpoint": str(trained.checkpoint.absolute()),
         "diffsweep.eval.run_key": trained.run_key,
         "diffsweep.eval.run_name": train_name,
-        "diffsweep.eval.kind": trained.config.model.attention.kind.value,
+        "diffsweep.eval.kind": trained.config.model.attention.kind,
     }
     for name in ("diffsweep.sweep", "diffsweep.sweep_run"):  # copied from the training run, for ``compare``
         if name in source_tags_:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
-from diffsweep.registry import Registry
+from diffsweep.config.registry import Registry
 
 if TYPE_CHECKING:  # only for annotations (none of them imports this module)
     from diffsweep.launch.job import TrainJob

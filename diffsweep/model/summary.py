@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffsweep.config import SIZES, AttentionKind, Config, config_from_dict
+from diffsweep.config import SIZES, Config, config_from_dict
+from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 
@@ -39,7 +40,7 @@ def preset_overrides(cfg: Config) -> list[str]:
     m = cfg.model
     if m.size is None:
         return []
-    preset = config_from_dict({"model": {"size": m.size, "attention": {"kind": m.attention.kind.value}}}).model
+    preset = config_from_dict({"model": {"size": m.size, "attention": {"kind": m.attention.kind}}}).model
     changed = [f"model.{k}" for k in _SHAPE_KEYS if getattr(m, k) != getattr(preset, k)]
     return changed + [f"model.attention.{k}" for k in _HEAD_KEYS
                       if getattr(m.attention, k) != getattr(preset.attention, k)]
@@ -52,7 +53,7 @@ def describe(cfg: Config) -> dict[str, Any]:
     info: dict[str, Any] = {
         "size": m.size,
         "overrides_of_size": preset_overrides(cfg),
-        "arch": a.kind.value,
+        "arch": a.kind,
         "params": counting.num_params(m),
         "non_embedding_params": counting.num_non_embedding_params(m),
         "embedding_params": counting.num_embedding_params(m),
@@ -75,7 +76,7 @@ def describe(cfg: Config) -> dict[str, Any]:
     return info
 
 
-def compare(configs: dict[str, Config], baseline: str = AttentionKind.TRANSFORMER.value) -> dict[str, Any]:
+def compare(configs: dict[str, Config], baseline: str = TRANSFORMER) -> dict[str, Any]:
     """``describe`` each config and the mismatch of params and FLOPs against ``baseline`` in percent."""
     rows = {name: describe(cfg) for name, cfg in configs.items()}
     base = rows[baseline]

@@ -24,7 +24,7 @@ def attention_module(kind: AttentionKind) -> type[AttentionModule]:
     """The module class of ``kind`` (its ``KindSpec.module``, imported on first use)."""
     cls = kind_spec(kind).load_module()
     if not (isinstance(cls, type) and issubclass(cls, AttentionModule)):
-        raise TypeError(f"attention kind {kind.value!r}: {kind_spec(kind).module} is not a "
+        raise TypeError(f"attention kind {kind!r}: {kind_spec(kind).module} is not a "
                         "diffsweep.model.attention.base.AttentionModule")
     return cls
 

@@ -165,7 +165,7 @@ class Audit:
 
 def default_baseline() -> str:
     """The first registered kind (the Transformer)."""
-    return next(iter(kind_specs())).value
+    return next(iter(kind_specs()))
 
 
 def records(runs: Iterable[Any]) -> list[ArmRecord]:

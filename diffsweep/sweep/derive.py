@@ -24,7 +24,8 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from diffsweep.config import AttentionConfig, AttentionKind, Config, ConfigError, to_dict
+from diffsweep.config import AttentionConfig, Config, ConfigError, to_dict
+from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.identity import flatten
 from diffsweep.model import counting
 
@@ -121,13 +122,13 @@ def _lookup(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
 def _param_parity(rule: dict[str, Any], key: str, config: Config, where: str) -> int | None:
     if key != "model.ffn_hidden":
         raise ConfigError(where, "rule param_parity derives model.ffn_hidden only")
-    if config.model.attention.kind is AttentionKind.TRANSFORMER:
+    if config.model.attention.kind == TRANSFORMER:
         return config.model.ffn_hidden
     from diffsweep.config.validate import resolve  # the baseline: same model, transformer attention
 
     a = config.model.attention
     baseline = resolve(dataclasses.replace(config, model=dataclasses.replace(
-        config.model, attention=AttentionConfig(kind=AttentionKind.TRANSFORMER, backend=a.backend,
+        config.model, attention=AttentionConfig(kind=TRANSFORMER, backend=a.backend,
                                                 head_dim=a.head_dim, kv_group_size=a.kv_group_size))))
     target = counting.num_params(baseline.model)
     per_unit = 3 * config.model.d_model * config.model.n_layers  # SwiGLU params per unit of hidden size

@@ -29,6 +29,7 @@ from diffsweep.config import (
     declared_config,
     to_dict,
 )
+from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.identity import flatten, run_key
 from diffsweep.config.kinds import NameToken, kind_spec, kind_specs
 from diffsweep.config.loading import copy_tree, read_yaml, set_dotted
@@ -94,7 +95,7 @@ class SweepRun:
 
     @property
     def kind(self) -> str:
-        return self.config.model.attention.kind.value
+        return self.config.model.attention.kind
 
     @property
     def size(self) -> str:
@@ -226,11 +227,11 @@ def _keep(point: _Point, spec: SweepSpec, base: dict[str, Any]) -> bool:
 
 
 def _kind(point: _Point, base: dict[str, Any]) -> AttentionKind:
-    value = _effective(point, base, KIND_KEY) or AttentionKind.TRANSFORMER.value
-    if value not in AttentionKind:  # lists every registered kind, plug-ins included
-        raise ConfigError(f"{point.origin}: {KIND_KEY}", f"expected one of "
-                          f"[{', '.join(k.value for k in AttentionKind)}], got {value!r}")
-    return AttentionKind(value)
+    value = _effective(point, base, KIND_KEY) or TRANSFORMER
+    if not isinstance(value, str):
+        raise ConfigError(f"{point.origin}: {KIND_KEY}", f"expected an attention kind's name, got {value!r}")
+    kind_spec(value, f"{point.origin}: {KIND_KEY}")  # an unknown name lists every registered kind
+    return value
 
 
 def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
@@ -320,7 +321,7 @@ def _human(n: float) -> str:
 def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
     """``diff_v1-1.4B-lam_exp-gn_on-s0``: kind, size, the point's axis values (a rule's result),
     seed."""
-    parts = [config.model.attention.kind.value, config.model.size or "custom"]
+    parts = [config.model.attention.kind, config.model.size or "custom"]
     flat = flatten(to_dict(config)) if any(_is_rule(v) for v in values.values()) else {}
     tokens = name_tokens()
     parts += [_token(k, flat[k] if _is_rule(values[k]) else values[k], tokens) for k in axis_keys if k in values]

@@ -62,7 +62,7 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
         raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
     tags = source | {
-        "diffsweep.arch": config.model.attention.kind.value,
+        "diffsweep.arch": config.model.attention.kind,
         "diffsweep.size": config.model.size or "custom",
         "diffsweep.params": str(counting.num_params(config.model)),
         "diffsweep.non_embedding_params": str(counting.num_non_embedding_params(config.model)),

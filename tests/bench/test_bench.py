@@ -15,7 +15,8 @@ import time
 import pytest
 
 from diffsweep.bench.attention import forward_backward_flops, forward_flops, layout_calls
-from diffsweep.config import AttentionKind, Backend, load_config
+from diffsweep.config import Backend, load_config
+from diffsweep.config.enums import DIFF_V1, DIFF_V2, TRANSFORMER
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 from diffsweep.model.attention.backends import AttentionCall
@@ -54,12 +55,12 @@ def test_forward_flops_by_hand():
 def test_layouts_come_from_the_presets_and_agree_with_counting(size):
     calls = layout_calls(size)
     heads = {"1.4B": 16, "3B": 24}[size]
-    assert calls[AttentionKind.TRANSFORMER] == AttentionCall(heads, heads, 128, 128, differential=False)
-    assert calls[AttentionKind.DIFF_V1] == AttentionCall(heads // 2, heads // 2, 128, 256, differential=True)
-    assert calls[AttentionKind.DIFF_V2] == AttentionCall(2 * heads, heads, 128, 128, differential=False)
+    assert calls[TRANSFORMER] == AttentionCall(heads, heads, 128, 128, differential=False)
+    assert calls[DIFF_V1] == AttentionCall(heads // 2, heads // 2, 128, 256, differential=True)
+    assert calls[DIFF_V2] == AttentionCall(2 * heads, heads, 128, 128, differential=False)
     # The same attention FLOPs as the model counter (per token, full T×T), halved for the causal mask.
     for kind, call in calls.items():
-        a = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}"]).model.attention
+        a = load_config(None, [f"model.size={size}", f"model.attention.kind={kind}"]).model.attention
         assert forward_flops(call, 2, 4096) == 2 * 4096 * kind_spec(kind).attention_flops(a, 4096) // 2
 
 

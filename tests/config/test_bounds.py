@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from diffsweep.config import AttentionKind, ConfigError, load_config
+from diffsweep.config import ConfigError, load_config
+from diffsweep.config.kinds import kind_names
 from diffsweep.config.loading import MAX_ALIAS_NODES, read_yaml
 from diffsweep.config.sizes import SIZES
 from diffsweep.config.validate import MAX_PARAMS, estimated_params
@@ -68,9 +69,9 @@ def test_deep_nesting_is_one_error(tmp_path):
 def test_the_size_estimate_matches_the_parameter_table():
     worst = 0.0
     for size in SIZES:
-        for kind in AttentionKind:
+        for kind in kind_names():
             for extra in ([], ["model.attention.num_kv_heads=1"], ["model.tie_embeddings=false"]):
-                model = load_config(None, [f"model.size={size}", f"model.attention.kind={kind.value}", *extra]).model
+                model = load_config(None, [f"model.size={size}", f"model.attention.kind={kind}", *extra]).model
                 exact = counting.num_params(model)
                 worst = max(worst, abs(estimated_params(model) - exact) / exact)
     assert worst < 0.005

@@ -1,4 +1,4 @@
-"""The registry of attention kinds (pure Python): specs, the open ``AttentionKind``, entry points,
+"""The registry of attention kinds (pure Python): specs, kind names, entry points,
 and the typed λ_init value."""
 
 from __future__ import annotations
@@ -9,14 +9,16 @@ import sys
 
 import pytest
 
-from diffsweep.config import AttentionKind, ConfigError, LambdaInitStrategy, load_config
+from diffsweep.config import ConfigError, EnvironmentUnavailable, LambdaInitStrategy, load_config
 from diffsweep.config.builtin_kinds import DiffV1
+from diffsweep.config.enums import DIFF_V1
 from diffsweep.config.kinds import (
     ENTRY_POINT_GROUP,
+    KINDS,
     KindSpec,
-    _register_entry_point,
     display_color,
     display_name,
+    kind_names,
     kind_spec,
     kind_specs,
     register_kind,
@@ -25,10 +27,9 @@ from diffsweep.config.lambda_init import LambdaInit
 
 
 def test_the_paper_kinds_are_registered_in_order_with_their_definitions():
-    assert [k.value for k in list(kind_specs())[:3]] == ["transformer", "diff_v1", "diff_v2"]
+    assert kind_names()[:3] == ["transformer", "diff_v1", "diff_v2"]
     for kind, spec in kind_specs().items():
-        assert spec.name == kind.value and kind in AttentionKind
-        assert kind_spec(kind.value) is spec  # by name or by member
+        assert spec.name == kind and kind in kind_names() and kind_spec(kind) is spec
         for formula in ("attention_params", "attention_flops", "saved_bytes"):
             assert getattr(type(spec), formula) is not getattr(KindSpec, formula), (kind, formula)
         assert ":" in spec.module and spec.display_name
@@ -38,41 +39,48 @@ def test_the_paper_kinds_are_registered_in_order_with_their_definitions():
 
 
 def test_unknown_kind_is_one_error_listing_the_registered_kinds():
-    with pytest.raises(ConfigError, match=r"model\.attention\.kind: expected one of \[transformer, diff_v1, diff_v2"):
+    with pytest.raises(ConfigError, match=r"model\.attention\.kind: unknown attention kind 'diff_v9' \(did you mean "
+                       r"'diff_v2'\?\); expected one of \[transformer, diff_v1, diff_v2"):
         load_config(None, ["model.attention.kind=diff_v9"])
-    with pytest.raises(ConfigError, match=r"model\.attention\.kind: expected one of"):
+    with pytest.raises(ConfigError, match=r"model\.attention\.kind: unknown attention kind"):
         kind_spec("diff_v9")
+    with pytest.raises(ConfigError, match=r"model\.attention\.kind: expected a string, got \['a'\]"):
+        load_config(None, ["model.attention.kind=[a]"])
 
 
-def test_a_kind_cannot_be_registered_twice():
-    with pytest.raises(ValueError, match="registered twice"):
+def test_a_kind_cannot_be_registered_twice_nor_under_a_bad_name():
+    with pytest.raises(ValueError, match="'diff_v1' is already registered"):
         register_kind(DiffV1)
-    assert type(kind_spec(AttentionKind.DIFF_V1)) is DiffV1
+    assert type(kind_spec(DIFF_V1)) is DiffV1
 
+    class Bad(KindSpec):
+        name, display_name, module = "Diff-V9", "Bad", "x:y"
 
-class _FakeEntryPoint:
-    def __init__(self, name, load):
-        self.name, self.value, self._load = name, f"fake:{name}", load
-
-    def load(self):
-        return self._load()
-
-
-def _boom():
-    raise ImportError("No module named 'torch_extension_of_the_user'")
+    with pytest.raises(ValueError, match="lower-case identifier, got 'Diff-V9'"):
+        register_kind(Bad)
 
 
 def test_a_broken_plugin_is_reported_and_left_out():
-    before = list(AttentionKind)
-    with pytest.warns(RuntimeWarning, match="'broken'.*not registered: No module named"):
-        _register_entry_point(_FakeEntryPoint("broken", _boom))
-
+    """A kind whose module does not import (a user's broken package) or whose spec names another kind
+    is left out of the listing with a warning; a config naming it is one error, not a traceback."""
     class Misnamed(KindSpec):
         name, display_name, module = "other", "Other", "x:y"
 
-    with pytest.warns(RuntimeWarning, match="named 'misnamed' but its kind is named 'other'"):
-        _register_entry_point(_FakeEntryPoint("misnamed", lambda: Misnamed))
-    assert list(AttentionKind) == before
+    KINDS.register("broken", "torch_extension_of_the_user.kinds:Broken")
+    KINDS.register("misnamed", Misnamed)
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            specs = kind_specs()
+        messages = " | ".join(str(w.message) for w in caught)
+        assert "'broken'" in messages and "No module named 'torch_extension_of_the_user'" in messages
+        assert "whose name is 'other'" in messages and messages.count("left out") == 2
+        assert "broken" not in specs and "misnamed" not in specs and list(specs)[:3] == kind_names()[:3]
+        with pytest.raises(EnvironmentUnavailable, match="attention kind 'broken'"):
+            load_config(None, ["model.attention.kind=broken"])
+        assert display_name("broken") == "broken"
+    finally:
+        KINDS.unregister("broken")
+        KINDS.unregister("misnamed")
 
 
 def test_kinds_come_from_the_entry_point_group():
@@ -84,7 +92,8 @@ def test_kinds_come_from_the_entry_point_group():
 
 
 def test_listing_kinds_imports_no_torch():
-    code = ("import sys; from diffsweep.config import AttentionKind, load_config; list(AttentionKind); "
+    code = ("import sys; from diffsweep.config import load_config; from diffsweep.config.kinds import kind_specs; "
+            "kind_specs(); "
             "load_config(None, ['model.attention.kind=diff_v2']); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

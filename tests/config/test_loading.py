@@ -8,7 +8,6 @@ import warnings
 import pytest
 
 from diffsweep.config import (
-    AttentionKind,
     Backend,
     ConfigError,
     ConfigWarning,
@@ -18,6 +17,7 @@ from diffsweep.config import (
     load_config,
     load_declared,
 )
+from diffsweep.config.enums import DIFF_V1, TRANSFORMER
 from diffsweep.config.validate import resolve
 
 
@@ -29,7 +29,7 @@ def _err(overrides: list[str], path=None) -> ConfigError:
 
 def test_defaults_are_the_paper_1p4b_transformer_recipe():
     cfg = load_config()
-    assert cfg.model.attention.kind is AttentionKind.TRANSFORMER
+    assert cfg.model.attention.kind == TRANSFORMER
     assert cfg.model.attention.num_heads == 2048 // 128
     assert cfg.model.ffn_hidden == 5464  # 8 * 2048 // 3 = 5461, rounded up to a multiple of 8
     assert cfg.train.betas == (0.9, 0.98) and cfg.train.lr == 1.5e-4
@@ -62,7 +62,7 @@ def test_yaml_then_set_overrides_later_wins(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("model:\n  size: tiny-m\n  attention:\n    kind: diff_v1\ntrain:\n  lr: 1e-3\n")
     cfg = load_config(path, ["train.lr=2e-3", "model.attention.lambda_init=constant:0.5"])
-    assert cfg.model.d_model == 128 and cfg.model.attention.kind is AttentionKind.DIFF_V1
+    assert cfg.model.d_model == 128 and cfg.model.attention.kind == DIFF_V1
     assert cfg.train.lr == 2e-3  # --set wins over the file, which wins over the preset
     assert cfg.model.attention.lambda_init == "constant:0.5"
     assert cfg.model.attention.num_heads == 128 // (2 * 16)  # derived for diff_v1: d_model / 2d (tiny-m: d = 16)
@@ -98,7 +98,8 @@ def test_unknown_top_level_section():
 
 def test_bad_enum_value_lists_the_allowed_ones():
     e = _err(["model.attention.kind=diff"])
-    assert str(e) == "model.attention.kind: expected one of [transformer, diff_v1, diff_v2], got 'diff'"
+    assert str(e) == ("model.attention.kind: unknown attention kind 'diff' (did you mean 'diff_v2'?); expected one of "
+                      "[transformer, diff_v1, diff_v2]")
     assert "reference, sdpa, flash, triton" in str(_err(["model.attention.backend=cuda"]))
     assert "rmsnorm, none" in str(_err(["model.attention.head_norm=groupnorm"]))
 

@@ -50,7 +50,7 @@ def test_the_checkpoint_loads_as_trained(trained_run, mlflow_store):
     trainer logged at the last step (eval_tokens 256 of seq_len 128, micro-batches of 2)."""
     trained = load_trained(trained_run)
     assert trained.step == 12 and trained.checkpoint.name == "step_00000012"
-    assert trained.config.model.attention.kind.value == "diff_v1" and not trained.model.training
+    assert trained.config.model.attention.kind == "diff_v1" and not trained.model.training
     logged = mlflow_client(mlflow_store).get_metric_history(trained.mlflow_run_id, "val/loss")
     last = next(m.value for m in logged if m.step == 12)
     val = trained.dataset.split("val")

@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from diffsweep.config import AttentionKind, load_config
-from diffsweep.config.kinds import kind_spec
+from diffsweep.config import load_config
+from diffsweep.config.kinds import kind_names, kind_spec
 from diffsweep.model.attention.backends import BACKENDS
 from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import Rotary
 from diffsweep.model.transformer import attention_call, attention_module, build_model
 
-KINDS = [k.value for k in AttentionKind]
+KINDS = kind_names()
 
 
 def tiny(kind: str, *sets: str):

@@ -78,7 +78,7 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
     exp_id = ensure_experiment(uri, experiment or spec.experiment)
     for run in expand(spec).runs:
         c = run.config
-        tags = {"diffsweep.arch": c.model.attention.kind.value, "diffsweep.size": c.model.size or "custom",
+        tags = {"diffsweep.arch": c.model.attention.kind, "diffsweep.size": c.model.size or "custom",
                 "diffsweep.params": str(run.num_params),
                 "diffsweep.non_embedding_params": str(run.num_non_embedding_params),
                 "diffsweep.flops_per_token": str(counting.train_flops_per_token(c.model, c.train.seq_len)),
@@ -91,7 +91,7 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
         metrics = []
         for step in evals:
             tokens = step * c.train.batch_tokens
-            metrics += [Metric("val/loss", loss(c.model.attention.kind.value, run.num_params, tokens) + offset(run), 0,
+            metrics += [Metric("val/loss", loss(c.model.attention.kind, run.num_params, tokens) + offset(run), 0,
                                step),
                         Metric("train/tokens", float(tokens), 0, step)]
         for i in range(0, len(params), 100):

@@ -287,7 +287,7 @@ class IclProbe(Probe):
                                                                        result.metrics.items()
                                                                        if k.startswith("icl/robust/")
                                                                        and k != "icl/robust/shots"}}]
-        kind = ctx.config.model.attention.kind.value
+        kind = ctx.config.model.attention.kind
         result.files.append(plot(result.tables["icl_shots"], robust, len(labels), ctx.out_dir / "icl.png",
                                  display_name(kind), display_color(kind)))
         return result

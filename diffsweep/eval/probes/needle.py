@@ -144,7 +144,7 @@ class NeedleProbe(Probe):
         result.metrics[f"needle/{label}/accuracy"] = sum(r["accuracy"] for r in rows) / len(rows)
         result.tables["needle"] = rows
         result.files.append(heat_map(rows, ctx.out_dir / f"needle_{label}.png",
-                                     display_name(ctx.config.model.attention.kind.value), settings))
+                                     display_name(ctx.config.model.attention.kind), settings))
         return result
 
     def answers(self, ctx: EvalContext, prompts: list[list[int]], settings: NeedleSettings) -> list[str]:

@@ -105,7 +105,7 @@ class NllPositionProbe(Probe):
         result.metrics["nll_position/last_tenth"] = float(per_position[-max(1, round(LAST_FRACTION * length)):].mean())
         result.tables["nll_position"] = [{"position": t, "nll": float(per_position[t - 1]),
                                           "cumulative": float(cumulative[t - 1])} for t in log_positions(length)]
-        kind = ctx.config.model.attention.kind.value
+        kind = ctx.config.model.attention.kind
         theta = settings.rope_theta or ctx.config.model.rope_theta
         result.files.append(plot(cumulative, ctx.out_dir / "nll_position.png", display_name(kind),
                                  display_color(kind), f"{result.metrics['nll_position/mean']:.3f}, RoPE θ = {theta:g}"))

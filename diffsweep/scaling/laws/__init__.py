@@ -4,7 +4,7 @@
 in ``BUILTIN`` as ``"module:Class"`` strings, so the names cost no import (``diffsweep fit --help``
 loads no numpy); a new form is one file (a ``LawForm`` subclass in ``laws/<name>.py``, see
 docs/extending.md) and its line here. A user's package adds one through the entry-point group
-``diffsweep.law_forms``; ``register`` adds one at run time (a test). One ``diffsweep.registry.Registry``,
+``diffsweep.law_forms``; ``register`` adds one at run time (a test). One ``diffsweep.config.registry.Registry``,
 as for schedulers and probes.
 """
 
@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from diffsweep.config import EnvironmentUnavailable
-from diffsweep.registry import Registry
+from diffsweep.config.registry import Registry
 
 if TYPE_CHECKING:
     from diffsweep.scaling.laws.base import LawForm

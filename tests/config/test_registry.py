@@ -1,4 +1,4 @@
-"""The one registry primitive (``diffsweep.registry.Registry``) that the schedulers, the probes and
+"""The one registry primitive (``diffsweep.config.registry.Registry``) that the schedulers, the probes and
 the law forms use: order, lazy imports, one entry per name, and the errors a user sees. (Entry points
 are used for real by tests/plugins/test_toy_kind.py, which installs a package that has them.)"""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
-from diffsweep.registry import Registry
+from diffsweep.config.registry import Registry
 
 
 class Animal:
@@ -38,7 +38,7 @@ def test_names_come_in_order_and_each_entry_is_made_once():
 
 
 def test_a_module_named_by_a_string_is_imported_only_when_its_entry_is_asked_for(tmp_path, monkeypatch):
-    (tmp_path / "far_zoo.py").write_text("from tests.test_registry import Animal\n\n"
+    (tmp_path / "far_zoo.py").write_text("from tests.config.test_registry import Animal\n\n"
                                          "class Owl(Animal):\n    name = 'owl'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     animals = zoo(owl="far_zoo:Owl")
@@ -71,7 +71,7 @@ def test_an_unknown_name_names_the_closest_and_lists_them_all_on_the_callers_key
 
 def test_an_entry_of_the_wrong_type_or_under_another_name_is_refused():
     animals = zoo(cat=Cat, rock=object, fido=Dog)
-    with pytest.raises(TypeError, match="animal 'rock': .* is not a tests.test_registry.Animal"):
+    with pytest.raises(TypeError, match="animal 'rock': .* is not a tests.config.test_registry.Animal"):
         animals.get("rock")
     with pytest.raises(ConfigError, match="animal 'fido' is registered as .*Dog.*, whose name is 'dog'"):
         animals.get("fido")

@@ -1,4 +1,4 @@
-"""One registry of named plug-ins, used by the schedulers, the probes and the scaling-law forms.
+"""One registry of named plug-ins, used by the attention kinds, the schedulers, the probes and the scaling-law forms.
 
 A name maps to an object, a class (made once, when first asked for) or a ``"module:attr"`` string
 imported when first asked for, so listing the names imports nothing. Built-in entries come first,
