@@ -27,6 +27,7 @@ from pathlib import Path
 
 from diffsweep import slurm
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import decode
 
 _TRIES = 20  # a take-over by another process in progress is waited for this many times 50 ms
 
@@ -245,13 +246,9 @@ def _encode(holder: Holder) -> bytes:
 
 def _decode(raw: bytes) -> Holder | None:
     try:
-        holder = Holder(**json.loads(raw))
-    except (ValueError, TypeError):  # not JSON, not a mapping, or other fields
+        return decode(Holder, json.loads(raw), noun="lock holder field")
+    except (ValueError, ConfigError):  # not JSON, not a mapping, other fields or types: no holder
         return None
-    if not (isinstance(holder.host, str) and isinstance(holder.pid, int) and isinstance(holder.restarts, int)
-            and isinstance(holder.start, int | None) and isinstance(holder.job, str | None)):
-        return None
-    return holder
 
 
 def _missing_parents(path: Path) -> list[Path]:

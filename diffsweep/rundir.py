@@ -43,6 +43,16 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class EvalRequest:
+    """``launch_eval.json``: the probes a launched job runs once its run has trained (the sweep's
+    ``eval:`` section, ``diffsweep.sweep.spec.EvalSettings``), and what its job carries."""
+
+    probes: tuple[str, ...]
+    settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # probe -> {setting: value}
+    steps: tuple[int, ...] = ()  # also these checkpoints (if kept), besides the newest
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """``job.json``: a launched job's last report on its run (rewritten as it goes)."""
 
@@ -142,20 +152,20 @@ def read_launch_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / LAUNCH_CONFIG).read_text())
 
 
-def write_launch_eval(run_dir: Path, request: dict[str, Any] | None) -> None:
-    """Record the probes the launched job runs after training (``{"probes", "settings", "steps"}``),
-    or remove an earlier record (``None``: the sweep has no ``eval:`` now)."""
+def write_launch_eval(run_dir: Path, request: EvalRequest | None) -> None:
+    """Record the probes the launched job runs after training, or remove an earlier record
+    (``None``: the sweep has no ``eval:`` now)."""
     if request is None:
         (run_dir / LAUNCH_EVAL).unlink(missing_ok=True)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(run_dir / LAUNCH_EVAL, json.dumps(request) + "\n")
+    write_atomically(run_dir / LAUNCH_EVAL, json.dumps(dataclasses.asdict(request)) + "\n")
 
 
-def read_launch_eval(run_dir: Path) -> dict[str, Any] | None:
+def read_launch_eval(run_dir: Path) -> EvalRequest | None:
     """The request ``write_launch_eval`` recorded, None if there is none."""
     try:
-        return json.loads((run_dir / LAUNCH_EVAL).read_text())
+        return read_json_record(EvalRequest, run_dir / LAUNCH_EVAL, "evaluation request")
     except FileNotFoundError:
         return None
 

@@ -27,12 +27,14 @@ from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, VAL_SPLITS, DatasetMeta, check_replaceable, shard_file
 from diffsweep.data.shards import (
     PLAN_FILE,
-    PLAN_FORMAT,
+    PreparePlan,
+    ShardRecord,
     read_plan,
     record_name,
     shard_record,
     write_in_order,
     write_json,
+    write_plan,
     write_shard,
 )
 from diffsweep.data.sources import (
@@ -222,18 +224,16 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
     tok = new_tokenizer(tokenizer, lambda: (d.text for d in texts()), vocab_size)
     tok.save(staging)
     shard_bytes = [sum(s.stored_bytes for s in group) for group in shards]
-    plan = {
-        "format": PLAN_FORMAT,
-        "tokenizer": tok.kind.value, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-        "tokenizer_sha256": tok.fingerprint(), "tokenizer_version": _library_version(tok.kind),
-        "dtype": "uint16" if tok.vocab_size <= 1 << 16 else "uint32",
-        "val_fraction": val_fraction, "val_split": val_split, "max_tokens": max_tokens,
-        "sample": corpus.sample, "seed": corpus.seed,
-        "listed": listed,
-        "shards": [[s.recipe() for s in group] for group in shards],
-        "shard_bytes": shard_bytes,
-    }
-    write_json(staging / PLAN_FILE, plan)
+    write_plan(staging, PreparePlan(
+        tokenizer=tok.kind, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+        tokenizer_sha256=tok.fingerprint(), tokenizer_version=_library_version(tok.kind),
+        dtype="uint16" if tok.vocab_size <= 1 << 16 else "uint32",
+        val_fraction=val_fraction, val_split=val_split, max_tokens=max_tokens,
+        sample=corpus.sample, seed=corpus.seed,
+        listed=listed,
+        shards=[[s.recipe() for s in group] for group in shards],
+        shard_bytes=shard_bytes,
+    ))
     return Staged(staging, len(shards), shard_bytes)
 
 
@@ -243,7 +243,7 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
 def _write_listed(staged: Staged, documents: Sequence[Document], progress: Progress | None) -> None:
     """The one shard of documents given as a list, in this process, a progress step per document
     (the progress wrapper drives the iteration, so a Ctrl-C it raises stops the writing)."""
-    budget = read_plan(staged.path)["max_tokens"]  # applied here: finish cannot read a list again
+    budget = read_plan(staged.path).max_tokens  # applied here: finish cannot read a list again
     if progress is None:
         write_shard(staged.path, 0, documents=documents, budget=budget)
         return
@@ -261,9 +261,9 @@ def _write_all(staged: Staged, workers: int, progress: Progress | None) -> None:
     """Every shard, in ``workers`` processes (or this one for 1), stopping early when a ``max_tokens``
     budget is spent by the shards before (``finish`` cuts the shard that crosses it); the progress
     steps are each finished shard's input bytes."""
-    budget = read_plan(staged.path)["max_tokens"]
+    budget = read_plan(staged.path).max_tokens
     records = write_in_order(staged.path, list(range(staged.num_shards)), workers, budget)
-    steps = (staged.shard_bytes[r["index"]] for r in records)
+    steps = (staged.shard_bytes[r.index] for r in records)
     for _ in progress(steps, sum(staged.shard_bytes) or None) if progress else steps:
         pass
 
@@ -279,28 +279,28 @@ def finish(staging: Path, out: Path, *, force: bool = False) -> DatasetMeta:
         if not force:
             raise ConfigError(str(out), "already exists (pass --force to replace it)")
         check_replaceable(out)
-    budget = plan["max_tokens"]
-    records: list[dict[str, Any]] = []
+    budget = plan.max_tokens
+    records: list[ShardRecord] = []
     written = 0
-    for i in range(len(plan["shards"])):
+    for i in range(len(plan.shards)):
         if budget is not None and written >= budget:
             _drop_shard(staging, i)
             continue
         record = shard_record(staging, i)
         if record is None:
-            raise ConfigError(str(staging), f"shard {i} of {len(plan['shards'])} is not written")
-        if budget is not None and written + sum(record["tokens"].values()) > budget:
-            if record["budget"] != budget - written:
+            raise ConfigError(str(staging), f"shard {i} of {len(plan.shards)} is not written")
+        if budget is not None and written + record.num_tokens > budget:
+            if record.budget != budget - written:
                 record = write_shard(staging, i, budget=budget - written)
             written = budget  # a shard cut to fit: the later documents are not in the dataset
         else:
-            written += sum(record["tokens"].values())
+            written += record.num_tokens
         records.append(record)
     meta = _meta(plan, records, staging)
     if not meta.num_documents:  # max_tokens always leaves room for one (``stage``)
-        raise ConfigError("sample", f"kept none of the documents (fraction {plan['sample']}, seed {plan['seed']})")
+        raise ConfigError("sample", f"kept none of the documents (fraction {plan.sample}, seed {plan.seed})")
     write_json(staging / META_FILE, meta.to_json())
-    for i in range(len(plan["shards"])):
+    for i in range(len(plan.shards)):
         (staging / record_name(i)).unlink(missing_ok=True)
     (staging / PLAN_FILE).unlink()
     publish(staging, out)  # a symlink is replaced, not its target
@@ -312,50 +312,49 @@ def _drop_shard(staging: Path, index: int) -> None:
         (staging / name).unlink(missing_ok=True)
 
 
-def _meta(plan: dict[str, Any], records: list[dict[str, Any]], staging: Path) -> DatasetMeta:
+def _meta(plan: PreparePlan, records: list[ShardRecord], staging: Path) -> DatasetMeta:
     """The dataset's metadata: its sources (each input once, in order) and fingerprint."""
-    if plan["listed"] is not None:
-        sources, identity = plan["listed"], [s["sha256"] for s in plan["listed"]]
+    if plan.listed is not None:
+        sources, identity = plan.listed, [s["sha256"] for s in plan.listed]
     else:
         sources, identity = _sources(plan, records)
-    counts = {split: sum(r["tokens"][split] for r in records) for split in SPLITS}
-    fields = dict(
-        tokenizer=TokenizerKind(plan["tokenizer"]),
-        vocab_size=plan["vocab_size"],
-        eos_id=plan["eos_id"],
-        dtype=plan["dtype"],
+    counts = {split: sum(r.tokens[split] for r in records) for split in SPLITS}
+    fields: dict[str, Any] = dict(
+        tokenizer=plan.tokenizer,
+        vocab_size=plan.vocab_size,
+        eos_id=plan.eos_id,
+        dtype=plan.dtype,
         tokens=counts,
-        tokenizer_sha256=plan["tokenizer_sha256"],
+        tokenizer_sha256=plan.tokenizer_sha256,
         sources=sources,
-        num_documents=sum(r["documents"] for r in records),
-        val_fraction=plan["val_fraction"],
+        num_documents=sum(r.documents for r in records),
+        val_fraction=plan.val_fraction,
     )
     # How the corpus was cut: recorded always, in the identity only when used (so a dataset made
     # without them keeps the fingerprint it had before they existed). The shards are not part of
     # the identity: the token stream is the same however it is cut into files.
-    selection = dict(max_tokens=plan["max_tokens"], sample=plan["sample"],
-                     seed=plan["seed"] if plan["sample"] is not None else None)
-    key = {k: v for k, v in fields.items() if k != "sources"} | {"sources": identity, "tokenizer": plan["tokenizer"]}
+    selection: dict[str, Any] = dict(max_tokens=plan.max_tokens, sample=plan.sample, seed=plan.seed if plan.sample is not None else None)
+    key = {k: v for k, v in fields.items() if k != "sources"} | {"sources": identity, "tokenizer": plan.tokenizer.value}
     key |= {k: v for k, v in selection.items() if v is not None}
-    if plan["val_split"] != "tail":
-        key["val_split"] = plan["val_split"]
+    if plan.val_split != "tail":
+        key["val_split"] = plan.val_split
     fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    shards = [{"tokens": r["tokens"], "documents": r["documents"], "sha256": r["sha256"]} for r in records]
-    return DatasetMeta(**fields, fingerprint=fingerprint, **selection, tokenizer_version=plan["tokenizer_version"],
-                       val_split=plan["val_split"], shards=shards)
+    shards = [{"tokens": r.tokens, "documents": r.documents, "sha256": r.sha256} for r in records]
+    return DatasetMeta(**fields, fingerprint=fingerprint, **selection, tokenizer_version=plan.tokenizer_version,
+                       val_split=plan.val_split, shards=shards)
 
 
-def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def _sources(plan: PreparePlan, records: list[ShardRecord]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every input once (a dataset cut into row ranges: its parts merged), described and identified.
     Inputs of shards past a ``max_tokens`` cut are described unread (0 documents), as before shards."""
     described: list[dict[str, Any]] = []
     identities: list[list[str]] = []
     by_input: dict[str, int] = {}
-    for i, recipes in enumerate(plan["shards"]):
+    for i, recipes in enumerate(plan.shards):
         record = records[i] if i < len(records) else None
         for j, recipe in enumerate(recipes):
             if record is not None:
-                entry, identity = record["sources"][j], record["identity"][j]
+                entry, identity = record.sources[j], record.identity[j]
             else:
                 unread = from_recipe(recipe)
                 entry, identity = unread.describe(), unread.identity()
@@ -368,12 +367,12 @@ def _sources(plan: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[
             by_input[name] = len(described)
             described.append(dict(entry))
             identities.append([identity])
-    identity = [ids[0] if len(ids) == 1 else combine_hashes(ids) for ids in identities]
-    for entry, ids, key in zip(described, identities, identity, strict=True):
+    keys = [ids[0] if len(ids) == 1 else combine_hashes(ids) for ids in identities]
+    for entry, ids, key in zip(described, identities, keys, strict=True):
         if len(ids) > 1:  # a dataset read in row ranges: described whole, as if read in one piece
             entry["sha256"] = key
             entry.pop("rows")
-    return described, identity
+    return described, keys
 
 
 # --- helpers ---------------------------------------------------------------------------------------

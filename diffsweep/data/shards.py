@@ -12,18 +12,21 @@ or in worker processes (``write_in_order``); a Slurm array task runs ``write_sha
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
+from diffsweep.config.decode import Check, read_json_record
 from diffsweep.data.dataset import SPLITS, shard_file
 from diffsweep.data.sources import Document, from_recipe, keep
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer
@@ -33,57 +36,104 @@ PLAN_FILE = "plan.json"
 PLAN_FORMAT = "diffsweep-prepare-plan/1"
 
 
-def read_plan(staging: Path) -> dict[str, Any]:
+def _number(value: Any, key: str) -> Any:
+    """A number kept as written (an int stays an int: the dataset's fingerprint hashes it as JSON)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(key, f"expected a number, got {value!r}")
+    return value
+
+
+def _plan_format(value: Any, key: str) -> str:
+    if value != PLAN_FORMAT:
+        raise ConfigError(key, f"format is not {PLAN_FORMAT!r}")
+    return PLAN_FORMAT
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparePlan:
+    """``plan.json``: what ``stage`` decided (the tokenizer, how the corpus is cut and split, each
+    shard's sources as recipes) and every shard writer reads."""
+
+    format: Annotated[str, Check(_plan_format)] = PLAN_FORMAT
+    tokenizer: TokenizerKind
+    vocab_size: int
+    eos_id: int | None
+    tokenizer_sha256: str
+    tokenizer_version: str
+    dtype: str  # uint16 or uint32
+    val_fraction: Annotated[float, Check(_number)]
+    val_split: str  # tail or document
+    max_tokens: int | None
+    sample: Annotated[float, Check(_number)] | None
+    seed: int | None
+    listed: list[dict[str, Any]] | None  # the documents of a listed corpus, described (one shard); None: sources
+    shards: list[list[dict[str, Any]]]  # each shard's sources, as ``Source.recipe()``
+    shard_bytes: list[int]  # each shard's input bytes (progress)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardRecord:
+    """``shard-NNNNN.json``: a written shard (its record is written last: a shard with one is done)."""
+
+    index: int
+    tokens: dict[str, int]  # per split
+    documents: int
+    itemsize: int  # bytes per token in its .bin files
+    sha256: dict[str, str]  # per split, of its .bin file
+    budget: int | None  # the tokens it was cut to (max_tokens left), None: not cut
+    sources: list[dict[str, Any]]  # each source read, described
+    identity: list[str]  # each source's identity hash
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.tokens.values())
+
+
+def read_plan(staging: Path) -> PreparePlan:
     """The plan ``stage`` wrote into ``staging`` (a ``ConfigError`` when it is unreadable or not one)."""
     try:
-        plan = json.loads((staging / PLAN_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(str(staging / PLAN_FILE), f"not a readable prepare plan ({exc})") from exc
-    if plan.get("format") != PLAN_FORMAT:
-        raise ConfigError(str(staging / PLAN_FILE), f"format is not {PLAN_FORMAT!r}")
-    return plan
+        return read_json_record(PreparePlan, staging / PLAN_FILE, "prepare plan")
+    except FileNotFoundError as exc:
+        raise ConfigError(str(staging / PLAN_FILE), f"not a readable prepare plan ({exc.strerror})") from None
 
 
-def write_shards(staging: Path, indices: Iterable[int], workers: int = 1) -> list[dict[str, Any]]:
+def write_plan(staging: Path, plan: PreparePlan) -> None:
+    write_json(staging / PLAN_FILE, dataclasses.asdict(plan))
+
+
+def write_shards(staging: Path, indices: Iterable[int], workers: int = 1) -> list[ShardRecord]:
     """Write the shards ``indices`` not yet done (resumable: a done shard has its record) in up to
     ``workers`` processes (1: this one); returns their records. What a worker process or a Slurm
     array task runs."""
     return list(write_in_order(staging, list(indices), workers))
 
 
-def shard_record(staging: Path, index: int) -> dict[str, Any] | None:
+def shard_record(staging: Path, index: int) -> ShardRecord | None:
     """The record of a finished shard (None when it is not done, or its files do not match it)."""
     try:
-        record = json.loads((staging / record_name(index)).read_text())
+        record = read_json_record(ShardRecord, staging / record_name(index), "shard record")
         for split in SPLITS:
             file = staging / shard_file(split, index)
-            count, itemsize = record["tokens"][split], record["itemsize"]
-            if not (_count(count) and itemsize in (2, 4) and file.is_file() and file.stat().st_size == count * itemsize):
+            count, itemsize = record.tokens[split], record.itemsize
+            if not (count >= 0 and itemsize in (2, 4) and file.is_file() and file.stat().st_size == count * itemsize):
                 return None
-        if not (_count(record["documents"]) and isinstance(record["sources"], list)
-                and isinstance(record["identity"], list) and isinstance(record["sha256"], dict)):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):  # unreadable or damaged: the shard is written again
+    except (OSError, KeyError, ConfigError):  # missing, unreadable or damaged: the shard is written again
         return None
-    return record
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return record if record.documents >= 0 else None
 
 
 def write_shard(staging: Path, index: int, *, budget: int | None = None, documents: Iterable[Document] | None = None,
-                on_document: Callable[[int], None] | None = None) -> dict[str, Any]:
+                on_document: Callable[[int], None] | None = None) -> ShardRecord:
     """Tokenize shard ``index`` (its sources from the plan, or ``documents``) and write its files,
     then its record. ``budget``: stop after that many tokens (``max_tokens`` left for this shard)."""
     plan = read_plan(staging)
     tok = _tokenizer(staging, plan)
-    sources = [] if documents is not None else [from_recipe(r) for r in plan["shards"][index]]
+    sources = [] if documents is not None else [from_recipe(r) for r in plan.shards[index]]
     if documents is None:
-        documents = _sampled(sources, plan["sample"], plan["seed"])
-    dtype = np.dtype(plan["dtype"])
+        documents = _sampled(sources, plan.sample, plan.seed)
+    dtype = np.dtype(plan.dtype)
     eos = [tok.eos_id] if tok.eos_id is not None else []
-    whole_documents = plan["val_split"] == "document"
+    whole_documents = plan.val_split == "document"
     eos_per_document = len(eos) * (1 if whole_documents else 2)
     counts = dict.fromkeys(SPLITS, 0)
     digests = {split: hashlib.sha256() for split in SPLITS}
@@ -99,7 +149,7 @@ def write_shard(staging: Path, index: int, *, budget: int | None = None, documen
                     if room < 1:
                         break
                     ids = ids[:room]
-                for split, part in _parts(ids, eos, doc.name, plan["val_fraction"], whole_documents):
+                for split, part in _parts(ids, eos, doc.name, plan.val_fraction, whole_documents):
                     data = np.asarray(part, dtype=dtype).tobytes()
                     files[split].write(data)
                     digests[split].update(data)
@@ -120,10 +170,10 @@ def write_shard(staging: Path, index: int, *, budget: int | None = None, documen
         for path in temp.values():
             path.unlink(missing_ok=True)
         raise
-    record = {"index": index, "tokens": counts, "documents": num_documents, "itemsize": dtype.itemsize,
-              "sha256": {split: digests[split].hexdigest() for split in SPLITS}, "budget": budget,
-              "sources": [s.describe() for s in sources], "identity": [s.identity() for s in sources]}
-    write_json(staging / record_name(index), record)
+    record = ShardRecord(index=index, tokens=counts, documents=num_documents, itemsize=dtype.itemsize,
+                         sha256={split: digests[split].hexdigest() for split in SPLITS}, budget=budget,
+                         sources=[s.describe() for s in sources], identity=[s.identity() for s in sources])
+    write_json(staging / record_name(index), dataclasses.asdict(record))
     return record
 
 
@@ -153,15 +203,15 @@ def _sampled(sources: list[Any], sample: float | None, seed: int) -> Iterator[Do
 _TOKENIZERS: dict[tuple[str, str], Tokenizer] = {}  # per process: a worker loads it once
 
 
-def _tokenizer(staging: Path, plan: dict[str, Any]) -> Tokenizer:
-    key = (str(staging), plan["tokenizer_sha256"])
+def _tokenizer(staging: Path, plan: PreparePlan) -> Tokenizer:
+    key = (str(staging), plan.tokenizer_sha256)
     if key not in _TOKENIZERS:
         _TOKENIZERS.clear()
-        _TOKENIZERS[key] = load_tokenizer(TokenizerKind(plan["tokenizer"]), staging)
+        _TOKENIZERS[key] = load_tokenizer(plan.tokenizer, staging)
     return _TOKENIZERS[key]
 
 
-def write_in_order(staging: Path, indices: list[int], workers: int, budget: int | None = None) -> Iterator[dict[str, Any]]:
+def write_in_order(staging: Path, indices: list[int], workers: int, budget: int | None = None) -> Iterator[ShardRecord]:
     """Write the shards ``indices`` (a written one is kept), yielding their records in order; with a
     ``budget`` of tokens, stop once the shards so far hold that many."""
     written = 0
@@ -170,7 +220,7 @@ def write_in_order(staging: Path, indices: list[int], workers: int, budget: int 
             if budget is not None and written >= budget:
                 return
             record = shard_record(staging, i) or write_shard(staging, i, budget=None if budget is None else budget - written)
-            written += sum(record["tokens"].values())
+            written += record.num_tokens
             yield record
         return
     context = multiprocessing.get_context("spawn")  # a forked HF tokenizer may deadlock
@@ -184,7 +234,7 @@ def write_in_order(staging: Path, indices: list[int], workers: int, budget: int 
                 if not pending:
                     return
                 record = pending.pop(0).result()[0]
-                written += sum(record["tokens"].values())
+                written += record.num_tokens
                 yield record
                 if budget is not None and written >= budget:
                     return  # finish cuts the shard that crossed it; later ones are not needed

@@ -25,7 +25,7 @@ from typing import Any
 
 import submitit
 
-from diffsweep.rundir import now, read_job_state
+from diffsweep.rundir import EvalRequest, now, read_job_state
 from diffsweep.rundir import write_job_state as _write_job_state
 
 STEP_EVERY_S = 10.0  # job.json's step is rewritten at most this often (a small file, read by status)
@@ -35,13 +35,13 @@ class TrainJob(submitit.helpers.Checkpointable):
     """Train one resolved config in its run directory; resumable and requeueable."""
 
     def __init__(self, config: dict[str, Any], run_dir: str, experiment: str, tracking_uri: str,
-                 tags: dict[str, str], evals: dict[str, Any] | None = None) -> None:
+                 tags: dict[str, str], evals: EvalRequest | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.experiment = experiment
         self.tracking_uri = tracking_uri
         self.tags = tags
-        self.evals = evals  # the sweep's eval: section, run once trained (``EvalSettings.request``)
+        self.evals = evals  # the sweep's eval: section, run once trained (``launch.submit.eval_request``)
 
     def __call__(self) -> dict[str, Any]:
         from diffsweep.train.preemption import catch_early_sigterm
@@ -129,10 +129,10 @@ class TrainJob(submitit.helpers.Checkpointable):
         from diffsweep.eval.probe import sweep_requests
         from diffsweep.eval.runner import evaluate_run
 
-        write_job_state(run_dir, "running", **running, step=step, total=total, evaluating=list(evals["probes"]))
+        write_job_state(run_dir, "running", **running, step=step, total=total, evaluating=list(evals.probes))
         try:
-            requests = sweep_requests(evals["probes"], evals["settings"], "the sweep")
-            done = evaluate_run(run_dir, requests, evals.get("steps", []), uri=self.tracking_uri,
+            requests = sweep_requests(list(evals.probes), evals.settings, "the sweep")
+            done = evaluate_run(run_dir, requests, list(evals.steps), uri=self.tracking_uri,
                                 echo=lambda line: print(line, flush=True))
         except Exception as exc:  # noqa: BLE001 (the run trained; its evaluation is retried by diffsweep eval)
             print(f"evaluation failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -91,7 +91,7 @@ class PrepareTask:
         print(f"writing shards {_span(list(self.shards))} (those not written yet) in {processes} "
               f"process{'es' if processes > 1 else ''}", flush=True)
         records = write_shards(staging, self.shards, workers=self.workers)
-        tokens = sum(sum(r["tokens"].values()) for r in records)
+        tokens = sum(r.num_tokens for r in records)
         print(f"shards {_span(list(self.shards))} written: {tokens:,} tokens", flush=True)
         meta = finalize(folder, Path(self.out), self.replace)
         done = f"; finished {self.out}" if meta is not None else ""
@@ -111,7 +111,7 @@ def finalize(folder: Path, out: Path, replace: bool) -> DatasetMeta | None:
     if not (staging / PLAN_FILE).is_file():
         return None  # finished meanwhile: the staging folder is the dataset now
     plan = read_plan(staging)
-    if any(shard_record(staging, i) is None for i in range(len(plan["shards"]))):
+    if any(shard_record(staging, i) is None for i in range(len(plan.shards))):
         return None
     try:
         with lockfile.hold(folder / FINISH_LOCK, "finish", "out", "another task is finishing the dataset"):

@@ -21,7 +21,8 @@ from diffsweep.fsutil import empty_folder
 from diffsweep.launch.ledger import LAUNCH_LOCK, Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.scheduler import Submission, get_scheduler
-from diffsweep.rundir import write_launch_config, write_launch_eval
+from diffsweep.rundir import EvalRequest, write_launch_config, write_launch_eval
+from diffsweep.sweep.spec import EvalSettings
 
 
 @dataclass
@@ -110,7 +111,7 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     def job(r: PlanRow) -> TrainJob:
         return TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
                         {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
-                        evals=plan.spec.eval.request())
+                        evals=eval_request(plan.spec.eval))
 
     def record(attempts: list[tuple[PlanRow, Attempt]], lock: bool = True) -> None:
         _record(plan, attempts, tracking_uri, lock=lock)
@@ -118,6 +119,13 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     return get_scheduler(plan.profile.executor).submit(Submission(
         plan=plan, runs=sel.submit, code_dir=code_dir, tracking_uri=tracking_uri, max_parallel=max_parallel,
         job=job, record=record, echo=echo))
+
+
+def eval_request(settings: EvalSettings) -> EvalRequest | None:
+    """What a launched job evaluates once trained (the sweep's ``eval:``); None without probes."""
+    if not settings.probes:
+        return None
+    return EvalRequest(probes=settings.probes, settings=settings.settings, steps=settings.steps)
 
 
 def _config_dict(r: PlanRow) -> dict:
@@ -129,7 +137,7 @@ def _record(plan: SweepPlan, attempts: list[tuple[PlanRow, Attempt]], tracking_u
     """Add the attempts (and their runs' entries and launch configs) to the ledger."""
     for r, _ in attempts:  # what the job trains and evaluates, readable (the local queue reads them back)
         write_launch_config(r.run_dir, _config_dict(r))
-        write_launch_eval(r.run_dir, plan.spec.eval.request())
+        write_launch_eval(r.run_dir, eval_request(plan.spec.eval))
     with locked(plan.out) if lock else contextlib.nullcontext():
         ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
                                                  tracking_uri=tracking_uri)

@@ -57,12 +57,6 @@ class EvalSettings:
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe -> {setting: value}
     steps: tuple[Annotated[int, AtLeast(1)], ...] = ()  # also these checkpoints (if kept), besides the newest
 
-    def request(self) -> dict[str, Any] | None:
-        """As plain data for the job (``diffsweep.rundir.write_launch_eval``); None without probes."""
-        if not self.probes:
-            return None
-        return {"probes": list(self.probes), "settings": self.settings, "steps": list(self.steps)}
-
 
 @dataclass(frozen=True, kw_only=True)
 class SweepSpec:

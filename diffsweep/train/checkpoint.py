@@ -13,6 +13,7 @@ See docs/training.md, 'Checkpoints, resume and preemption' (and the page it link
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -20,8 +21,9 @@ import re
 import shutil
 import warnings
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import AtLeast, read_json_record
 from diffsweep.fsutil import publish
 
 FORMAT = "diffsweep-checkpoint/3"
@@ -47,6 +50,20 @@ REQUIRED = ("format", "step", "tokens_seen", "optimizer_groups", "scheduler", "d
             "mlflow_run_id", "metrics_state")
 SINGLE_FILE_REQUIRED = ("format", "step", "tokens_seen", "model", "optimizer", "scheduler", "data", "rng",
                         "run_key", "mlflow_run_id", "metrics_state")
+
+
+@dataclass(frozen=True)
+class FileSum:
+    size: Annotated[int, AtLeast(0)]  # bytes
+    crc32: Annotated[int, AtLeast(0)]
+
+
+@dataclass(frozen=True)
+class ChecksumsRecord:
+    """``checksums.json``: every file of a checkpoint with its size and CRC-32 when written."""
+
+    files: dict[str, FileSum]
+    algorithm: str = "crc32"
 
 
 class CorruptCheckpoint(ConfigError):
@@ -191,11 +208,14 @@ def _read_checksums(path: Path) -> dict[str, dict[str, int]] | None:
     if not file.exists():
         return None
     try:
-        found = json.loads(file.read_text())["files"]
-        checksums = {str(name): {"size": int(entry["size"]), "crc32": int(entry["crc32"])}
-                     for name, entry in found.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptCheckpoint(str(file), f"unreadable ({type(exc).__name__}: {exc})"[:200]) from exc
+        record = read_json_record(ChecksumsRecord, file, "checksums file")
+    except (OSError, ConfigError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ConfigError):  # not JSON (the parser's words), or not the record (its field's)
+            why = exc.message.removeprefix("not a readable checksums file (").removesuffix(")")
+            why = f"{exc.key.removeprefix(f'{file}: ')}: {why}" if exc.key != str(file) else why
+        raise CorruptCheckpoint(str(file), f"unreadable ({why})"[:200]) from exc
+    checksums = {name: dataclasses.asdict(entry) for name, entry in record.files.items()}
     outside = [name for name in checksums if Path(name).name != name or name in (".", "..")]
     if outside:  # only files of this directory are read
         raise CorruptCheckpoint(str(file), f"names a file outside the checkpoint ({outside[0][:100]})")
