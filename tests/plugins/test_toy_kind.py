@@ -1,7 +1,8 @@
-"""An attention kind, a probe and a scaling-law form from the user's own package (``toy_kind/``,
-entry points in the groups ``diffsweep.attention_kinds``, ``diffsweep.probes`` and
-``diffsweep.law_forms``), installed with pip into a directory of its own and used from the CLI as a
-user would: config -> count -> train 5 steps -> eval -> plan -> fit. Nothing in diffsweep names them.
+"""An attention kind, a probe, a scaling-law form and a scheduler from the user's own package
+(``toy_kind/``, entry points in the groups ``diffsweep.attention_kinds``, ``diffsweep.probes``,
+``diffsweep.law_forms`` and ``diffsweep.schedulers``), installed with pip into a directory of its own
+and used from the CLI as a user would: config -> count -> train 5 steps -> eval -> plan -> launch
+through the scheduler -> fit. Nothing in diffsweep names them.
 
 The package goes onto the subprocesses' PYTHONPATH only, so the shared environment and every other
 test see the built-in kinds alone.
@@ -117,6 +118,26 @@ def test_plan_collapses_axes_the_kind_ignores_and_plans_its_memory(toy_env, tmp_
     toy, base = runs["toy-1.4B-s0"], runs["transformer-1.4B-s0"]
     assert toy["params"] == base["params"] + 24 and toy["arch"] == "toy"
     assert 0 < toy["memory_gb"] and toy["gpus"] >= 1
+
+
+def test_a_sweep_of_the_kind_runs_through_the_packages_scheduler(toy_env, tmp_path, text_dataset):
+    """``--executor toy`` (``toy_kind/scheduler.py``, entry point ``toy``): plan names it, launch
+    submits through it and waits, the ledger records it, and status asks it."""
+    env = toy_env | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    sets = dict(s.split("=", 1) for s in [*TINY_RUN, f"data.path={text_dataset}", "train.max_steps=3"])
+    (tmp_path / "s.yaml").write_text("name: toyq\nset:\n" + "".join(f"  {k}: {v}\n" for k, v in sets.items())
+                                     + "grid: {model.attention.kind: [toy]}\n")
+    r = cli(env, tmp_path, "plan", "s.yaml", "--executor", "pbz")
+    assert (r.returncode, r.stderr) == (2, "error: --executor: expected one of [slurm, local, toy], got 'pbz'\n")
+    r = cli(env, tmp_path, "launch", "s.yaml", "--executor", "toy", "--out", "out", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the toy queue" in r.stdout, r.stdout
+    ledger = json.loads((tmp_path / "out" / "ledger.json").read_text())
+    (entry,) = ledger["entries"].values()
+    assert [a["executor"] for a in entry["attempts"]] == ["toy"] and entry["name"].startswith("toy-")
+    r = cli(env, tmp_path, "status", "s.yaml", "--out", "out", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [run["state"] for run in json.loads(r.stdout)["runs"]] == ["done"]
 
 
 def test_fit_names_the_kind_by_its_display_name_and_fits_the_packages_law_form(toy_env, tmp_path):
