@@ -12,7 +12,7 @@ from diffsweep.config.identity import run_name_of
 from diffsweep.launch.ledger import Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
 from diffsweep.launch.plan import SweepPlan
 from diffsweep.launch.run_state import ACTIVE_STATES, PENDING, RunState
-from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.scheduler import cancel_attempts, get_scheduler
 from diffsweep.launch.state import attempt_state, entry_state, scheduler_states
 from diffsweep.rundir import read_job_state
 
@@ -26,12 +26,11 @@ def cancel(plan: SweepPlan) -> list[str]:
     it. A sweep never launched is an error: there is nothing to cancel."""
     require_launched(plan)
     cancelled = []
-    errors = []
     with locked(plan.out):
         ledger = read_ledger(plan.out)
         if ledger is None:
             return []
-        jobs: dict[str, list[tuple[str, Attempt]]] = {}  # by scheduler: marked once it has stopped them
+        jobs: list[tuple[str, Attempt]] = []  # marked once their scheduler has stopped them
         targets = [(r.run.key, r.run.name, r.state) for r in plan.runs]
         targets += [(o.entry.key, o.entry.name, o.state) for o in plan.orphans]
         for key, name, state in targets:
@@ -42,22 +41,13 @@ def cancel(plan: SweepPlan) -> list[str]:
             if a.state == "cancelled":  # already stopping
                 continue
             if a.state == "submitted" and a.job_id is not None:
-                jobs.setdefault(a.executor, []).append((name, a))
+                jobs.append((name, a))
                 continue
             a.state = "cancelled"  # queued: the local queue drops it
             cancelled.append(name)
         try:
-            for executor, named in jobs.items():
-                still, why = {a.job_id: "unknown" for _, a in named}, ""  # until the scheduler says otherwise
-                try:
-                    still, why = get_scheduler(executor).cancel([a for _, a in named])
-                finally:
-                    for name, a in named:
-                        if a.job_id not in still:
-                            a.state = "cancelled"
-                            cancelled.append(name)
-                if why:
-                    errors.append(why)
+            errors = cancel_attempts(a for _, a in jobs)
+            cancelled += [name for name, a in jobs if a.state == "cancelled"]
         finally:
             write_ledger(plan.out, ledger)
     if errors:

@@ -55,7 +55,7 @@ from diffsweep.launch.prepare_record import (
 from diffsweep.launch.profile_choice import pick_profile
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import cpu_resources
-from diffsweep.launch.scheduler import Scheduler, TaskArray, get_scheduler
+from diffsweep.launch.scheduler import Scheduler, TaskArray, attempt_states, cancel_attempts, get_scheduler
 from diffsweep.rundir import now
 
 MAX_TASKS = 16  # default array size on a cluster (fewer when there are fewer shards)
@@ -333,13 +333,7 @@ class PrepareStatus:
 def _states(record: LaunchRecord) -> dict[int, tuple[str, str | None]]:
     """Each task's state (and error) from its latest attempt's scheduler, by task number."""
     latest = {t: a for t, a in enumerate(task.latest for task in record.tasks) if a is not None}
-    by_executor: dict[str, list[Attempt]] = {}
-    for a in latest.values():
-        by_executor.setdefault(a.executor, []).append(a)
-    known: dict[tuple[str, str], str] = {}
-    for executor, attempts in by_executor.items():
-        for job_id, state in get_scheduler(executor, "launch.json: executor").states(attempts).items():
-            known[(executor, job_id)] = state
+    known = attempt_states(latest.values(), lambda a: "launch.json: executor")
     states = {}
     for t, a in latest.items():
         state = known.get((a.executor, a.job_id or ""), "UNKNOWN")
@@ -438,22 +432,12 @@ def cancel_prepare(out: Path) -> list[int]:
     with locked(folder, out, "cancel"):
         record = read_record(folder)
         assert record is not None
-        active = active_tasks(record)
-        by_executor: dict[str, list[tuple[int, Attempt]]] = {}
-        for t in active:
-            a = record.tasks[t].latest
-            assert a is not None
-            by_executor.setdefault(a.executor, []).append((t, a))
-        errors, cancelled = [], []
-        for executor, pairs in by_executor.items():
-            still, why = get_scheduler(executor).cancel([a for _, a in pairs])
-            for t, a in pairs:
-                if a.job_id not in still:
-                    a.state = "cancelled"  # the latest attempt, recorded below
-                    cancelled.append(t)
-            if why:
-                errors.append(why)
-        write_record(folder, record)
+        pairs = [(t, a) for t in active_tasks(record) if (a := record.tasks[t].latest) is not None]
+        try:
+            errors = cancel_attempts(a for _, a in pairs)  # marks the latest attempts, recorded below
+        finally:
+            write_record(folder, record)
+        cancelled = [t for t, a in pairs if a.state == "cancelled"]
     if errors:
         raise EnvironmentUnavailable(f"{'; '.join(errors)}; run `diffsweep data cancel {out}` again")
     return cancelled

@@ -15,7 +15,7 @@ See docs/extending.md for how to write one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -196,3 +196,43 @@ def detect_scheduler() -> Scheduler:
         if scheduler.available():
             return scheduler
     raise ConfigError("executor", f"no scheduler is available here; expected one of [{', '.join(scheduler_names())}]")
+
+
+# -- asking the schedulers about attempts: sweeps (the ledger), data prepare --launch (launch.json) -----
+
+
+def attempt_states(attempts: Iterable[Attempt], key: Callable[[Attempt], str]) -> dict[tuple[str, str], str]:
+    """The job state of each attempt that has a job id, by (scheduler name, job id), each scheduler
+    asked once for its attempts (a record may hold local and Slurm attempts). A job its scheduler
+    does not know is left out; ``key(attempt)`` names where an unknown scheduler name was read."""
+    out: dict[tuple[str, str], str] = {}
+    for name, group in _by_scheduler(a for a in attempts if a.job_id is not None).items():
+        out |= {(name, job_id): state for job_id, state in get_scheduler(name, key(group[0])).states(group).items()}
+    return out
+
+
+def cancel_attempts(attempts: Iterable[Attempt]) -> list[str]:
+    """Stop the attempts' jobs, each through its scheduler (they save a checkpoint first); those no
+    longer pending or running afterwards are marked ``cancelled`` (also when a later scheduler
+    fails). Returns what went wrong, one line per scheduler that left jobs running."""
+    errors = []
+    for name, group in _by_scheduler(attempts).items():
+        still: dict[str | None, str] = {a.job_id: "unknown" for a in group}  # until the scheduler says otherwise
+        why = ""
+        try:
+            stopped, why = get_scheduler(name).cancel(group)
+            still = dict(stopped)
+        finally:
+            for a in group:
+                if a.job_id not in still:
+                    a.state = "cancelled"
+        if why:
+            errors.append(why)
+    return errors
+
+
+def _by_scheduler(attempts: Iterable[Attempt]) -> dict[str, list[Attempt]]:
+    groups: dict[str, list[Attempt]] = {}
+    for a in attempts:
+        groups.setdefault(a.executor, []).append(a)
+    return groups

@@ -33,7 +33,7 @@ from diffsweep.launch.run_state import (
     UNKNOWN_STATE,
     RunState,
 )
-from diffsweep.launch.scheduler import get_scheduler
+from diffsweep.launch.scheduler import attempt_states, get_scheduler
 from diffsweep.lockfile import pid_alive
 from diffsweep.rundir import JobRecord, read_job_state, run_info, write_job_state
 
@@ -136,15 +136,8 @@ def scheduler_states(ledger: Ledger | None) -> dict[str, str]:
     attempt's scheduler (a ledger may hold local and Slurm attempts)."""
     if ledger is None:
         return {}
-    by_scheduler: dict[str, list[Attempt]] = {}
-    for entry in ledger.entries.values():
-        a = entry.latest
-        if a is not None and a.job_id is not None:
-            by_scheduler.setdefault(a.executor, []).append(a)
-    out: dict[str, str] = {}
-    for name, attempts in by_scheduler.items():
-        out |= get_scheduler(name, _key(attempts[0])).states(attempts)
-    return out
+    latest = [e.latest for e in ledger.entries.values() if e.latest is not None]
+    return {job_id: state for (_, job_id), state in attempt_states(latest, _key).items()}
 
 
 def _key(attempt: Attempt) -> str:
