@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -46,7 +47,7 @@ def attention(
     """Forward and forward+backward time, TFLOP/s and the ratio to the baseline of baseline attention,
     DIFF V1 (each backend) and DIFF V2; the first call's seconds (Triton: autotune + compile) and
     the configs Triton chose; on a GPU each kernel's peak allocated memory."""
-    from diffsweep.bench.output import check_out, result_writer, write_result
+    from diffsweep.bench.output import check_out, result_writer
 
     check_out(out)
     from diffsweep.bench.attention import render, run_attention
@@ -54,12 +55,7 @@ def attention(
     result = run_attention(layouts=layouts, seqs=seqs, batch_tokens=batch_tokens, dtype=_value(dtype),
                            device=device.value, backends=[b.value for b in backends] if backends else None, reps=reps,
                            warmup=warmup, on_progress=result_writer(out))
-    if out is not None:
-        write_result(out, result)
-    if json_:
-        print_json(result)
-    else:
-        render(result)
+    _show(result, out, json_, render)
 
 
 @app.command()
@@ -90,7 +86,7 @@ def model(
     with parameter counts and the ratio to the Transformer; the first step's seconds, the configs
     Triton chose (--backend triton), and on a GPU the peak allocated memory beside the planner's
     estimate."""
-    from diffsweep.bench.output import check_out, result_writer, write_result
+    from diffsweep.bench.output import check_out, result_writer
 
     check_out(out)
     from diffsweep.bench.model import render, run_model
@@ -98,14 +94,20 @@ def model(
     result = run_model(size=size, kinds=list(kinds) if kinds else None, backend=backend.value, seq=seq,
                        micro_batch=micro_batch, steps=steps, warmup=warmup, device=device.value,
                        dtype=_value(dtype), compile_model=compile_model, on_progress=result_writer(out))
+    _show(result, out, json_, render)
+
+
+def _value(dtype: Dtype | None) -> str | None:
+    return None if dtype is None else dtype.value
+
+
+def _show(result: dict, out: Path | None, json_: bool, render: Callable[[dict], None]) -> None:
+    """The finished benchmark's results into ``--out`` (if given), then as JSON or a table."""
+    from diffsweep.bench.output import write_result
+
     if out is not None:
         write_result(out, result)
     if json_:
         print_json(result)
     else:
         render(result)
-
-
-def _value(dtype: Dtype | None) -> str | None:
-    return None if dtype is None else dtype.value
-
