@@ -100,7 +100,7 @@ def _acquire(path: Path, mine: Holder, key: str, busy: str, warn: Callable[[str]
             continue
         theirs = _decode(held)
         gone = _gone(theirs) if theirs is not None else None
-        if gone is None:
+        if theirs is None or gone is None:
             raise LockBusy(key, _refusal(path, theirs, busy), theirs)
         if _take_over(path, held, key):
             warn(f"warning: {path}: took over the lock of {theirs.describe()}: {gone}")

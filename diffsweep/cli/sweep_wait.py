@@ -106,6 +106,7 @@ def _wait_lines(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:
                 typer.echo(line)
             printed = time.monotonic()
         before = now
+    assert before is not None  # watch_sweep yields the sweep as it is first
     return before
 
 
@@ -134,4 +135,5 @@ def _wait_bars(snapshots: Iterator[Snapshot], console: Console) -> Snapshot:
                 bars.update(run_bars[name], completed=r.step or 0, total=r.total,
                             note=f"~{duration(r.hours_left)} left")
             before = now
+    assert before is not None  # watch_sweep yields the sweep as it is first
     return before

@@ -234,16 +234,16 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
     for row in rows:
         names, ids, seeds, values = [], [], [], []
         for planned in row.runs:
-            run = latest.get(planned.key)
-            if run is None:
+            finished = latest.get(planned.key)
+            if finished is None:
                 continue
-            value = run.data.metrics.get(metric)
+            value = finished.data.metrics.get(metric)
             if value is None or not math.isfinite(value):
                 warnings.warn(ConfigWarning(f"{planned.name}: left out, its final {metric} is "
                                             f"{'not logged' if value is None else value}"))
                 continue
             names.append(planned.name)
-            ids.append(run.info.run_id)
+            ids.append(finished.info.run_id)
             seeds.append(planned.config.train.seed)
             values.append(float(value))
         if values:

@@ -111,7 +111,7 @@ class _StrictLoader(yaml.SafeLoader):
         self._expanded: dict[int, int] = {}  # id(node) -> nodes in its expansion (nodes outlive composing)
         self._alias_nodes = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             target = self.anchors.get(event.anchor)

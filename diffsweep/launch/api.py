@@ -195,6 +195,8 @@ def reconcile_sweep(target: SweepTarget, warn: Callable[[str], None] = print) ->
         return []
     with locked(directory):
         ledger = read_ledger(directory)
+        if ledger is None:  # removed since it was read above
+            return []
         marked = mark_ended(ledger, directory, scheduler_states(ledger), warn=warn)
         write_ledger(directory, ledger)  # also records MLflow run ids
     return [Reconciled(name=e.name, key=e.key, job_id=e.latest.job_id if e.latest else None, scheduler_state=s,

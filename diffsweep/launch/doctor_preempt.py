@@ -105,7 +105,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
         return Check(NAME, False, f"job {job.job_id} finished without being requeued (it started once)",
                      "Slurm must requeue preempted jobs: JobRequeue=1 in slurm.conf, or jobs asking --requeue "
                      f"(diffsweep's do); {logs}")
-    if state.run_id != run_id:
+    if run_id is None or state.run_id != run_id:
         return Check(NAME, False, f"the requeued job finished MLflow run {state.run_id}, not the "
                      f"preempted job's {run_id}", f"run.json in the run directory must survive a requeue; {logs}")
     steps = _metric_steps(uri, run_id)

@@ -174,10 +174,10 @@ def check_jobs(profile: Profile, work: Path, *, timeout_s: float, mlflow: bool) 
     if done:
         checks.append(_check_shared_fs(done, work))
         checks.append(_check_gpus(reports, one_gpu, two_gpus, profile))
-    if reports.get(2):
-        checks.append(_check_all_reduce(reports[2]))
-    if uri is not None and reports.get(1):
-        checks.append(_check_store_from_node(reports[1][0], uri))
+    if two := reports.get(2):
+        checks.append(_check_all_reduce(two))
+    if uri is not None and (one := reports.get(1)):
+        checks.append(_check_store_from_node(one[0], uri))
     return checks
 
 

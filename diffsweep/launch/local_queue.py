@@ -43,6 +43,7 @@ def main(out: Path, parallel: int) -> None:
             for key, entry in queued[: max(0, parallel - len(running))]:
                 tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
                 a = entry.latest
+                assert a is not None  # a queued entry's latest attempt is the queued one
                 os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
                 try:
                     job = executor.submit(TrainJob(read_launch_config(Path(entry.run_dir)), entry.run_dir, ledger.experiment,

@@ -129,10 +129,11 @@ def slurm_minutes(text: str, where: str) -> float:
     if m is None:
         raise ConfigError(where, f"expected a Slurm time (minutes, H:MM:SS or D-HH:MM:SS), got {text!r}")
     days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    first = int(m.group(2))  # the one number every spelling has
     if days is not None:  # D-H, D-H:M, D-H:M:S
-        hours, minutes, seconds = a, b or 0, c or 0
+        hours, minutes, seconds = first, b or 0, c or 0
     elif c is not None:  # H:M:S
-        hours, minutes, seconds = a, b, c
+        hours, minutes, seconds = first, b or 0, c
     else:  # M or M:S
-        hours, minutes, seconds = 0, a, b or 0
+        hours, minutes, seconds = 0, first, b or 0
     return (days or 0) * 1440 + hours * 60 + minutes + seconds / 60

@@ -88,7 +88,7 @@ def gpus_for(run: SweepRun, profile: Profile, gpus: int | None = None) -> memory
                 f"train.micro_batch_size={plan.micro_batch_size}"
                 + (" and train.activation_checkpointing=true" if plan.activation_checkpointing else ""))
     else:
-        hint = plan.reason
+        hint = plan.reason or "no layout fits"
     needed = memory.estimate_memory(config, world_size=1, gpu_memory_bytes=gpu_bytes)
     raise ConfigError(f"run {run.name}", f"does not fit on {profile.name}'s {profile.gpu.name} GPUs "
                       f"({profile.gpu.memory_gb:g} GB) as configured (needs {memory.gb(needed.total)} on one); {hint}")

@@ -217,14 +217,14 @@ def cancel_attempts(attempts: Iterable[Attempt]) -> list[str]:
     fails). Returns what went wrong, one line per scheduler that left jobs running."""
     errors = []
     for name, group in _by_scheduler(attempts).items():
-        still: dict[str | None, str] = {a.job_id: "unknown" for a in group}  # until the scheduler says otherwise
+        running = {a.job_id for a in group}  # until the scheduler says otherwise
         why = ""
         try:
-            stopped, why = get_scheduler(name).cancel(group)
-            still = dict(stopped)
+            still, why = get_scheduler(name).cancel(group)
+            running = set(still)
         finally:
             for a in group:
-                if a.job_id not in still:
+                if a.job_id not in running:
                     a.state = "cancelled"
         if why:
             errors.append(why)

@@ -62,7 +62,9 @@ def run_state(key: str, name: str, run_dir: Path | None, ledger: Ledger | None, 
                                 "running; cancel it first (diffsweep cancel SWEEP --only NAME)")
             return RunState(CHANGED, fields)
         return RunState(NEW)
-    return attempt_state(entry.latest, job, scheduler)
+    latest = entry.latest
+    assert latest is not None  # an entry with attempts has a latest one
+    return attempt_state(latest, job, scheduler)
 
 
 def entry_state(entry: Entry, scheduler: dict[str, str]) -> RunState:

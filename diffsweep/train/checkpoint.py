@@ -77,7 +77,10 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint's name says (``step_00000040`` or ``step_00000040.pt``)."""
-    return int(_NAME.match(path.name).group(1))
+    m = _NAME.match(path.name)
+    if m is None:
+        raise ValueError(f"{path.name} is not a checkpoint's name (step_NNNNNNNN)")
+    return int(m.group(1))
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -121,6 +124,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, A
             dist.gather_object(sums, parts, dst=0)
         if rank == 0:
             if distributed:
+                assert parts is not None  # gathered on rank 0
                 sums = {name: entry for part in parts for name, entry in part.items()}
             with open(tmp / STATE_FILE, "wb") as f:
                 torch.save({"format": FORMAT, **state}, f)

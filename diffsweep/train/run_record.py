@@ -74,5 +74,6 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
         "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
     } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
+    assert tracker.run_id is not None  # start created the run
     write_run_file(run_dir, tracker.run_id, uri, run_key(config))
     return tracker

@@ -139,6 +139,7 @@ def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenD
     optimizer = build_optimizer(model, t)
     run = _Run(config, dataset, model, optimizer, device, autocast, run_dir, echo, world)
     if state is not None:
+        assert resume_path is not None  # a state is read from a checkpoint
         run.restore(state, resume_path)
         echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
              + (f" on {world.world_size} processes" if world.distributed else ""))
