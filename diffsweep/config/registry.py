@@ -11,6 +11,7 @@ naming it and why (the CLI: one line, exit 3).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator, Mapping
 from importlib import metadata
@@ -95,4 +96,12 @@ class Registry(Generic[T]):
         return self._targets[name] if name in self._targets else self._entry_points().get(name)
 
     def _entry_points(self) -> dict[str, str]:
-        return {ep.name: ep.value for ep in metadata.entry_points(group=self.group)}
+        return {ep.name: ep.value for ep in installed_entry_points(self.group)}
+
+
+@functools.cache
+def installed_entry_points(group: str) -> metadata.EntryPoints:
+    """The installed packages' entry points of ``group``, read once per process: the read scans
+    every package's metadata (milliseconds), and a registry is asked for its names many times per
+    command. A package installed while a process runs is seen by the next process."""
+    return metadata.entry_points(group=group)
