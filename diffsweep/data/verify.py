@@ -230,7 +230,7 @@ def _scan(file: Path, dtype: np.dtype, vocab_size: int, eos_id: int | None, chun
                     scan.first_bad_at, scan.first_bad_id = offset + int(bad[0]), int(tokens[bad[0]])
                 scan.out_of_range += len(bad)
             if eos_id is not None:
-                scan.eos += int(np.count_nonzero(tokens == eos_id))
+                scan.eos = (scan.eos or 0) + int(np.count_nonzero(tokens == eos_id))
             scan.last = int(tokens[-1])
             offset += len(tokens)
     scan.sha256 = digest.hexdigest()
@@ -254,7 +254,7 @@ def _eos_counts(meta: DatasetMeta, checks: list[FileCheck], documents: int | Non
         return [Problem(c.name, f"{c.eos:,} end-of-document tokens, expected {documents:,} (one per document "
                                 f"of the shard, in both splits)") for c in counted if c.eos != documents]
     if meta.val_split == "document":
-        total = sum(c.eos for c in counted)
+        total = sum(c.eos or 0 for c in counted)
         if total != documents:
             names = " + ".join(c.name for c in counted)
             return [Problem(names, f"{total:,} end-of-document tokens, expected {documents:,} (one per document "

@@ -111,6 +111,7 @@ class Tap(AttentionBackend):
 
     def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Quantized attention ``(B, H, T, Dv)`` in fp32 (not cast back)."""
+        assert self.bits is not None  # called only when quantizes(self.bits)
         logits, causal = self._logits(q, k, scale)
         logits = quantize_logits(logits, causal, self.bits, self.granularity).masked_fill_(~causal, float("-inf"))  # a fresh tensor
         v = upcast(v.repeat_interleave(q.shape[1] // v.shape[1], dim=1))

@@ -85,7 +85,8 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     main = _fit_all(archs, req.form, objective, req.shared_e)
     _diagnostic_warnings(main)
     comparison = _fit_all(archs, PAPER_LAW, Objective.L2, False) if form.pure_comparison else None
-    runs = {a: arch.run for a, arch in archs.items()}  # one definition of a point's run: points.run_index
+    # one definition of a point's run: points.run_index (None: each point a run of its own)
+    runs = {a: arch.run if arch.run is not None else np.arange(len(arch.x)) for a, arch in archs.items()}
     resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
         if resampling is not None:
