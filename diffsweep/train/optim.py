@@ -13,12 +13,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from diffsweep.config import LRSchedule, TrainConfig
+from diffsweep.config import ConfigError, LRSchedule, TrainConfig
 
 
 def total_steps(cfg: TrainConfig) -> int:
     """Steps in the run: ``max_steps``, or ``max_tokens`` rounded up to whole batches."""
-    return cfg.max_steps if cfg.max_steps is not None else math.ceil(cfg.max_tokens / cfg.batch_tokens)
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    if cfg.max_tokens is None:  # validation refuses a config with neither
+        raise ConfigError("train.max_steps", "set exactly one of train.max_steps and train.max_tokens (got neither)")
+    return math.ceil(cfg.max_tokens / cfg.batch_tokens)
 
 
 def decays(name: str, param: nn.Parameter) -> bool:
