@@ -10,6 +10,8 @@ otherwise), in a scratch folder, with its paths replaced by ``<root>`` and ``<tm
 - ``plan/<sweep>.json``: ``diffsweep plan`` of every shipped sweep on the ``h100-example`` profile
   (each run's name, key, size, tokens, GPUs, memory, time and Slurm resources), from a copy of
   sweeps/ in one fixed folder (a run's key holds its data path);
+- ``sbatch.json``: the Slurm executor's parameters (the ``#SBATCH`` lines) of each resource class
+  of each of those sweeps on that profile;
 - ``fit/<case>.json``: ``diffsweep fit --csv`` of fixed synthetic tables (every form, objective, axis
   and option the CLI offers), bootstrap seed fixed;
 - ``data.json``: the sha256 of every file ``diffsweep data prepare`` writes from a fixed corpus;
@@ -130,6 +132,8 @@ def main() -> None:
         for sweep in sorted((PROJECT / "sweeps").glob("*.yaml")) if "plan" in parts else ():
             text = run(checkout, PROJECT, "plan", str(sweep), "--profile", PROFILE, "--json")
             write(out / "plan" / f"{sweep.stem}.json", scrub(text, checkout, tmp))
+        if "plan" in parts:
+            write(out / "sbatch.json", _sbatch(checkout, sorted((PROJECT / "sweeps").glob("*.yaml"))))  # no paths
         shutil.rmtree(PROJECT)
         for case, (rows, options) in FIT_CASES.items() if "fit" in parts else ():
             table = tmp / f"{case}.csv"
@@ -163,6 +167,39 @@ def main() -> None:
             losses[kind] = _losses(checkout, tmp, kind)
         write(out / "train.json", json.dumps(losses, indent=1))
     print(f"wrote {out}")
+
+
+# Each resource class of each shipped sweep on PROFILE, as the Slurm executor's parameters (what
+# becomes the #SBATCH lines); written for this checkout's API and the one before profile_choice.
+_SBATCH = """
+import inspect, json, sys
+from pathlib import Path
+from diffsweep.launch import resources as R
+from diffsweep.sweep import expand, load_sweep
+try:
+    from diffsweep.launch.profile_choice import load_profile
+except ImportError:
+    from diffsweep.launch.profiles import load_profile
+profile = load_profile(sys.argv[1])
+kw = {"reserves": True} if "reserves" in inspect.signature(R.estimate_resources).parameters else {}
+out = {}
+for path in map(Path, sys.argv[2:]):
+    spec = load_sweep(path)
+    classes = {repr(e.resources): e.resources for e in (R.estimate_resources(run, profile, spec.launch.gpus_per_run, **kw)
+                                                       for run in expand(spec).runs)}
+    out[path.stem] = [R.slurm_parameters(r, profile, job_name=spec.name, code_dir="<code>", max_parallel=None)
+                      for _, r in sorted(classes.items())]
+print(json.dumps(out, indent=1, sort_keys=True, default=str))
+"""
+
+
+def _sbatch(checkout: Path, sweeps: list[Path]) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _SBATCH, PROFILE, *map(str, sweeps)], cwd=PROJECT, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"sbatch parameters: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def _losses(checkout: Path, tmp: Path, kind: str) -> dict[str, list[float]]:
