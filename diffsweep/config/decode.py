@@ -46,6 +46,17 @@ class Check:
     fn: Callable[[Any, str], Any]
 
 
+def format_tag(expected: str) -> Check:
+    """``Annotated[str, format_tag(F)]``: a record's ``format`` field, which must be ``F`` (a file
+    of another kind, or of a version this code does not read, is refused)."""
+    def check(value: Any, key: str) -> str:
+        if value != expected:
+            raise ConfigError(key, f"expected {expected!r}, got {value!r}")
+        return expected
+
+    return Check(check)
+
+
 @dataclass(frozen=True)
 class Described:
     """``Annotated[T, Described("a mapping (name, mfu)")]``: a value of the wrong type at this key
@@ -106,13 +117,20 @@ def decode_value(tp: Any, value: Any, key: str) -> Any:
 def read_json_record(cls: type[T], path: Path, what: str) -> T:
     """The JSON file ``path`` decoded strictly as dataclass ``cls`` (a file diffsweep writes and
     reads back); unreadable or not JSON: a ``ConfigError`` naming the file and ``what`` it should be.
-    A missing file raises ``FileNotFoundError`` (callers decide what none means)."""
+    A record's ``format`` field (``format_tag``) is checked first: a file of another version is
+    reported as that, not as the fields it lacks or adds. A missing file raises
+    ``FileNotFoundError`` (callers decide what none means)."""
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(str(path), f"not a readable {what} ({exc})") from None
+    tag = _schema(typing.cast(type, cls)).hints.get("format")
+    if isinstance(raw, dict) and tag is not None:
+        if "format" not in raw:
+            raise ConfigError(f"{path}: format", f"is required and missing (not a {what}?)")
+        _value(tag, raw["format"], f"{path}: format", None)
     return decode(cls, raw, source=str(path), noun="field", expected=f"a {what} (a JSON object)")
 
 

@@ -27,6 +27,7 @@ from diffsweep.config import ConfigError, TokenizerKind
 from diffsweep.data.dataset import META_FILE, SPLITS, VAL_SPLITS, DatasetMeta, check_replaceable, shard_file
 from diffsweep.data.shards import (
     PLAN_FILE,
+    PLAN_FORMAT,
     PreparePlan,
     ShardRecord,
     read_plan,
@@ -225,7 +226,7 @@ def stage(documents: Sequence[Document] | Corpus, staging: Path, tokenizer: Toke
     tok.save(staging)
     shard_bytes = [sum(s.stored_bytes for s in group) for group in shards]
     write_plan(staging, PreparePlan(
-        tokenizer=tok.kind, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+        format=PLAN_FORMAT, tokenizer=tok.kind, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
         tokenizer_sha256=tok.fingerprint(), tokenizer_version=_library_version(tok.kind),
         dtype="uint16" if tok.vocab_size <= 1 << 16 else "uint32",
         val_fraction=val_fraction, val_split=val_split, max_tokens=max_tokens,

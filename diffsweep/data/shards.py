@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import numpy as np
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
-from diffsweep.config.decode import Check, read_json_record
+from diffsweep.config.decode import Check, format_tag, read_json_record
 from diffsweep.data.dataset import SPLITS, shard_file
 from diffsweep.data.sources import Document, from_recipe, keep
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer
@@ -43,18 +43,12 @@ def _number(value: Any, key: str) -> Any:
     return value
 
 
-def _plan_format(value: Any, key: str) -> str:
-    if value != PLAN_FORMAT:
-        raise ConfigError(key, f"format is not {PLAN_FORMAT!r}")
-    return PLAN_FORMAT
-
-
 @dataclass(frozen=True, kw_only=True)
 class PreparePlan:
     """``plan.json``: what ``stage`` decided (the tokenizer, how the corpus is cut and split, each
     shard's sources as recipes) and every shard writer reads."""
 
-    format: Annotated[str, Check(_plan_format)] = PLAN_FORMAT
+    format: Annotated[str, format_tag(PLAN_FORMAT)]
     tokenizer: TokenizerKind
     vocab_size: int
     eos_id: int | None

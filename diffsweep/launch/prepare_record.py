@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from diffsweep import lockfile
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import AtLeast, Check, decode_value, read_json_record
+from diffsweep.config.decode import AtLeast, Check, decode_value, format_tag, read_json_record
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
 from diffsweep.data.shards import write_json
 from diffsweep.fsutil import empty_folder
@@ -46,12 +46,6 @@ def launch_folder(out: Path) -> Path:
     """Where a launched prepare of the dataset ``out`` keeps its state: ``.OUT.prepare`` beside it."""
     out = out.absolute()
     return out.parent / f".{out.name}.prepare"
-
-
-def _format(value: Any, key: str) -> str:
-    if value != FORMAT:
-        raise ConfigError(key, f"expected {FORMAT!r}, got {value!r}")
-    return value
 
 
 def _shards(value: Any, key: str) -> list[int]:
@@ -77,7 +71,7 @@ class TaskRecord:
 class LaunchRecord:
     """``launch.json``: what was asked and where each task stands."""
 
-    format: Annotated[str, Check(_format)]
+    format: Annotated[str, format_tag(FORMAT)]
     out: str  # the dataset folder
     request: dict[str, Any]  # inputs with their sizes and dates, settings, the shard plan (``request_of``)
     replace: bool  # launched with --force: the dataset replaces one that exists

@@ -213,12 +213,11 @@ def _read_checksums(path: Path) -> dict[str, dict[str, int]] | None:
         return None
     try:
         record = read_json_record(ChecksumsRecord, file, "checksums file")
-    except (OSError, ConfigError) as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, ConfigError):  # not JSON (the parser's words), or not the record (its field's)
-            why = exc.message.removeprefix("not a readable checksums file (").removesuffix(")")
-            why = f"{exc.key.removeprefix(f'{file}: ')}: {why}" if exc.key != str(file) else why
-        raise CorruptCheckpoint(str(file), f"unreadable ({why})"[:200]) from exc
+    except FileNotFoundError:  # removed since it was found
+        raise CorruptCheckpoint(str(file), "missing (the checkpoint's checksums)") from None
+    except ConfigError as exc:  # not JSON, or not the record: the field's error, keyed by the file alone
+        field = exc.key.removeprefix(str(file)).removeprefix(": ")
+        raise CorruptCheckpoint(str(file), ((f"{field}: " if field else "") + exc.message)[:200]) from exc
     checksums = {name: dataclasses.asdict(entry) for name, entry in record.files.items()}
     outside = [name for name in checksums if Path(name).name != name or name in (".", "..")]
     if outside:  # only files of this directory are read

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.config import EnvironmentUnavailable, TokenizerKind
+from diffsweep.config import ConfigError, EnvironmentUnavailable, TokenizerKind
 from diffsweep.data.dataset import META_FILE
 from diffsweep.data.prepare import Document, prepare, shard_record
 from tests.helpers.badinput import refused, untouched
@@ -375,6 +375,25 @@ def test_a_damaged_launch_record_is_one_line_naming_it(tmp_path, record, command
     with untouched(tmp_path):
         r = run("data", command, "ds", cwd=tmp_path)
     refused(r, ".ds.prepare/launch.json")
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (None, "plan.json: not a readable prepare plan (No such file or directory)"),
+    ("{not json", "plan.json: not a readable prepare plan (Expecting property name"),
+    ('{"format": "diffsweep-prepare-plan/9"}', ("plan.json: format: expected 'diffsweep-prepare-plan/1', got "
+                                               "'diffsweep-prepare-plan/9'")),
+    ('{"format": "diffsweep-prepare-plan/1"}', "plan.json: tokenizer: is required and missing"),
+], ids=["missing", "not-json", "other-version", "fields-missing"])
+def test_a_staging_folder_whose_plan_is_missing_or_damaged_is_one_error_naming_it(tmp_path, text, words):
+    """A Slurm task (or ``finish``) reads the plan ``stage`` wrote; one that is not there, not JSON,
+    of another version or short of fields is one ConfigError naming the file and what is wrong."""
+    from diffsweep.data.shards import read_plan
+
+    if text is not None:
+        (tmp_path / "plan.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        read_plan(tmp_path)
+    assert str(err.value).startswith(str(tmp_path)) and words in str(err.value), err.value
 
 
 @pytest.mark.parametrize("record", ['{"tokens": "x"}', '[]', '{"tokens": {"train": 1, "val": 1}, "itemsize": 2}'],

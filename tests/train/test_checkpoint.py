@@ -239,11 +239,11 @@ def test_a_truncated_or_missing_file_is_found_before_anything_is_read(tmp_path, 
 
 
 @pytest.mark.parametrize(("content", "words"), [
-    (b"", "unreadable (Expecting value"),
-    (b'{"files": {"__0_0.dis', "unreadable (Unterminated string"),
-    (b"[1]", "unreadable (expected a checksums file (a JSON object), got [1])"),
-    (b'{"files": {"__0_0.distcp": {"size": -1, "crc32": 1}}}', ("unreadable (files.__0_0.distcp.size: expected an "
-                                                              "integer >= 0, got -1)")),
+    (b"", "not a readable checksums file (Expecting value"),
+    (b'{"files": {"__0_0.dis', "not a readable checksums file (Unterminated string"),
+    (b"[1]", "expected a checksums file (a JSON object), got [1]"),
+    (b'{"files": {"__0_0.distcp": {"size": -1, "crc32": 1}}}', ("files.__0_0.distcp.size: expected an integer >= 0, "
+                                                              "got -1")),
     (b'{"files": {"../../x": {"size": 1, "crc32": 1}}}', "names a file outside the checkpoint (../../x)"),
 ], ids=["empty", "truncated", "foreign", "negative", "outside"])
 def test_damaged_checksums_are_a_corrupt_checkpoint(tmp_path, trained, content, words):
