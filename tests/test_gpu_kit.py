@@ -249,3 +249,18 @@ def test_sdpa_check_runs_every_kernel_and_says_which_are_wrong(tmp_path):
     ran = {r["kernel"] for r in rows if r["unsupported"] is None}
     assert {"default", "math", "flash"} <= ran and "cudnn" not in ran
     assert "0 wrong of 80" in done.stdout
+
+
+def test_sdpa_variants_agree_and_are_timed(tmp_path):
+    """analysis/gpu/sdpa_variants.py on the CPU: each way of running DIFF V1 / V2 through SDPA gives
+    the first way's output and gradients (fp32), and every variant has both times."""
+    out = tmp_path / "variants.json"
+    done = subprocess.run([sys.executable, str(ROOT / "analysis/gpu/sdpa_variants.py"), "--tiny", "--reps", "1",
+                           "--warmup", "1", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    facts = json.loads(out.read_text())
+    assert not facts["refused"]
+    assert set(facts["max_err_vs_first"]) == {"four-calls", "stacked", "stacked-wide", "v2-gqa", "v2-repeat-kv",
+                                              "v2-gqa4-gqa", "v2-gqa4-repeat-kv"}
+    assert all(err < 1e-4 for err in facts["max_err_vs_first"].values()), facts["max_err_vs_first"]
+    assert all(t["fwd"] > 0 and t["fwdbwd"] > 0 for t in facts["times_ms"].values())

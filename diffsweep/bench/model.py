@@ -132,8 +132,11 @@ def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_b
     the device memory in use outside PyTorch's allocator after them."""
     model = build_model(cfg.model, device=device, compute_dtype=dtype)
     optimizer = build_optimizer(model, cfg.train)
-    forward = torch.compile(model) if compile_model else model
+    # RoPE tables are built on the first forward; building them here keeps a compiled forward from
+    # compiling twice (the first call's guard on the empty table cache fails on the second).
     tokens = torch.randint(0, cfg.model.vocab_size, (micro_batch, seq + 1), device=device)
+    model.rope(seq, tokens.device)  # the tensor's device: "cuda" would key a second table beside "cuda:0"
+    forward = torch.compile(model) if compile_model else model
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
 
     def step() -> None:
