@@ -161,7 +161,7 @@ def bench_prepare(kind: str, inputs: Path, work: Path, *, vocab: int, repeat: in
             meta = prepare.finish(staging, work / f"{kind}-{workers}-{r}-out")
             finish_s.append(time.perf_counter() - started)
             tokens.add(meta.tokens["train"] + meta.tokens["val"])
-            fingerprints.add((meta.fingerprint, *(s["sha256"]["train"] for s in meta.shards or [])))
+            fingerprints.add((meta.fingerprint, *((s.sha256 or {}).get("train") for s in meta.shards or [])))
             shutil.rmtree(work / f"{kind}-{workers}-{r}-out")
     assert len(tokens) == 1 and len(fingerprints) == 1, "1 and 2 workers wrote different datasets"
     (num_tokens,) = tokens

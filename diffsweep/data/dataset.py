@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from diffsweep.config import ConfigError, TokenizerKind
+from diffsweep.config.decode import AtLeast, Check, decode
 
 FORMAT = "diffsweep-tokens/1"
 META_FILE = "meta.json"
@@ -29,33 +30,85 @@ VAL_SPLITS = ("tail", "document")  # how --val-split cuts the documents (see ``p
 WRITTEN = re.compile(r"meta\.json|tokenizer\.json|(train|val)(-\d{5})?\.bin")
 
 
+def _per_split(what: str, valid) -> Check:
+    """A ``{"train": x, "val": y}`` mapping whose two values pass ``valid``."""
+    def check(value: Any, key: str) -> dict:
+        if not isinstance(value, dict) or set(value) != set(SPLITS) or not all(valid(value[s]) for s in SPLITS):
+            raise ConfigError(key, f"expected train and val {what}, got {value!r}")
+        return dict(value)
+    return Check(check)
+
+
+def _one_of(options: tuple[str, ...]) -> Check:
+    def check(value: Any, key: str) -> str:
+        if value not in options:
+            raise ConfigError(key, f"expected one of {', '.join(options)}, got {value!r}")
+        return value
+    return Check(check)
+
+
+def _fraction(one_allowed: bool) -> Check:
+    """A finite number in (0, 1), or in (0, 1] when ``one_allowed``."""
+    def check(value: Any, key: str) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or not (0 < value <= 1 if one_allowed else 0 < value < 1):
+            raise ConfigError(key, f"expected a value in (0, 1{']' if one_allowed else ')'}, got {value!r}")
+        return float(value)
+    return Check(check)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+Count = Annotated[int, AtLeast(0)]
+TokenCounts = Annotated[dict[str, int], _per_split("token counts", _is_count)]
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """One shard's entry in ``meta.json``: its token counts, documents and file checksums per split
+    (``documents`` and ``sha256`` absent in datasets written before they were recorded)."""
+
+    tokens: TokenCounts
+    documents: Count | None = None
+    sha256: Annotated[dict[str, str], _per_split("sha256 strings", lambda v: isinstance(v, str))] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
 @dataclass(frozen=True)
 class DatasetMeta:
-    """What ``meta.json`` records about a prepared dataset."""
+    """What ``meta.json`` records about a prepared dataset (decoded strictly by ``read_meta``)."""
 
     tokenizer: TokenizerKind
-    vocab_size: int
+    vocab_size: Annotated[int, AtLeast(1)]
     eos_id: int | None
-    dtype: str  # numpy dtype of the token files: uint16 when the vocabulary fits, else uint32
-    tokens: dict[str, int]  # split -> number of tokens
+    # numpy dtype of the token files: uint16 when the vocabulary fits, else uint32
+    dtype: Annotated[str, _one_of(("uint16", "uint32"))]
+    tokens: TokenCounts  # split -> number of tokens
     tokenizer_sha256: str
     # [{"path", "sha256", "bytes", "format", "documents"}] of every input file, or a Hugging Face
     # dataset's {"dataset", "config", "split", "fingerprint", "sha256" (of its texts), "documents"}
     sources: list[dict[str, Any]]
-    num_documents: int
-    val_fraction: float
+    num_documents: Count
+    val_fraction: Annotated[float, _fraction(one_allowed=False)]
     fingerprint: str  # sha256 over everything (sources by content; the three below when set): its identity
-    max_tokens: int | None = None  # --max-tokens: writing stopped at this many tokens (train + val)
-    sample: float | None = None  # --sample: the fraction of documents kept ...
+    max_tokens: Annotated[int, AtLeast(1)] | None = None  # --max-tokens: writing stopped at this many tokens
+    sample: Annotated[float, _fraction(one_allowed=True)] | None = None  # --sample: the fraction of documents kept ...
     seed: int | None = None  # ... by this seed (None without --sample)
     tokenizer_version: str | None = None  # the library that tokenized it and its version ("tiktoken 0.9.0")
-    val_split: str = "tail"  # tail: the end of every document is validation; document: whole documents
-    # [{"tokens": {"train", "val"}, "documents", "sha256": {"train", "val"}}] per shard, in order
-    # (None: a dataset from before shards, one train.bin / val.bin)
-    shards: list[dict[str, Any]] | None = None
+    # tail: the end of every document is validation; document: whole documents
+    val_split: Annotated[str, _one_of(VAL_SPLITS)] = "tail"
+    # per shard, in order (None: a dataset from before shards, one train.bin / val.bin)
+    shards: list[ShardMeta] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, **{k: (v.value if k == "tokenizer" else v) for k, v in self.__dict__.items()}}
+        fields = {k: (v.value if k == "tokenizer" else v) for k, v in self.__dict__.items()}
+        if self.shards is not None:
+            fields["shards"] = [s.to_json() for s in self.shards]
+        return {"format": FORMAT, **fields}
 
 
 def shard_file(split: str, index: int) -> str:
@@ -66,7 +119,7 @@ def token_files(meta: DatasetMeta) -> dict[str, list[tuple[str, int]]]:
     """Each split's files in order, with their token counts."""
     if meta.shards is None:
         return {split: [(f"{split}.bin", meta.tokens[split])] for split in SPLITS}
-    return {split: [(shard_file(split, i), s["tokens"][split]) for i, s in enumerate(meta.shards)]
+    return {split: [(shard_file(split, i), s.tokens[split]) for i, s in enumerate(meta.shards)]
             for split in SPLITS}
 
 
@@ -172,9 +225,7 @@ def check_replaceable(path: Path) -> None:
 
 def read_meta(meta_path: Path) -> DatasetMeta:
     """The dataset metadata in ``meta_path``, every field checked (the file may have been edited or
-    damaged): a ``ConfigError`` naming the file and the field otherwise."""
-    from diffsweep.config.decode import decode
-
+    damaged): a ``ConfigError`` keyed by the file, naming the field, otherwise."""
     try:
         raw = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -182,60 +233,26 @@ def read_meta(meta_path: Path) -> DatasetMeta:
     if not isinstance(raw, dict):
         raise ConfigError(str(meta_path), f"not a valid dataset metadata file (expected a JSON object, got "
                                           f"{type(raw).__name__})")
-    if raw.get("format") != FORMAT:
+    if raw.get("format") != FORMAT:  # first: a file of another version is that, not its fields
         raise ConfigError(str(meta_path), f"not a valid dataset metadata file (format is not {FORMAT!r})")
     try:
-        try:
-            meta = decode(DatasetMeta, {k: v for k, v in raw.items() if k != "format"}, source=str(meta_path))
-        except ConfigError as exc:  # keyed "FILE: field": the file is the key, as for the checks below
-            raise ValueError(f"{exc.key.removeprefix(f'{meta_path}: ')}: {exc.message}") from None
-        # What open_dataset relies on, checked here so a bad file is one error naming it.
-        if meta.dtype not in ("uint16", "uint32"):
-            raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {meta.dtype!r}")
-        if not isinstance(meta.tokens, dict):
-            raise ValueError(f"tokens: expected an object of split -> token count, got {meta.tokens!r}")
+        meta = decode(DatasetMeta, {k: v for k, v in raw.items() if k != "format"}, source=str(meta_path))
+    except ConfigError as exc:  # keyed "FILE: field": the file is the key, the field in the message
+        raise ConfigError(str(meta_path), f"not a valid dataset metadata file "
+                          f"({exc.key.removeprefix(f'{meta_path}: ')}: {exc.message})") from None
+    # What the types cannot say: checks across fields.
+    problem = None
+    if meta.eos_id is not None and not 0 <= meta.eos_id < meta.vocab_size:
+        problem = f"eos_id: expected a token id below vocab_size {meta.vocab_size}, got {meta.eos_id!r}"
+    elif meta.shards is not None and not meta.shards:
+        problem = "shards: expected a list of shards, got []"
+    elif meta.shards is not None:
         for name in SPLITS:
-            count = meta.tokens.get(name)
-            if not _count(count):
-                raise ValueError(f"tokens.{name}: expected a token count, got {count!r}")
-        if meta.shards is not None:
-            if not isinstance(meta.shards, list) or not meta.shards:
-                raise ValueError(f"shards: expected a list of shards, got {meta.shards!r}")
-            for i, shard in enumerate(meta.shards):
-                counts = shard.get("tokens") if isinstance(shard, dict) else None
-                if not isinstance(counts, dict) or any(not _count(counts.get(n)) for n in SPLITS):
-                    raise ValueError(f"shards[{i}].tokens: expected train and val token counts, got {counts!r}")
-            for name in SPLITS:
-                if sum(s["tokens"][name] for s in meta.shards) != meta.tokens[name]:
-                    raise ValueError(f"tokens.{name}: {meta.tokens[name]} is not the sum of its shards' tokens")
-            for i, shard in enumerate(meta.shards):
-                if "documents" in shard and not _count(shard["documents"]):
-                    raise ValueError(f"shards[{i}].documents: expected a document count, got {shard['documents']!r}")
-                digests = shard.get("sha256")
-                if digests is not None and not (isinstance(digests, dict) and all(
-                        isinstance(digests.get(n), str) for n in SPLITS)):
-                    raise ValueError(f"shards[{i}].sha256: expected train and val sha256 strings, got {digests!r}")
-        if meta.vocab_size < 1:
-            raise ValueError(f"vocab_size: expected a positive integer, got {meta.vocab_size!r}")
-        if meta.eos_id is not None and not 0 <= meta.eos_id < meta.vocab_size:
-            raise ValueError(f"eos_id: expected a token id below vocab_size {meta.vocab_size}, got {meta.eos_id!r}")
-        if not _count(meta.num_documents):
-            raise ValueError(f"num_documents: expected a document count, got {meta.num_documents!r}")
-        if not (math.isfinite(meta.val_fraction) and 0 < meta.val_fraction < 1):
-            raise ValueError(f"val_fraction: expected a value in (0, 1), got {meta.val_fraction!r}")
-        if meta.val_split not in VAL_SPLITS:
-            raise ValueError(f"val_split: expected one of {', '.join(VAL_SPLITS)}, got {meta.val_split!r}")
-        if meta.max_tokens is not None and meta.max_tokens < 1:
-            raise ValueError(f"max_tokens: expected a positive number of tokens, got {meta.max_tokens!r}")
-        if meta.sample is not None and not 0 < meta.sample <= 1:
-            raise ValueError(f"sample: expected a fraction in (0, 1], got {meta.sample!r}")
-        return meta
-    except ValueError as exc:
-        raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({exc})") from exc
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if sum(s.tokens[name] for s in meta.shards) != meta.tokens[name]:
+                problem = f"tokens.{name}: {meta.tokens[name]} is not the sum of its shards' tokens"
+    if problem is not None:
+        raise ConfigError(str(meta_path), f"not a valid dataset metadata file ({problem})")
+    return meta
 
 
 def check_compatible(meta: DatasetMeta, tokenizer: TokenizerKind, vocab_size: int, seq_len: int) -> None:

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError, TokenizerKind
-from diffsweep.data.dataset import META_FILE, SPLITS, VAL_SPLITS, DatasetMeta, check_replaceable, shard_file
+from diffsweep.data.dataset import (
+    META_FILE,
+    SPLITS,
+    VAL_SPLITS,
+    DatasetMeta,
+    ShardMeta,
+    check_replaceable,
+    shard_file,
+)
 from diffsweep.data.shards import (
     PLAN_FILE,
     PLAN_FORMAT,
@@ -340,7 +348,7 @@ def _meta(plan: PreparePlan, records: list[ShardRecord], staging: Path) -> Datas
     if plan.val_split != "tail":
         key["val_split"] = plan.val_split
     fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    shards = [{"tokens": r.tokens, "documents": r.documents, "sha256": r.sha256} for r in records]
+    shards = [ShardMeta(tokens=r.tokens, documents=r.documents, sha256=r.sha256) for r in records]
     return DatasetMeta(**fields, fingerprint=fingerprint, **selection, tokenizer_version=plan.tokenizer_version,
                        val_split=plan.val_split, shards=shards)
 

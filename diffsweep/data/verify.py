@@ -162,13 +162,12 @@ def _shard_files(meta: DatasetMeta) -> list[list[tuple[str, str, int]]]:
 def _check_shard(path: Path, meta: DatasetMeta, index: int, files: list[tuple[str, str, int]],
                  chunk_tokens: int) -> ShardCheck:
     record = meta.shards[index] if meta.shards is not None else None
-    documents = record.get("documents") if record is not None else meta.num_documents
-    documents = documents if isinstance(documents, int) and not isinstance(documents, bool) else None
-    digests = (record or {}).get("sha256") or {}
+    documents = record.documents if record is not None else meta.num_documents
+    digests = (record.sha256 if record is not None else None) or {}
     problems: list[Problem] = []
     checks = []
     for split, name, count in files:
-        expected = digests.get(split) if isinstance(digests, dict) else None
+        expected = digests.get(split)
         check, found = _check_file(path / name, split, count, expected, meta, chunk_tokens)
         checks.append(check)
         problems += found

@@ -339,9 +339,13 @@ def test_truncated_bin_is_a_config_error_naming_it(small_dataset, split):
         lambda m: json.dumps(m | {"tokens": {"train": -1, "val": 0}}),
         lambda m: json.dumps(m | {"dtype": "float32"}),
         lambda m: json.dumps(m | {"dtype": "nonsense"}),
+        lambda m: json.dumps(m | {"shards": [m["shards"][0] | {"extra": 1}]}),
+        lambda m: json.dumps(m | {"shards": [m["shards"][0] | {"tokens": {"train": 1, "val": 1}}]}),
+        lambda m: json.dumps(m | {"shards": []}),
+        lambda m: json.dumps(m | {"tokens": m["tokens"] | {"test": 3}}),
     ],
     ids=["syntax", "not-object", "format", "missing", "extra", "tokenizer", "no-val", "tokens-type", "negative",
-         "dtype-float", "dtype-unknown"],
+         "dtype-float", "dtype-unknown", "shard-extra", "shard-sum", "no-shards", "third-split"],
 )
 def test_bad_meta_json_is_a_config_error_naming_it(small_dataset, edit):
     """Every malformed meta.json is one ConfigError whose key is the file (no KeyError/TypeError)."""
