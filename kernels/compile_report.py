@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
-from diffsweep_kernels import triton_diff
+from diffsweep_kernels import triton_configs, triton_diff
 
 SM90_SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100 block may use
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -59,7 +59,7 @@ POINTERS = {
 }
 KERNELS = {"pre": triton_diff._bwd_preprocess, "fwd": triton_diff._fwd_kernel, "dkdv": triton_diff._dkdv_kernel,
            "dq": triton_diff._dq_kernel}
-CONFIGS = triton_diff.ALL_CONFIGS  # every config, whatever DIFFSWEEP_TRITON_AUTOTUNE selects for runs
+CONFIGS = triton_configs.ALL_CONFIGS  # every config, whatever DIFFSWEEP_TRITON_AUTOTUNE selects for runs
 
 
 def _signature(kernel: str, dtype: torch.dtype, constexprs: dict) -> dict[str, str]:
@@ -128,7 +128,7 @@ def main() -> None:
     for row in report(DTYPES[args.dtype], args.qk_dim, args.v_dim, args.group):
         d = asdict(row)
         note = "" if row.fits else "  (over the shared-memory limit: the autotuner skips it)"
-        if row.kernel != "pre" and not triton_diff.tile_fits(row.block_m, row.block_n, dims["BLOCK_DV"]):
+        if row.kernel != "pre" and not triton_configs.tile_fits(row.block_m, row.block_n, dims["BLOCK_DV"]):
             note += "  (pruned for this V dim: never timed)"
         print(f"{d['kernel']:6} {d['block_m']:>4} {d['block_n']:>4} {d['num_warps']:>5} {d['num_stages']:>6} "
               f"{d['shared_bytes'] / 1024:>10.0f} {d['registers']:>5} {d['spill_bytes']:>8}{note}")

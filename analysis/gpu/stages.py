@@ -143,7 +143,7 @@ def smoke(device: str, facts: dict, save) -> None:
     (``diffsweep_kernels.reference.compare``)."""
     import torch
 
-    from diffsweep_kernels import reference, triton_diff
+    from diffsweep_kernels import reference, triton_configs, triton_diff
 
     if device == "cuda":
         dtype, (B, H, Hkv, T, D, Dv) = torch.bfloat16, (1, 8, 8, 2048, 128, 256)
@@ -162,7 +162,7 @@ def smoke(device: str, facts: dict, save) -> None:
         return reference.diff_attention(q1, k1, q2, k2, v, lam, scale=scale, upcast=True)
 
     facts.update({"ok": False, "shape": {"B": B, "H": H, "Hkv": Hkv, "T": T, "D": D, "Dv": Dv}, "dtype": str(dtype),
-                  "autotune_mode": triton_diff.autotune_mode()})
+                  "autotune_mode": triton_configs.autotune_mode()})
     # First call: autotuning and compiling every config of the forward, then of both backward kernels.
     leaves = [t.detach().to(device, dtype if t.dim() else torch.float32).requires_grad_() for t in tensors]
     start = time.perf_counter()

@@ -17,7 +17,7 @@ from tests.helpers.gpu import needs_cuda, skip_or_fail
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install triton)")
 
-from diffsweep_kernels import reference, triton_diff  # noqa: E402
+from diffsweep_kernels import reference, triton_configs, triton_diff  # noqa: E402
 
 # Every test here runs on the GPU when there is one (in Triton's interpreter otherwise).
 pytestmark = pytest.mark.gpu
@@ -174,27 +174,27 @@ def test_wide_v_configs_are_pruned_as_the_autotuner_calls_the_pruner():
     """On a GPU the autotuner calls ``early_config_prune(configs, positional_args, **keyword_args)``;
     DV is a keyword there. Wide V keeps only tiles whose two accumulators fit."""
     configs = [triton_diff.triton.Config({"BLOCK_M": m, "BLOCK_N": n}) for m, n in [(128, 64), (64, 64), (64, 32)]]
-    kept = triton_diff._prune_wide_v(configs, {"Q1": None, "T": 2048}, **triton_diff._dims(1, 128, 256, torch.bfloat16))
+    kept = triton_configs.prune_wide_v(configs, {"Q1": None, "T": 2048}, **triton_diff._dims(1, 128, 256, torch.bfloat16))
     assert [c.kwargs["BLOCK_M"] for c in kept] == [64, 64]
-    assert triton_diff._prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 96, 192, torch.bfloat16)) == kept
-    assert triton_diff._prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 64, 128, torch.bfloat16)) == configs
+    assert triton_configs.prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 96, 192, torch.bfloat16)) == kept
+    assert triton_configs.prune_wide_v(configs, {"T": 2048}, **triton_diff._dims(1, 64, 128, torch.bfloat16)) == configs
 
 
 def test_every_config_keeps_the_tiles_left_of_the_diagonal_whole():
     """The forward and dQ loops skip the causal mask left of the diagonal, which is only right when
     a query tile is a whole number of key tiles (and in dK/dV a key tile of query steps)."""
     interpreted = [(32, 16, 4, 1), (16, 32, 4, 1)]
-    for m, n, _, _ in triton_diff.FWD_BLOCKS + triton_diff.DQ_BLOCKS + interpreted[:1]:
+    for m, n, _, _ in triton_configs.FWD_BLOCKS + triton_configs.DQ_BLOCKS + interpreted[:1]:
         assert m % n == 0, (m, n)
-    for m, n, _, _ in triton_diff.DKDV_BLOCKS + interpreted[1:]:
+    for m, n, _, _ in triton_configs.DKDV_BLOCKS + interpreted[1:]:
         assert n % m == 0, (m, n)
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in triton_diff.ALL_CONFIGS["fwd"]] == (
-        [(32, 16)] if triton_diff.INTERPRET else [b[:2] for b in triton_diff.FWD_BLOCKS])
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in triton_configs.ALL_CONFIGS["fwd"]] == (
+        [(32, 16)] if triton_diff.INTERPRET else [b[:2] for b in triton_configs.FWD_BLOCKS])
 
 
 # --- Autotuning: DIFFSWEEP_TRITON_AUTOTUNE, pinned configs, every config at the 1.4B head shape ---
 
-BLOCKS = {"fwd": triton_diff.FWD_BLOCKS, "dkdv": triton_diff.DKDV_BLOCKS, "dq": triton_diff.DQ_BLOCKS}
+BLOCKS = {"fwd": triton_configs.FWD_BLOCKS, "dkdv": triton_configs.DKDV_BLOCKS, "dq": triton_configs.DQ_BLOCKS}
 
 
 def _config(block: tuple[int, int, int, int]):
@@ -203,27 +203,27 @@ def _config(block: tuple[int, int, int, int]):
 
 
 def test_autotune_mode_is_read_from_the_environment_and_checked():
-    assert triton_diff.autotune_mode() == os.environ.get(triton_diff.AUTOTUNE_ENV, "all")  # "first" (conftest)
-    assert triton_diff._read_autotune_mode(None) == "all"
-    assert triton_diff._read_autotune_mode("first") == "first"
+    assert triton_configs.autotune_mode() == os.environ.get(triton_configs.AUTOTUNE_ENV, "all")  # "first" (conftest)
+    assert triton_configs.read_autotune_mode(None) == "all"
+    assert triton_configs.read_autotune_mode("first") == "first"
     with pytest.raises(ValueError, match=r"^DIFFSWEEP_TRITON_AUTOTUNE: expected one of \[all, first\], got 'one'$"):
-        triton_diff._read_autotune_mode("one")
-    expected = {name: len(configs) if triton_diff.autotune_mode() == "all" else 1
-                for name, configs in triton_diff.ALL_CONFIGS.items()}
-    assert {name: len(configs) for name, configs in triton_diff.CONFIGS.items()} == expected
+        triton_configs.read_autotune_mode("one")
+    expected = {name: len(configs) if triton_configs.autotune_mode() == "all" else 1
+                for name, configs in triton_configs.ALL_CONFIGS.items()}
+    assert {name: len(configs) for name, configs in triton_configs.CONFIGS.items()} == expected
 
 
 def test_first_mode_keeps_per_kernel_the_first_config_that_fits_the_widest_v():
     """With one config the autotuner runs it without pruning, so it must fit V dims up to 512."""
-    first = {name: triton_diff._first_that_fits_every_shape([_config(b) for b in blocks])
+    first = {name: triton_configs.first_that_fits_every_shape([_config(b) for b in blocks])
              for name, blocks in BLOCKS.items()}
-    assert {name: [triton_diff.format_config(c) for c in configs] for name, configs in first.items()} == {
+    assert {name: [triton_configs.format_config(c) for c in configs] for name, configs in first.items()} == {
         "fwd": ["BLOCK_M=64 BLOCK_N=64 warps=8 stages=2"],
         "dkdv": ["BLOCK_M=16 BLOCK_N=64 warps=8 stages=2"],
         "dq": ["BLOCK_M=64 BLOCK_N=64 warps=8 stages=2"],
     }
     for name, (config,) in first.items():  # ... and the autotuner's own pruner keeps it at the widest V
-        assert triton_diff._prune_wide_v([_config(b) for b in BLOCKS[name]], {"T": 64},
+        assert triton_configs.prune_wide_v([_config(b) for b in BLOCKS[name]], {"T": 64},
                                          **triton_diff._dims(1, 256, 512, torch.bfloat16))[0] == config
 
 
@@ -239,7 +239,7 @@ def test_a_pinned_config_runs_and_is_reported_as_chosen(monkeypatch):
     assert triton_diff.AUTOTUNED["dq"].configs is before
     chosen = triton_diff.chosen_configs()
     assert chosen["dq"] == "BLOCK_M=16 BLOCK_N=16 warps=4 stages=1"
-    assert chosen["fwd"] in [triton_diff.format_config(c) for c in triton_diff.CONFIGS["fwd"]]
+    assert chosen["fwd"] in [triton_configs.format_config(c) for c in triton_configs.CONFIGS["fwd"]]
 
 
 @needs_cuda
@@ -254,11 +254,11 @@ def test_every_config_matches_the_reference_at_the_1_4b_head_shape(kernel, block
     autotuner prunes at this shape never runs there: it is reported as pruned, not run."""
     B, H, T, D, Dv = 1, 8, 1008, 128, 256
     config = _config(block)
-    kept = triton_diff._prune_wide_v([_config(b) for b in BLOCKS[kernel]], {"T": T},
+    kept = triton_configs.prune_wide_v([_config(b) for b in BLOCKS[kernel]], {"T": T},
                                      **triton_diff._dims(1, D, Dv, torch.bfloat16))
-    if triton_diff.format_config(config) not in {triton_diff.format_config(c) for c in kept}:
-        assert not triton_diff.tile_fits(block[0], block[1], Dv)
+    if triton_configs.format_config(config) not in {triton_configs.format_config(c) for c in kept}:
+        assert not triton_configs.tile_fits(block[0], block[1], Dv)
         pytest.skip(f"pruned at V dim {Dv}: {block[0]}x{block[1]} tiles do not fit (tile_fits), never run there")
     with triton_diff.pinned_config(kernel, config):
         assert_matches_reference(_inputs(B, H, H, T, D, Dv), torch.bfloat16)
-        assert triton_diff.chosen_configs()[kernel] == triton_diff.format_config(config)
+        assert triton_diff.chosen_configs()[kernel] == triton_configs.format_config(config)
