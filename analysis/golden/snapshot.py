@@ -16,7 +16,10 @@ otherwise), in a scratch folder, with its paths replaced by ``<root>`` and ``<tm
   and option the CLI offers), bootstrap seed fixed;
 - ``data.json``: the sha256 of every file ``diffsweep data prepare`` writes from a fixed corpus;
 - ``train.json``: the 12-step training and validation losses of each built-in kind on that corpus
-  (bitwise: the same numbers to the last digit on the same machine and torch).
+  (bitwise: the same numbers to the last digit on the same machine and torch);
+- ``slurm.txt`` (``--parts slurm``, on an idle localhost Slurm cluster: ``bash slurm/start-cluster.sh``):
+  the transcript of a two-run sweep on that corpus launched, cancelled, its status, relaunched to
+  the end and its status again, Slurm job ids numbered in order of appearance.
 
 Nothing is fetched; the corpus is CPython's pydoc topics (as the tests' ``text_dataset``).
 """
@@ -32,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--checkout", type=Path, default=ROOT)
-    parser.add_argument("--parts", default="plan,fit,train", help="plan, fit, train (data and train.json)")
+    parser.add_argument("--parts", default="plan,fit,train", help="plan, fit, train (data and train.json), slurm")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     checkout, out = args.checkout.resolve(), args.out
@@ -144,7 +148,7 @@ def main() -> None:
             text = run(checkout, tmp, "fit", "--csv", str(table), "--no-log", "--boot", "200", "--seed", "7", "--json",
                        "--out", str(tmp / f"fit-{case}"), *options)
             write(out / "fit" / f"{case}.json", scrub(text, checkout, tmp))
-        if "train" not in parts:
+        if not parts & {"train", "slurm"}:
             print(f"wrote {out}")
             return
         import pydoc_data.topics
@@ -161,12 +165,57 @@ def main() -> None:
         write(out / "data.json", scrub(json.dumps({"files": sums, "meta": meta}, indent=1, sort_keys=True), checkout,
                                        tmp))
         losses = {}
-        for kind in KINDS:
+        for kind in KINDS if "train" in parts else ():
             run(checkout, tmp, "train", "--arch", kind, "--out", str(tmp / "runs"), "--experiment", "golden",
                 *(a for s in [*TINY, f"data.path={tmp / 'data'}"] for a in ("--set", s)))
             losses[kind] = _losses(checkout, tmp, kind)
-        write(out / "train.json", json.dumps(losses, indent=1))
+        if "train" in parts:
+            write(out / "train.json", json.dumps(losses, indent=1))
+        if "slurm" in parts:
+            write(out / "slurm.txt", _slurm_transcript(checkout, tmp))
     print(f"wrote {out}")
+
+
+def _slurm_transcript(checkout: Path, tmp: Path) -> str:
+    """launch, cancel, status, launch --wait, status of a two-run sweep on the localhost cluster."""
+    if shutil.which("squeue") is None or subprocess.run(["squeue", "-h"], capture_output=True).returncode != 0:
+        raise SystemExit("--parts slurm: no reachable Slurm controller (bash slurm/start-cluster.sh && "
+                         "source /tmp/diffsweep-slurm/env.sh)")
+    if subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+        raise SystemExit("--parts slurm: the cluster is not idle (squeue lists jobs); wait or scancel them")
+    project = tmp / "slurm"
+    project.mkdir()
+    sweep = project / "t.yaml"
+    settings = [s.split("=", 1) for s in TINY]
+    sweep.write_text("name: golden\nset:\n" + "".join(f"  {k}: {v}\n" for k, v in settings)
+                     + f"  data.path: {tmp / 'data'}\ngrid:\n  model.attention.kind: [transformer, diff_v1]\n")
+    profile = ("--profile", "localhost")
+    steps = [("launch", str(sweep), *profile), ("cancel", str(sweep), *profile)]
+    lines = []
+    for args in steps:
+        lines += [f"$ diffsweep {' '.join(args)}", run(checkout, project, *args)]
+    deadline = time.monotonic() + 180
+    while json.loads(run(checkout, project, "status", str(sweep), *profile, "--json"))["counts"] != {"cancelled": 2}:
+        if time.monotonic() > deadline:
+            raise SystemExit("--parts slurm: the cancelled runs did not show as cancelled within 180 s")
+        time.sleep(1)
+    for args in [("status", str(sweep), *profile), ("launch", str(sweep), *profile, "--wait"),
+                 ("status", str(sweep), *profile)]:
+        lines += [f"$ diffsweep {' '.join(args)}", run(checkout, project, *args)]
+    text = scrub("\n".join(lines), checkout, tmp)
+    ids: dict[str, str] = {}
+    text = re.sub(r"\b\d+(?=_\d|\b)", lambda m: ids.setdefault(m.group(), f"<job{len(ids) + 1}>")
+                  if m.group() in _job_ids(project) else m.group(), text)
+    return re.sub(r"\b\d+(\.\d+)? ?(s|min|h)\b|\b\d+:\d\d(:\d\d)?\b", "<t>", text)
+
+
+def _job_ids(project: Path) -> set[str]:
+    """Every Slurm job id in the sweep's ledgers (array ids without their task suffix)."""
+    found = set()
+    for path in project.rglob("ledger.json"):
+        for entry in json.loads(path.read_text())["entries"].values():
+            found |= {str(a["job_id"]).split("_")[0] for a in entry["attempts"] if a.get("job_id")}
+    return found
 
 
 # Each resource class of each shipped sweep on PROFILE, as the Slurm executor's parameters (what
