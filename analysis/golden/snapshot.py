@@ -206,6 +206,11 @@ def _slurm_transcript(checkout: Path, tmp: Path) -> str:
     ids: dict[str, str] = {}
     text = re.sub(r"\b\d+(?=_\d|\b)", lambda m: ids.setdefault(m.group(), f"<job{len(ids) + 1}>")
                   if m.group() in _job_ids(project) else m.group(), text)
+    text = re.sub(r"\b[0-9a-f]{12}\b", "<key>", text)  # a run's key holds its data path, in a new folder each time
+    # --wait's progress lines before a run ends depend on when its polls fall: only the ends are kept
+    lines = [line for line in text.splitlines() if not re.search(r"pending|-> running|ETA|starting| left$", line)]
+    ends = iter(sorted(line for line in lines if "-> done" in line))  # two runs ending in one poll: either order
+    text = "\n".join(next(ends) if "-> done" in line else line for line in lines)
     return re.sub(r"\b\d+(\.\d+)? ?(s|min|h)\b|\b\d+:\d\d(:\d\d)?\b", "<t>", text)
 
 
