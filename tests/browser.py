@@ -23,6 +23,7 @@ import contextlib
 import importlib.util
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -150,7 +151,19 @@ def expect_artifact_visible(page, run_page_url: str, path: str, text: str | None
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port a server can bind now, below the kernel's ephemeral range: a port the kernel hands
+    out (bind to 0) can be taken again, before the server binds it, as the source port of any
+    outgoing connection on the machine (seen once in CI: another test's MLflow client took it)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()  # not the tests' seeded global generator: parallel workers must not agree
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        if port_free(port):
+            return port
+    with socket.socket() as sock:  # a crowded range: what the kernel gives
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

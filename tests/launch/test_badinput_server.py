@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import free_port
 from tests.helpers.badinput import diffsweep, refused, untouched
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
