@@ -178,10 +178,11 @@ def main() -> None:
 
 def _slurm_transcript(checkout: Path, tmp: Path) -> str:
     """launch, cancel, status, launch --wait, status of a two-run sweep on the localhost cluster."""
-    if shutil.which("squeue") is None or subprocess.run(["squeue", "-h"], capture_output=True).returncode != 0:
+    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True) if shutil.which("squeue") else None
+    if queue is None or queue.returncode != 0:
         raise SystemExit("--parts slurm: no reachable Slurm controller (bash slurm/start-cluster.sh && "
                          "source /tmp/diffsweep-slurm/env.sh)")
-    if subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+    if queue.stdout.strip():
         raise SystemExit("--parts slurm: the cluster is not idle (squeue lists jobs); wait or scancel them")
     project = tmp / "slurm"
     project.mkdir()
@@ -203,9 +204,9 @@ def _slurm_transcript(checkout: Path, tmp: Path) -> str:
                  ("status", str(sweep), *profile)]:
         lines += [f"$ diffsweep {' '.join(args)}", run(checkout, project, *args)]
     text = scrub("\n".join(lines), checkout, tmp)
-    ids: dict[str, str] = {}
+    jobs, ids = _job_ids(project), {}
     text = re.sub(r"\b\d+(?=_\d|\b)", lambda m: ids.setdefault(m.group(), f"<job{len(ids) + 1}>")
-                  if m.group() in _job_ids(project) else m.group(), text)
+                  if m.group() in jobs else m.group(), text)
     text = re.sub(r"\b[0-9a-f]{12}\b", "<key>", text)  # a run's key holds its data path, in a new folder each time
     # --wait's progress lines before a run ends depend on when its polls fall: only the ends are kept
     lines = [line for line in text.splitlines() if not re.search(r"pending|-> running|ETA|starting| left$", line)]
