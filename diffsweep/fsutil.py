@@ -1,15 +1,29 @@
 """File-system helpers for commands that must leave the file system as they found it when they fail:
-the one atomic writer of the files the project writes, and the one way a staged folder is put in
-place (``publish``)."""
+the one atomic writer of the files the project writes, the one way a staged folder is put in
+place (``publish``), and the one lock for a record's read-modify-write (``flocked``)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing; blocking) for a read-modify-write
+    of a record beside it. The lock is of the open file: a second ``flocked`` of the same path in
+    one process waits for the first."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -230,7 +230,7 @@ _FAST: dict[Any, type] = {int: int, str: str, bool: bool, int | None: int, str |
 
 
 def _cached_section(cls: type, data: Any, key: str, what: str | None) -> Any:
-    # Sections are frozen, so equal data can share one decoded instance: a sweep decodes the same
+    # Frozen sections only, so equal data can share one decoded instance: a sweep decodes the same
     # model section for thousands of runs. Errors are not cached (they are raised every time).
     try:
         memo_key = (cls, key, what, repr(data))
@@ -272,7 +272,10 @@ def _value(tp: Any, value: Any, key: str, what: str | None) -> Any:
     if tp is Any:
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section (a class, not an instance)
-        return _cached_section(tp, value, key, what)
+        if tp.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            return _cached_section(tp, value, key, what)
+        # A record's mutable part (a ledger entry, an attempt): each read gets its own objects.
+        return _section(tp, value, key, f"{key}.", expected=what)
     if isinstance(tp, type) and issubclass(tp, Enum):
         allowed = [m.value for m in tp]
         if value not in allowed:

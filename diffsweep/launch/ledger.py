@@ -7,7 +7,6 @@ exclusive lock and is atomic, so ``launch``, ``cancel`` and the local queue can 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -16,33 +15,14 @@ from typing import Any
 
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import decode
-from diffsweep.fsutil import write_atomically
+from diffsweep.fsutil import flocked, write_atomically
+from diffsweep.launch.attempt import Attempt, AttemptStore
 from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-exported for the launcher)
 
 FORMAT = "diffsweep-ledger/1"
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = ".ledger.lock"
 LAUNCH_LOCK = ".launch.lock"  # in the sweep directory: held by a launch or cancel of it
-
-
-@dataclass
-class Attempt:
-    """One submission of a run."""
-
-    executor: str  # the scheduler's name (diffsweep.launch.scheduler): slurm, local, ...
-    submitted: str
-    code_dir: str
-    folder: str  # submitit folder of the job (pickles, logs)
-    job_id: str | None = None  # Slurm "<array>_<task>" or "<job>"; local: the controller's pid
-    state: str = "submitted"  # local: queued -> submitted; any: cancelled (by diffsweep cancel)
-    stdout: str | None = None
-    stderr: str | None = None
-    reconciled: str | None = None  # the scheduler state a dead job was marked with in MLflow
-    queue_pid: int | None = None  # local: the queue process that starts this attempt
-    queue_start: int | None = None  # ... and its start time (pids get reused)
-    job_start: int | None = None  # local: the start time of the job's process (job_id is its pid)
-    profile: str | None = None  # the profile it was submitted with (None: a ledger from before it was recorded)
-    resources: dict[str, Any] | None = None  # what it asked for (``Resources`` fields), as submitted
 
 
 @dataclass
@@ -105,9 +85,21 @@ def write_ledger(out: Path, ledger: Ledger) -> None:
 def locked(out: Path) -> Iterator[None]:
     """Hold the sweep directory's ledger lock (blocking) for a read-modify-write."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK_FILE, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with flocked(out / LOCK_FILE):
+        yield
+
+
+class SweepStore(AttemptStore):
+    """The ledger as the store of a sweep's job arrays (its folder: the sweep's output directory)."""
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self.folder)
+
+    def read(self) -> Ledger | None:
+        return read_ledger(self.folder)
+
+    def write(self, record: Ledger) -> None:
+        write_ledger(self.folder, record)
+
+    def latest(self, record: Ledger) -> list[Attempt]:
+        return [a for e in record.entries.values() if (a := e.latest) is not None]

@@ -1,64 +1,67 @@
-"""The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process (started
-by ``launch``) that starts its queued runs through submitit's ``LocalExecutor``, at most N at a
-time, records each job in the ledger, and exits when all have ended. A later launch of the same sweep hands its runs to a live queue, so
-N holds for the sweep. Usage (internal): ``python -m diffsweep.launch.local_queue OUT N``.
+"""The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process that starts
+the queued jobs of one record (a sweep's ledger, a launched prepare's ``launch.json``: an
+``AttemptStore``) through submitit's ``LocalExecutor``, at most N at a time, records each job there,
+and exits when all have ended. Usage (internal): ``python -m diffsweep.launch.local_queue
+MODULE:STORE FOLDER N``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
 
 import submitit
 
-from diffsweep.launch.job import TrainJob
-from diffsweep.launch.ledger import locked, read_ledger, write_ledger
+from diffsweep.launch.attempt import load_store
 from diffsweep.launch.local_scheduler import LOCAL_TIMEOUT_MIN, closed_marker
 from diffsweep.lockfile import proc_start
-from diffsweep.rundir import read_launch_config, read_launch_eval
 
 POLL_S = 1.0
 
 
-def main(out: Path, parallel: int) -> None:
+def main(spec: list[str], parallel: int) -> None:
+    store = load_store(spec)
     me = os.getpid()
     # Started with PYTHONPATH=<launch's code snapshot>:<the user's>; each job gets its own attempt's.
     user_path = os.environ.get("PYTHONPATH", "").split(os.pathsep)[1:]
-    closed_marker(out, me).unlink(missing_ok=True)  # left by an earlier queue that had this pid
-    executor = submitit.LocalExecutor(folder=out / "jobs" / "%j", max_num_timeout=100)
-    executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
+    closed_marker(store, me).unlink(missing_ok=True)  # left by an earlier queue that had this pid
+    executors: dict[str, submitit.LocalExecutor] = {}
     running: dict[str, submitit.Job] = {}
     while True:
         running = {k: j for k, j in running.items() if not j.done()}
-        with locked(out):
-            ledger = read_ledger(out)
-            assert ledger is not None
-            queued = [(key, e) for key, e in ledger.entries.items()
-                      if e.latest is not None and e.latest.state == "queued" and e.latest.queue_pid == me]
+        with store.locked():
+            record = store.read()
+            queued = [a for a in store.latest(record) if a.state == "queued" and a.queue_pid == me]
             if not queued and not running:
-                closed_marker(out, me).touch()
+                closed_marker(store, me).touch()
                 return
-            for key, entry in queued[: max(0, parallel - len(running))]:
-                tags = {"diffsweep.sweep": ledger.sweep, "diffsweep.sweep_run": entry.name}
-                a = entry.latest
-                assert a is not None  # a queued entry's latest attempt is the queued one
+            for a in queued[: max(0, parallel - len(running))]:
+                item = Path(a.queue_item or "")
+                name = item.stem
                 os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
                 try:
-                    job = executor.submit(TrainJob(read_launch_config(Path(entry.run_dir)), entry.run_dir, ledger.experiment,
-                                                   ledger.tracking_uri, tags, evals=read_launch_eval(Path(entry.run_dir))))
-                except Exception as exc:  # noqa: BLE001 (one bad run must not strand the others)
+                    with open(item, "rb") as f:
+                        name, call = pickle.load(f)  # noqa: S301 (written by the launch that queued it)
+                    if a.folder not in executors:
+                        executors[a.folder] = submitit.LocalExecutor(folder=Path(a.folder) / "%j", max_num_timeout=100)
+                        executors[a.folder].update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
+                    job = executors[a.folder].submit(call)
+                except Exception as exc:  # noqa: BLE001 (one bad job must not strand the others)
                     a.state = "failed-to-start"
-                    print(f"could not start {entry.name}: {type(exc).__name__}: {exc}", flush=True)
+                    print(f"could not start {name}: {type(exc).__name__}: {exc}", flush=True)
                 else:
                     a.state, a.job_id, a.job_start = "submitted", job.job_id, proc_start(int(job.job_id))
                     a.folder, a.stdout, a.stderr = str(job.paths.folder), str(job.paths.stdout), str(job.paths.stderr)
-                    running[key] = job
-                    print(f"started {entry.name} as local job {job.job_id}", flush=True)
-                write_ledger(out, ledger)  # at once: the job exists now
+                    running[job.job_id] = job
+                    item.unlink(missing_ok=True)  # submitit keeps its own pickle of the job
+                    a.queue_item = None
+                    print(f"started {name} as local job {job.job_id}", flush=True)
+                store.write(record)  # at once: the job exists now
         time.sleep(POLL_S)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(sys.argv[1:3], int(sys.argv[3]))

@@ -1,36 +1,52 @@
-"""This machine: a detached queue process (``diffsweep.launch.local_queue``) starts the runs through
-submitit's ``LocalExecutor``, at most ``max_parallel`` at a time, so ``launch`` returns at once
-here too. A later launch of the same sweep hands its runs to a live queue, so the limit holds for
-the sweep.
+"""This machine: a detached queue process (``diffsweep.launch.local_queue``) starts the jobs of a
+record (a sweep's runs, a launched prepare's tasks) through submitit's ``LocalExecutor``, at most
+``max_parallel`` at a time, so the command that submits returns at once here too. A later submission
+to the same record hands its jobs to the live queue, so the limit holds for the record.
 
-A local job's id is the pid of submitit's controller process; the ledger also keeps the process's
-start time, because pids are reused. States and cancelling use that pid: submitit's
-``LocalJob`` can only tell the state of, and cancel, a job whose ``Popen`` it holds, and that
-object lives in the queue process, not in ``status`` or ``cancel``.
+Each queued job waits as a pickle (its name and callable) in ``<array folder>/queued/`` until the
+queue starts it and records the job in the store. A local job's id is the pid of submitit's
+controller process; the record also keeps the process's start time, because pids are reused.
+States and cancelling use that pid: submitit's ``LocalJob`` can only tell the state of, and cancel,
+a job whose ``Popen`` it holds, and that object lives in the queue process, not in ``status`` or
+``cancel``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import pickle
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-from diffsweep.launch.ledger import Attempt, locked, now, read_ledger
-from diffsweep.launch.plan import PlanRow
+from diffsweep.launch.attempt import Attempt, AttemptStore
 from diffsweep.launch.profiles import LOCAL, Profile
-from diffsweep.launch.scheduler import Scheduler, Submission, TaskArray
+from diffsweep.launch.scheduler import JobArray, Scheduler
 from diffsweep.lockfile import pid_alive, proc_start
+from diffsweep.rundir import now
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # the local executor has no real time limit
+QUEUED = "queued"  # under an array's folder: the pickles of the jobs the queue has not started
+LOGS = "logs"  # under the store's folder: the queue's log, and its marker when it has decided to exit
 
 
-def closed_marker(out: Path, pid: int) -> Path:
-    """Written (under the ledger lock) when a queue has decided to exit: launch must not hand it runs."""
-    return out / f".queue-{pid}.closed"
+def closed_marker(store: AttemptStore, pid: int) -> Path:
+    """Written (under the store's lock) when a queue has decided to exit: no job may be handed to it."""
+    return store.folder / LOGS / f".queue-{pid}.closed"
+
+
+def waiting_state(attempt: Attempt) -> tuple[str, str] | None:
+    """Where a local attempt that has no job yet stands, in Slurm's words and why: waiting in a live
+    queue, or failed (the queue could not start it, or stopped first); None for any other attempt."""
+    if attempt.state == "failed-to-start":
+        return "FAILED", "the local queue could not start it (see its log, logs/queue-*.log)"
+    if attempt.state == "queued":
+        if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
+            return "PENDING", "local queue"
+        return "FAILED", "the local queue stopped before starting it"
+    return None
 
 
 class LocalScheduler(Scheduler):
@@ -52,49 +68,46 @@ class LocalScheduler(Scheduler):
     def default_profile(self) -> Profile:
         return LOCAL
 
-    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
-        plan = submission.plan
-        parallel = submission.max_parallel or plan.spec.launch.max_parallel or 1
-        logs = plan.out / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+    def submit(self, array: JobArray) -> list[Attempt]:
+        """Queue the jobs for the store's queue process (started if none is live), which starts at
+        most ``array.max_parallel`` of them at a time (default 1)."""
+        store = array.store
+        parallel = array.max_parallel or 1
+        (store.folder / LOGS).mkdir(parents=True, exist_ok=True)
+        queued = array.folder / QUEUED
+        queued.mkdir(parents=True, exist_ok=True)
+        stamp = now().replace(":", "")
+        attempts = []
+        for i, (call, name) in enumerate(zip(array.calls, array.names)):
+            item = queued / f"{stamp}-{os.getpid()}-{i}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.pkl"
+            item.write_bytes(pickle.dumps((name, call)))
+            attempts.append(Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
+                                    folder=str(array.folder), state="queued", queue_item=str(item)))
         env = dict(os.environ)
-        env["PYTHONPATH"] = submission.code_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (array.code_dir, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // parallel)))  # no oversubscription
-        attempts = [(r, Attempt(executor=self.name, submitted=now(), code_dir=submission.code_dir,
-                                folder=str(plan.out / "jobs"), state="queued")) for r in submission.runs]
-        with locked(plan.out):  # the queue waits on this lock until its attempts are in the ledger
-            live = _live_queue(plan.out)
-            if live is None:  # one queue per sweep: --max-parallel holds across launches
-                with open(logs / f"queue-{now().replace(':', '')}.log", "ab") as log:
+        with store.locked():  # the queue waits on this lock until its attempts are recorded
+            live = self._live_queue(store)
+            if live is None:  # one queue per record: max_parallel holds across submissions
+                with open(store.folder / LOGS / f"queue-{stamp}.log", "ab") as log:
                     proc = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-                        [sys.executable, "-m", "diffsweep.launch.local_queue", str(plan.out), str(parallel)],
+                        [sys.executable, "-m", "diffsweep.launch.local_queue", *store.spec(), str(parallel)],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                        start_new_session=True, cwd=plan.out)
+                        start_new_session=True)  # in this directory, as sbatch runs jobs
                 live = proc.pid, proc_start(proc.pid)
-            for _, a in attempts:
+            for a in attempts:
                 a.queue_pid, a.queue_start = live
-            submission.record(attempts, lock=False)
+            array.record(list(enumerate(attempts)))
         return attempts
 
-    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
-        """Start every task at once, each a process (through submitit's local executor) that
-        outlives this one; nothing limits them but their number (``--tasks``)."""
-        import submitit
-
-        executor = submitit.LocalExecutor(folder=array.folder / "%j", max_num_timeout=array.profile.max_num_timeout)
-        executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (array.code_dir, os.environ.get("PYTHONPATH")) if p),
-               "OMP_NUM_THREADS": str(array.resources.cpus_per_task)}
-        array.folder.mkdir(parents=True, exist_ok=True)
-        # The tasks' controllers inherit this process's environment and standard streams: they get
-        # the snapshot's PYTHONPATH, and a log file instead of the caller's terminal or pipe (a
-        # pipe kept open by them would hold up whoever reads this command's output).
-        with _environ(env), _stdio_to(array.folder / "local-controllers.log"):
-            with executor.batch():
-                handles = [executor.submit(call) for call in array.calls]
-        return [Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir, folder=str(job.paths.folder),
-                        job_id=job.job_id, job_start=proc_start(int(job.job_id)), stdout=str(job.paths.stdout),
-                        stderr=str(job.paths.stderr)) for job in handles]
+    def _live_queue(self, store: AttemptStore) -> tuple[int, int | None] | None:
+        """(pid, start time) of the store's queue if one runs and has not decided to exit."""
+        record = store.read()
+        for a in store.latest(record) if record is not None else []:
+            if (a.executor == self.name and a.queue_pid is not None and pid_alive(a.queue_pid, a.queue_start)
+                    and not closed_marker(store, a.queue_pid).exists()):
+                return a.queue_pid, a.queue_start
+        return None
 
     def states(self, attempts: list[Attempt]) -> dict[str, str]:
         return {a.job_id: "RUNNING" if pid_alive(int(a.job_id), a.job_start) else "EXITED"
@@ -107,48 +120,6 @@ class LocalScheduler(Scheduler):
                 # start time tells the job from a later process that got its pid)
                 os.kill(int(a.job_id), signal.SIGTERM)
         return {}, ""
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
-def _stdio_to(log: Path) -> Iterator[None]:
-    """File descriptors 1 and 2 point at ``log`` for the block (for the processes started in it)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(log, "ab") as f:
-            os.dup2(f.fileno(), 1)
-            os.dup2(f.fileno(), 2)
-        yield
-    finally:
-        for fd, copy in zip((1, 2), saved):
-            os.dup2(copy, fd)
-            os.close(copy)
-
-
-def _live_queue(out: Path) -> tuple[int, int | None] | None:
-    """(pid, start time) of this sweep's local queue if one runs and has not decided to exit."""
-    ledger = read_ledger(out)
-    for entry in (ledger.entries.values() if ledger else []):
-        a = entry.latest
-        if (a is not None and a.executor == LocalScheduler.name and a.queue_pid is not None
-                and pid_alive(a.queue_pid, a.queue_start) and not closed_marker(out, a.queue_pid).exists()):
-            return a.queue_pid, a.queue_start
-    return None
 
 
 def cpu_count() -> int:

@@ -34,14 +34,15 @@ from diffsweep.data.dataset import DatasetMeta, check_replaceable
 from diffsweep.data.prepare import check_apart, finish, input_paths, stage
 from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
-from diffsweep.launch.ledger import Attempt
-from diffsweep.launch.local_scheduler import cpu_count
+from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.local_scheduler import cpu_count, waiting_state
 from diffsweep.launch.prepare_record import (
     FINISH_LOCK,
     FORMAT,
     JOBS,
     STAGING,
     LaunchRecord,
+    PrepareStore,
     TaskRecord,
     discard,
     finished_meta,
@@ -55,7 +56,7 @@ from diffsweep.launch.prepare_record import (
 from diffsweep.launch.profile_choice import pick_profile
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import cpu_resources
-from diffsweep.launch.scheduler import Scheduler, TaskArray, attempt_states, cancel_attempts, get_scheduler
+from diffsweep.launch.scheduler import JobArray, Scheduler, attempt_states, cancel_attempts, get_scheduler
 from diffsweep.rundir import now
 
 MAX_TASKS = 16  # default array size on a cluster (fewer when there are fewer shards)
@@ -262,7 +263,8 @@ def _resume(record: LaunchRecord, folder: Path, out: Path, scheduler: Scheduler,
 
 def _submit(record: LaunchRecord, folder: Path, out: Path, todo: list[int], profile: Profile,
             echo: Callable[[str], None]) -> list[int]:
-    """Submit the tasks ``todo`` as one array and record their attempts at once."""
+    """Submit the tasks ``todo`` as one job array, their attempts recorded as soon as the scheduler
+    has them (locally every task starts at once)."""
     from diffsweep.launch.snapshot import snapshot_code
 
     scheduler = get_scheduler(profile.executor)
@@ -270,18 +272,26 @@ def _submit(record: LaunchRecord, folder: Path, out: Path, todo: list[int], prof
     code_dir = str(snapshot_code(folder))
     # Locally there is one task per core already; a Slurm task uses the CPUs it asked for.
     workers = resources.cpus_per_task if scheduler.reserves_resources else 1
+    store = PrepareStore(folder)
+
+    def add(attempts: list[tuple[int, Attempt]]) -> None:  # called holding the store's lock
+        current = store.read()
+        assert current is not None  # written before submitting
+        for j, a in attempts:
+            a.profile, a.resources = profile.name, asdict(resources)
+            current.tasks[todo[j]].attempts.append(a)
+            record.tasks[todo[j]].attempts.append(a)
+        store.write(current)
+
     calls: list[Callable[[], Any]] = [PrepareTask(str(folder), str(out), tuple(record.tasks[t].shards),
                                                   record.replace, workers) for t in todo]
-    attempts = scheduler.submit_tasks(TaskArray(calls=calls, resources=resources, profile=profile,
-                                                folder=folder / JOBS, job_name=f"prepare-{out.name}",
-                                                code_dir=code_dir))
-    for t, a in zip(todo, attempts):
-        a.profile, a.resources = profile.name, asdict(resources)
-        record.tasks[t].attempts.append(a)
-    write_record(folder, record)
-    ids = [a.job_id for a in attempts]
+    attempts = scheduler.submit(JobArray(
+        calls=calls, names=[f"task {t}" for t in todo], resources=resources, profile=profile, folder=folder / JOBS,
+        job_name=f"prepare-{out.name}", code_dir=code_dir, store=store, record=add, noun="tasks",
+        max_parallel=None if scheduler.reserves_resources else len(todo)))
+    ids = [a.job_id or "queued" for a in attempts]
     echo(f"launched {len(todo)} of {len(record.tasks)} tasks {scheduler.runs_jobs} ({resources.describe()}): "
-         f"jobs {ids[0]}" + (f" .. {ids[-1]}" if len(ids) > 1 else ""))
+         + (f"jobs {ids[0]}" + (f" .. {ids[-1]}" if len(ids) > 1 else "") if attempts[0].job_id else "queued"))
     return todo
 
 
@@ -334,8 +344,12 @@ def _states(record: LaunchRecord) -> dict[int, tuple[str, str | None]]:
     """Each task's state (and error) from its latest attempt's scheduler, by task number."""
     latest = {t: a for t, a in enumerate(task.latest for task in record.tasks) if a is not None}
     known = attempt_states(latest.values(), lambda a: "launch.json: executor")
-    states = {}
+    states: dict[int, tuple[str, str | None]] = {}
     for t, a in latest.items():
+        waiting = waiting_state(a)  # not started by the local queue yet
+        if waiting is not None:
+            states[t] = (waiting[0], waiting[1] if waiting[0] == "FAILED" else None)
+            continue
         state = known.get((a.executor, a.job_id or ""), "UNKNOWN")
         error = None
         if slurm.word(state) not in slurm.LIVE:
@@ -426,17 +440,22 @@ def task_logs(out: Path, task: int | None) -> list[tuple[str, list[Path]]]:
 
 
 def cancel_prepare(out: Path) -> list[int]:
-    """Stop the pending and running tasks of the launched prepare of ``out``; returns their numbers.
-    Their written shards stay: launching again resumes."""
+    """Stop the pending and running tasks of the launched prepare of ``out`` (those still queued on
+    this machine are dropped); returns their numbers. Their written shards stay: launching again
+    resumes."""
     folder, _ = require_record(out)
-    with locked(folder, out, "cancel"):
-        record = read_record(folder)
+    store = PrepareStore(folder)
+    with locked(folder, out, "cancel"), store.locked():
+        record = store.read()
         assert record is not None
         pairs = [(t, a) for t in active_tasks(record) if (a := record.tasks[t].latest) is not None]
+        for _, a in pairs:
+            if a.job_id is None:  # queued: the local queue drops it
+                a.state = "cancelled"
         try:
-            errors = cancel_attempts(a for _, a in pairs)  # marks the latest attempts, recorded below
+            errors = cancel_attempts(a for _, a in pairs if a.job_id is not None)  # marks them, recorded below
         finally:
-            write_record(folder, record)
+            store.write(record)
         cancelled = [t for t, a in pairs if a.state == "cancelled"]
     if errors:
         raise EnvironmentUnavailable(f"{'; '.join(errors)}; run `diffsweep data cancel {out}` again")

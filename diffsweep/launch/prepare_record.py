@@ -6,17 +6,19 @@
 - ``staging/``: the folder ``stage`` made (plan, tokenizer), where the tasks write the shards;
   ``finish`` turns it into ``OUT`` (renamed: nothing else of the launch folder ends up there);
 - ``jobs/``: submitit's folders (pickles, logs); ``code/``: the code snapshot the tasks import;
+  ``logs/``: the local queue's (tasks launched on this machine);
 - ``finished.json``: written by the task that finished the dataset (its fingerprint).
 
-The record is checked when read (the file may have been edited or damaged); the folder is locked
-by a launch or cancel, and emptied by ``--force`` only when it holds nothing but these.
+The record is checked when read (the file may have been edited or damaged) and rewritten under
+``record.lock`` (``PrepareStore``); the folder is locked by a launch or cancel, and emptied by
+``--force`` only when it holds nothing but these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,8 +28,8 @@ from diffsweep.config import ConfigError
 from diffsweep.config.decode import AtLeast, Check, decode_value, format_tag, read_json_record
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
 from diffsweep.data.shards import write_json
-from diffsweep.fsutil import empty_folder
-from diffsweep.launch.ledger import Attempt
+from diffsweep.fsutil import empty_folder, flocked
+from diffsweep.launch.attempt import Attempt, AttemptStore
 from diffsweep.rundir import now
 
 FORMAT = "diffsweep-prepare-launch/1"
@@ -35,11 +37,13 @@ LAUNCH_FILE = "launch.json"
 STAGING = "staging"
 FINISHED_FILE = "finished.json"
 LOCK_FILE = "launch.lock"  # held by a launch or cancel
+RECORD_LOCK = "record.lock"  # held for a read-modify-write of launch.json (a launch, cancel, the local queue)
+LOGS = "logs"  # the local queue's
 FINISH_LOCK = "finish.lock"  # held by the task that finishes the dataset
 JOBS, CODE = "jobs", "code"  # submitit's folders, the code snapshot
 # Everything a launch writes in its folder (with write_json's temporary ``.NAME.PID`` files):
 # --force discards a folder of these only.
-WRITTEN = (LAUNCH_FILE, STAGING, FINISHED_FILE, LOCK_FILE, FINISH_LOCK, JOBS, CODE)
+WRITTEN = (LAUNCH_FILE, STAGING, FINISHED_FILE, LOCK_FILE, RECORD_LOCK, FINISH_LOCK, JOBS, CODE, LOGS)
 
 
 def launch_folder(out: Path) -> Path:
@@ -92,6 +96,22 @@ def read_record(folder: Path) -> LaunchRecord | None:
 
 def write_record(folder: Path, record: LaunchRecord) -> None:
     write_json(folder / LAUNCH_FILE, dataclasses.asdict(record))
+
+
+class PrepareStore(AttemptStore):
+    """``launch.json`` as the store of the launch's job arrays (its folder: the launch folder)."""
+
+    def locked(self) -> AbstractContextManager[None]:
+        return flocked(self.folder / RECORD_LOCK)
+
+    def read(self) -> LaunchRecord | None:
+        return read_record(self.folder)
+
+    def write(self, record: LaunchRecord) -> None:
+        write_record(self.folder, record)
+
+    def latest(self, record: LaunchRecord) -> list[Attempt]:
+        return [a for task in record.tasks if (a := task.latest) is not None]
 
 
 def require_record(out: Path) -> tuple[Path, LaunchRecord]:

@@ -15,18 +15,17 @@ See docs/extending.md for how to write one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
 from diffsweep.config.registry import Registry
+from diffsweep.launch.attempt import Attempt, AttemptStore
 
 if TYPE_CHECKING:  # only for annotations (none of them imports this module)
-    from diffsweep.launch.job import TrainJob
-    from diffsweep.launch.ledger import Attempt
-    from diffsweep.launch.plan import PlanRow, SweepPlan
+    from diffsweep.launch.plan import SweepPlan
     from diffsweep.launch.profiles import Profile
     from diffsweep.launch.resources import Resources
 
@@ -38,34 +37,29 @@ BUILTIN: dict[str, str] = {
 }
 
 
-@dataclass
-class Submission:
-    """What ``Scheduler.submit`` gets: the runs to submit, checked, with everything they need."""
-
-    plan: SweepPlan
-    runs: list[PlanRow]  # the runs to submit now (each has ``estimate.resources``)
-    code_dir: str  # the launch's code snapshot: jobs put it first on PYTHONPATH
-    tracking_uri: str
-    max_parallel: int | None  # runs executing at once (None: the scheduler's default)
-    job: Callable[[PlanRow], TrainJob]  # the submitit-checkpointable callable a run's job runs
-    # Adds (run, attempt) pairs to the ledger. Call it as soon as the scheduler has the jobs, so a
-    # failure later in the launch cannot lose them; ``lock=False`` when already holding the
-    # ledger lock (``diffsweep.launch.ledger.locked``).
-    record: Callable[..., None]
-    echo: Callable[[str], None] = print
+def _quiet(line: str) -> None:
+    return None
 
 
 @dataclass
-class TaskArray:
-    """What ``Scheduler.submit_tasks`` gets: independent CPU-only tasks to run as one job array
-    (``diffsweep data prepare --launch``), each a submitit-picklable callable."""
+class JobArray:
+    """What ``Scheduler.submit`` gets: jobs of one resource class to run as one job array (a sweep's
+    runs of one class, a launched prepare's tasks), each a submitit-picklable callable."""
 
-    calls: list[Callable[[], Any]]
-    resources: Resources  # each task's (``diffsweep.launch.resources.cpu_resources``)
+    calls: Sequence[Callable[[], Any]]
+    names: list[str]  # each job's, for messages and logs (a run's name, "task 3")
+    resources: Resources  # what each job asks for
     profile: Profile
     folder: Path  # submitit's folders go under it, one per job (``<folder>/<job id>``)
     job_name: str
-    code_dir: str  # the launch's code snapshot: tasks put it first on PYTHONPATH
+    code_dir: str  # the launch's code snapshot: jobs put it first on PYTHONPATH
+    store: AttemptStore
+    # Adds (index into ``calls``, attempt) pairs to the store's record; the scheduler calls it
+    # holding ``store.locked()`` as soon as it has the jobs, so a failure later cannot lose them.
+    record: Callable[[list[tuple[int, Attempt]]], None]
+    max_parallel: int | None = None  # jobs executing at once (None: the scheduler's default)
+    noun: str = "jobs"  # what messages call them: "submitted 4 runs as Slurm array 17"
+    echo: Callable[[str], None] = _quiet
 
 
 class Scheduler(ABC):
@@ -134,9 +128,10 @@ class Scheduler(ABC):
         return {}
 
     @abstractmethod
-    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
-        """Submit ``submission.runs``; returns each run with its ledger attempt (``executor`` is
-        ``self.name``), recorded with ``submission.record`` as soon as the scheduler has it."""
+    def submit(self, array: JobArray) -> list[Attempt]:
+        """Submit ``array.calls``; returns each one's attempt (``executor`` is ``self.name``), in
+        order, recorded with ``array.record`` (holding ``array.store.locked()``) as soon as the
+        scheduler has it."""
 
     @abstractmethod
     def states(self, attempts: list[Attempt]) -> dict[str, str]:
@@ -149,14 +144,9 @@ class Scheduler(ABC):
         running afterwards, by id with their states, and an error saying why ("" if none are)."""
 
     def check_tasks(self, profile: Profile) -> None:
-        """What ``submit_tasks`` needs checked before anything is written (cheap)."""
+        """What ``data prepare --launch`` checks with the scheduler before anything is written
+        (cheap): its CPU-only tasks run on ``profile``."""
         return None
-
-    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
-        """Submit ``array.calls`` as one job array; returns each task's attempt (``executor`` is
-        ``self.name``). A scheduler without it refuses ``data prepare --launch``."""
-        raise ConfigError("executor", f"{self.name} cannot run CPU task arrays (data prepare --launch); "
-                          f"expected one of [{', '.join(BUILTIN)}]")
 
     def log_files(self, attempt: Attempt) -> list[Path]:
         """The attempt's stdout and stderr files that exist (none before its job has started)."""

@@ -1,22 +1,22 @@
-"""Slurm: one job array per resource class through submitit's ``SlurmExecutor``, chunked under the
+"""Slurm: each job array (one resource class) through submitit's ``SlurmExecutor``, chunked under the
 cluster's MaxArraySize. submitit does the submitting (sbatch scripts, arrays, requeue on USR2);
 states, cancelling and what the cluster has come from ``diffsweep.slurm``, the one module that
 runs Slurm's commands (its notes say why states are not submitit's ``Job.state``)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from diffsweep import slurm
 from diffsweep.config import ConfigError
 from diffsweep.launch import cluster
-from diffsweep.launch.ledger import Attempt, now
-from diffsweep.launch.plan import PlanRow, SweepPlan
+from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.plan import SweepPlan
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters
-from diffsweep.launch.scheduler import Scheduler, Submission, TaskArray
+from diffsweep.launch.scheduler import JobArray, Scheduler
+from diffsweep.rundir import now
 
 
 class SlurmScheduler(Scheduler):
@@ -55,60 +55,34 @@ class SlurmScheduler(Scheduler):
                    max_parallel: int | None) -> dict[str, Any]:
         return slurm_parameters(resources, profile, job_name=job_name, code_dir=code_dir, max_parallel=max_parallel)
 
-    def submit(self, submission: Submission) -> list[tuple[PlanRow, Attempt]]:
-        import submitit
-
-        plan = submission.plan
-        submitted: list[tuple[PlanRow, Attempt]] = []
-        classes: dict[Resources, list[PlanRow]] = defaultdict(list)
-        for r in submission.runs:
-            classes[r.estimate.resources].append(r)
-        size = max_array_size(plan.profile)
-        folder = plan.out / "jobs" / "%j"
-        for i, (resources, runs) in enumerate(sorted(classes.items(), key=lambda kv: kv[0].time_min)):
-            executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=plan.profile.max_num_timeout)
-            executor.update_parameters(**self.parameters(resources, plan.profile, job_name=f"{plan.spec.name}-{i}",
-                                                         code_dir=submission.code_dir,
-                                                         max_parallel=submission.max_parallel))
-            for part in chunks(len(runs), size):
-                batch = [runs[j] for j in part]
-                try:
-                    with executor.batch():
-                        handles = [executor.submit(submission.job(r)) for r in batch]
-                except Exception as exc:  # noqa: BLE001 (sbatch refused: bad partition, account, limits)
-                    done = (f" ({len(submitted)} runs were submitted before; launch again after fixing it)"
-                            if submitted else "")
-                    raise ConfigError("slurm", f"sbatch refused the job array: {slurm.sbatch_error(exc)}{done}") from None
-                attempts = [(r, Attempt(executor=self.name, submitted=now(), code_dir=submission.code_dir,
-                                        folder=str(job.paths.folder), job_id=job.job_id,
-                                        stdout=str(job.paths.stdout), stderr=str(job.paths.stderr)))
-                            for r, job in zip(batch, handles)]
-                submission.record(attempts)
-                submitted += attempts
-                submission.echo(f"submitted {len(batch)} runs as Slurm array {handles[0].job_id.split('_')[0]} "
-                                f"({resources.describe()})")
-        return submitted
-
     def check_tasks(self, profile: Profile) -> None:
         slurm.check_controller()
         cluster.check_partition(profile)
 
-    def submit_tasks(self, array: TaskArray) -> list[Attempt]:
+    def submit(self, array: JobArray) -> list[Attempt]:
+        """One sbatch array (several under the cluster's MaxArraySize), each part recorded as soon
+        as Slurm has it."""
         import submitit
 
         executor = submitit.SlurmExecutor(folder=array.folder / "%j", max_num_timeout=array.profile.max_num_timeout)
         executor.update_parameters(**self.parameters(array.resources, array.profile, job_name=array.job_name,
-                                                     code_dir=array.code_dir, max_parallel=None))
+                                                     code_dir=array.code_dir, max_parallel=array.max_parallel))
         attempts: list[Attempt] = []
         for part in chunks(len(array.calls), max_array_size(array.profile)):
             try:
                 with executor.batch():
                     handles = [executor.submit(array.calls[j]) for j in part]
             except Exception as exc:  # noqa: BLE001 (sbatch refused: bad partition, account, limits)
+                # the parts before are recorded: the caller says how many jobs were submitted
                 raise ConfigError("slurm", f"sbatch refused the job array: {slurm.sbatch_error(exc)}") from None
-            attempts += [Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
-                                 folder=str(job.paths.folder), job_id=job.job_id, stdout=str(job.paths.stdout),
-                                 stderr=str(job.paths.stderr)) for job in handles]
+            new = [(j, Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
+                               folder=str(job.paths.folder), job_id=job.job_id, stdout=str(job.paths.stdout),
+                               stderr=str(job.paths.stderr))) for j, job in zip(part, handles)]
+            with array.store.locked():
+                array.record(new)
+            attempts += [a for _, a in new]
+            array.echo(f"submitted {len(part)} {array.noun} as Slurm array {handles[0].job_id.split('_')[0]} "
+                       f"({array.resources.describe()})")
         return attempts
 
     def states(self, attempts: list[Attempt]) -> dict[str, str]:

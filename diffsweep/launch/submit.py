@@ -10,6 +10,7 @@ submission in the ledger.
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,9 +19,11 @@ from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.fsutil import empty_folder
-from diffsweep.launch.ledger import LAUNCH_LOCK, Attempt, Entry, Ledger, ledger_path, locked, read_ledger, write_ledger
+from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.ledger import LAUNCH_LOCK, Entry, Ledger, SweepStore, ledger_path, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
-from diffsweep.launch.scheduler import Submission, get_scheduler
+from diffsweep.launch.resources import Resources
+from diffsweep.launch.scheduler import JobArray, get_scheduler
 from diffsweep.rundir import EvalRequest, write_launch_config, write_launch_eval
 from diffsweep.sweep.spec import EvalSettings
 
@@ -98,8 +101,9 @@ def launch_lock(out: Path, what: str = "launch") -> Iterator[None]:
 def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, tracking_uri: str,
            echo: Callable[[str], None] = print) -> list[tuple[PlanRow, Attempt]]:
     """Submit ``sel.submit`` (already checked; call under ``launch_lock``) with the profile's
-    scheduler. Each submission is in the ledger as soon as the scheduler has it. If the first
-    submission fails, ``launch_lock`` removes a sweep directory it created."""
+    scheduler: one job array per resource class, shortest first. Each submission is in the ledger
+    as soon as the scheduler has it. If the first submission fails, ``launch_lock`` removes a sweep
+    directory it created."""
     from diffsweep.launch.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
     from diffsweep.tracking.store import check_tracking, ensure_experiment
@@ -107,18 +111,32 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     check_tracking(tracking_uri)
     ensure_experiment(tracking_uri, plan.spec.experiment)
     code_dir = str(snapshot_code(plan.out))
+    scheduler = get_scheduler(plan.profile.executor)
+    classes: dict[Resources, list[PlanRow]] = defaultdict(list)
+    for r in sel.submit:
+        classes[r.estimate.resources].append(r)
+    submitted: list[tuple[PlanRow, Attempt]] = []  # as recorded in the ledger
+    for i, (resources, runs) in enumerate(sorted(classes.items(), key=lambda kv: kv[0].time_min)):
+        calls = [TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
+                          {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
+                          evals=eval_request(plan.spec.eval)) for r in runs]
 
-    def job(r: PlanRow) -> TrainJob:
-        return TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
-                        {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
-                        evals=eval_request(plan.spec.eval))
+        def record(attempts: list[tuple[int, Attempt]], runs: list[PlanRow] = runs) -> None:
+            pairs = [(runs[j], a) for j, a in attempts]
+            _record(plan, pairs, tracking_uri)
+            submitted.extend(pairs)
 
-    def record(attempts: list[tuple[PlanRow, Attempt]], lock: bool = True) -> None:
-        _record(plan, attempts, tracking_uri, lock=lock)
-
-    return get_scheduler(plan.profile.executor).submit(Submission(
-        plan=plan, runs=sel.submit, code_dir=code_dir, tracking_uri=tracking_uri, max_parallel=max_parallel,
-        job=job, record=record, echo=echo))
+        try:
+            scheduler.submit(JobArray(
+                calls=calls, names=[r.run.name for r in runs], resources=resources, profile=plan.profile,
+                folder=plan.out / "jobs", job_name=f"{plan.spec.name}-{i}", code_dir=code_dir,
+                store=SweepStore(plan.out), record=record, max_parallel=max_parallel, noun="runs", echo=echo))
+        except ConfigError as exc:
+            if not submitted:
+                raise
+            raise ConfigError(exc.key, f"{exc.message} ({len(submitted)} runs were submitted before; launch again "
+                              "after fixing it)") from None
+    return submitted
 
 
 def eval_request(settings: EvalSettings) -> EvalRequest | None:
@@ -133,17 +151,17 @@ def _config_dict(r: PlanRow) -> dict:
     return to_dict(r.run.config)
 
 
-def _record(plan: SweepPlan, attempts: list[tuple[PlanRow, Attempt]], tracking_uri: str, lock: bool = True) -> None:
-    """Add the attempts (and their runs' entries and launch configs) to the ledger."""
+def _record(plan: SweepPlan, attempts: list[tuple[PlanRow, Attempt]], tracking_uri: str) -> None:
+    """Add the attempts (and their runs' entries and launch configs) to the ledger (call holding its
+    lock: ``SweepStore.locked``)."""
     for r, _ in attempts:  # what the job trains and evaluates, readable (the local queue reads them back)
         write_launch_config(r.run_dir, _config_dict(r))
         write_launch_eval(r.run_dir, eval_request(plan.spec.eval))
-    with locked(plan.out) if lock else contextlib.nullcontext():
-        ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
-                                                 tracking_uri=tracking_uri)
-        for r, a in attempts:
-            a.profile, a.resources = plan.profile.name, asdict(r.estimate.resources)  # status shows what was asked
-            entry = ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
-                                                               identity=identity_fields(r.run.config)))
-            entry.attempts.append(a)
-        write_ledger(plan.out, ledger)
+    ledger = read_ledger(plan.out) or Ledger(sweep=plan.spec.name, experiment=plan.spec.experiment,
+                                             tracking_uri=tracking_uri)
+    for r, a in attempts:
+        a.profile, a.resources = plan.profile.name, asdict(r.estimate.resources)  # status shows what was asked
+        entry = ledger.entries.setdefault(r.run.key, Entry(key=r.run.key, name=r.run.name, run_dir=str(r.run_dir),
+                                                           identity=identity_fields(r.run.config)))
+        entry.attempts.append(a)
+    write_ledger(plan.out, ledger)

@@ -175,6 +175,26 @@ def test_equal_sections_are_decoded_once_and_errors_every_time():
         assert _error({"inner": {"size": "x"}}).key == "inner.size"
 
 
+@dataclass
+class Attempt:  # a record's mutable part: a ledger entry's attempt, changed and written back
+    state: str = "queued"
+
+
+@dataclass
+class Task:
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+def test_mutable_sections_are_decoded_anew_each_time():
+    # Two reads of one record in one process (a launch and the record callback it gives a
+    # scheduler) are two records: a change to one must not show in, or be written twice through, the other.
+    raw = {"attempts": [{"state": "queued"}]}
+    a, b = decode(Task, raw), decode(Task, raw)
+    assert a == b and a is not b and a.attempts[0] is not b.attempts[0]
+    a.attempts.append(Attempt("submitted"))
+    assert len(b.attempts) == 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class WithRequired:
     path: str
