@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import read_json_fields
 from diffsweep.fsutil import write_atomically
 
 
@@ -29,14 +32,22 @@ def check_out(out: Path | None) -> None:
                           "(or one an earlier `diffsweep bench --out` wrote, which is replaced)")
 
 
+@dataclass(frozen=True)
+class _Result:
+    """What tells a result file of this module (``bench model``: rows; ``bench attention``: cases)."""
+
+    complete: bool
+    rows: list[Any] | None = None
+    cases: list[Any] | None = None
+
+
 def is_result(path: Path) -> bool:
-    """Whether ``path`` is a file this module wrote: a JSON object with ``complete`` and ``rows``
-    (bench model) or ``cases`` (bench attention)."""
+    """Whether ``path`` is a file this module wrote (so ``--out`` may replace it)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        result = read_json_fields(_Result, path, "bench result")
+    except (OSError, ConfigError):
         return False
-    return isinstance(data, dict) and "complete" in data and ("rows" in data or "cases" in data)
+    return result.rows is not None or result.cases is not None
 
 
 def write_result(out: Path, result: dict) -> None:

@@ -15,10 +15,12 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diffsweep.config import ConfigError
+from diffsweep.config.decode import read_json_fields
 from diffsweep.fsutil import parents_made_for
 from diffsweep.tracking.provenance import source_tags
 from diffsweep.tracking.store import COMPARISON_KIND, ensure_experiment, mlflow_client, retry_busy
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 
 REPORT = "probes.json"
 # The keys of a probes.json that ``ProbeComparison.to_dict`` wrote (how an earlier comparison is known).
-_REPORT_KEYS = frozenset({"sweep", "experiment", "tables", "arms", "files"})
 
 
 def check_out(folder: Path) -> tuple[Path, ...]:
@@ -60,16 +61,25 @@ def check_out(folder: Path) -> tuple[Path, ...]:
     return tuple(entries)
 
 
+@dataclass(frozen=True)
+class _Report:
+    """What tells an earlier comparison's ``probes.json`` (the rest of it is the report's)."""
+
+    sweep: Any
+    experiment: Any
+    tables: Any
+    arms: Any
+    files: list[str]  # every file the comparison wrote in its folder
+
+
 def _written_by_us(folder: Path) -> set[str]:
     """The names of the files an earlier comparison wrote in ``folder`` (its probes.json lists
     them); empty when ``folder`` holds no such report."""
     try:
-        data = json.loads((folder / REPORT).read_text())
-    except (OSError, ValueError):
+        report = read_json_fields(_Report, folder / REPORT, "comparison report")
+    except (OSError, ConfigError):
         return set()
-    if not isinstance(data, dict) or not _REPORT_KEYS <= data.keys() or not isinstance(data["files"], list):
-        return set()
-    names = {Path(f).name for f in data["files"] if isinstance(f, str)}
+    names = {Path(f).name for f in report.files}
     return names | {REPORT} if REPORT in names else set()
 
 

@@ -120,18 +120,33 @@ def read_json_record(cls: type[T], path: Path, what: str) -> T:
     A record's ``format`` field (``format_tag``) is checked first: a file of another version is
     reported as that, not as the fields it lacks or adds. A missing file raises
     ``FileNotFoundError`` (callers decide what none means)."""
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(str(path), f"not a readable {what} ({exc})") from None
+    raw = _read_json(path, what)
     tag = _schema(typing.cast(type, cls)).hints.get("format")
     if isinstance(raw, dict) and tag is not None:
         if "format" not in raw:
             raise ConfigError(f"{path}: format", f"is required and missing (not a {what}?)")
         _value(tag, raw["format"], f"{path}: format", None)
     return decode(cls, raw, source=str(path), noun="field", expected=f"a {what} (a JSON object)")
+
+
+def read_json_fields(cls: type[T], path: Path, what: str) -> T:
+    """The fields of dataclass ``cls`` from the JSON object in ``path``, decoded strictly like
+    ``read_json_record``; the file's other keys are left alone (what a reader needs of a larger
+    document: whether a folder holds a fit's or a report's own files, before replacing them)."""
+    raw = _read_json(path, what)
+    if isinstance(raw, dict):
+        names = {f.name for f in dataclasses.fields(typing.cast(Any, cls))}
+        raw = {k: v for k, v in raw.items() if k in names}
+    return decode(cls, raw, source=str(path), noun="field", expected=f"a {what} (a JSON object)")
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(str(path), f"not a readable {what} ({exc})") from None
 
 
 def unknown_key(key: Any, allowed: Iterable[str], prefix: str = "", noun: str = "key") -> ConfigError:

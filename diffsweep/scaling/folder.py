@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from diffsweep.config import ConfigError
-from diffsweep.config.decode import Check, confidence_level, decode, strict_string
+from diffsweep.config.decode import Check, confidence_level, decode, read_json_fields, strict_string
 from diffsweep.scaling.choices import Axis, Count, Objective
 from diffsweep.scaling.request import check_sd
 
@@ -70,17 +70,20 @@ def _foreign(folder: Path) -> str | None:
                 return f"{PLOTS}/{extra[0].name}"
         elif entry.name not in FILES:
             return entry.name
-    document = _load(folder / "fit.json") if (folder / "fit.json").is_file() else None
-    if not isinstance(document, dict) or not {"axis", "fits", "source"} <= set(document):
+    try:
+        read_json_fields(_FitDocument, folder / "fit.json", "fit document")
+    except (OSError, ConfigError):
         return "fit.json" if (folder / "fit.json").exists() else entries[0].name  # not a fit's document
     return None
 
 
-def _load(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+@dataclass(frozen=True)
+class _FitDocument:
+    """What tells a fit's own ``fit.json`` (the rest of it is the report's)."""
+
+    axis: Any
+    fits: Any
+    source: Any
 
 
 # -- reading back -----------------------------------------------------------------------------------
