@@ -40,7 +40,7 @@ from diffsweep.config import (
     Backend,
     ConfigError,
     EnvironmentUnavailable,
-    ModelConfig,
+    ResolvedModel,
     load_config,
 )
 from diffsweep.config.enums import TRANSFORMER
@@ -67,7 +67,7 @@ CPU_LAYOUTS, CPU_SEQS, CPU_BATCH_TOKENS = ("tiny-l",), (256, 512), 2_048
 MAX_ROUNDS = 1_000_000  # timed or warm-up rounds: a benchmark, not a training run
 
 
-def layout_models(size: str) -> dict[AttentionKind, ModelConfig]:
+def layout_models(size: str) -> dict[AttentionKind, ResolvedModel]:
     """The model config of the size preset ``size`` for each registered kind."""
     return {kind: load_config(None, [f"model.size={size}", f"model.attention.kind={kind}"]).model
             for kind in kind_names()}
@@ -105,7 +105,7 @@ class SdpaKernel(AttentionBackend):
 Forward = Callable[[], torch.Tensor]
 
 
-def module_inputs(model: ModelConfig, backend: AttentionBackend, B: int, T: int, device: torch.device,
+def module_inputs(model: ResolvedModel, backend: AttentionBackend, B: int, T: int, device: torch.device,
                   dtype: torch.dtype) -> tuple[Forward, list[torch.Tensor]]:
     """The real attention module of one layer of ``model`` on ``backend``: a forward over leaf inputs
     (what its ``project`` makes of random input, detached) and those leaves."""
@@ -127,7 +127,7 @@ class Row:
     kind: AttentionKind
     kernel: str
     call: AttentionCall
-    model: ModelConfig
+    model: ResolvedModel
     backend: AttentionBackend | None = None
     reason: str | None = None
     forward: Forward | None = None
@@ -140,6 +140,7 @@ class Row:
     peak_alloc_bytes: int | None = None  # GPU: one forward+backward's peak above the live inputs
 
     def forward_backward(self) -> None:
+        assert self.forward is not None, "first_calls makes the inputs"
         torch.autograd.grad(self.forward(), self.leaves, self.grad_out)
 
     def release(self) -> None:
@@ -151,7 +152,7 @@ class Row:
         self.release()
 
 
-def _resolve(kind: AttentionKind, name: Backend, model: ModelConfig, device: torch.device,
+def _resolve(kind: AttentionKind, name: Backend, model: ResolvedModel, device: torch.device,
              dtype: torch.dtype) -> Row:
     call = attention_call(model)
     try:
@@ -165,7 +166,7 @@ def _resolve(kind: AttentionKind, name: Backend, model: ModelConfig, device: tor
     return Row(kind, name.value, call, model, backend=backend)
 
 
-def plan_rows(models: dict[AttentionKind, ModelConfig], device: torch.device, dtype: torch.dtype,
+def plan_rows(models: dict[AttentionKind, ResolvedModel], device: torch.device, dtype: torch.dtype,
               backends: tuple[Backend, ...]) -> list[Row]:
     """The rows of one layout, baseline first; then each kind, through every backend if its call is
     differential (the backends differ there), else through SDPA."""
@@ -188,12 +189,14 @@ def first_calls(row: Row, batch: int, seq: int, device: torch.device, dtype: tor
     """Make the row's inputs and time its first forward and forward+backward (``compile_s``: Triton
     autotunes and compiles its kernels in them); then on a GPU the configs Triton chose
     (``autotune``) and the peak allocated memory of one more forward+backward."""
-    row.forward, row.leaves = module_inputs(row.model, row.backend, batch, seq, device, dtype)
+    assert row.backend is not None, "a runnable row has its backend"
+    forward, row.leaves = module_inputs(row.model, row.backend, batch, seq, device, dtype)
+    row.forward = forward
     out: list[torch.Tensor] = []
 
     def first_forward() -> None:
         with torch.no_grad():
-            out.append(row.forward())
+            out.append(forward())
 
     compile_s = time_call(first_forward, device)
     row.grad_out = torch.randn_like(out.pop())
@@ -221,6 +224,7 @@ def measure(rows: list[Row], batch: int, seq: int, device: torch.device, dtype: 
         for row in rows:
             if row.reason is not None:
                 continue
+            assert row.forward is not None  # first_calls made it, or the row failed
             try:
                 fwd, fwd_bwd = time_call(row.forward, device), time_call(row.forward_backward, device)
             except Exception as exc:  # noqa: BLE001 (the row fails, the others go on)

@@ -42,10 +42,10 @@ from diffsweep.config import (
     SIZES,
     AttentionKind,
     Backend,
-    Config,
     ConfigError,
     EnvironmentUnavailable,
     Precision,
+    ResolvedConfig,
     load_config,
 )
 from diffsweep.config.enums import TRANSFORMER
@@ -118,7 +118,7 @@ MEMORY_NOTE = (
 )
 
 
-def _estimate_config(cfg: Config, seq: int, micro_batch: int, dtype: torch.dtype) -> Config:
+def _estimate_config(cfg: ResolvedConfig, seq: int, micro_batch: int, dtype: torch.dtype) -> ResolvedConfig:
     """``cfg`` with the training settings this benchmark runs (the estimate reads them from ``train``)."""
     precision = Precision.FP32 if dtype == torch.float32 else Precision.BF16
     train = dataclasses.replace(cfg.train, seq_len=seq, micro_batch_size=micro_batch, precision=precision,
@@ -233,10 +233,12 @@ def run_model(*, size: str | None = None, kinds: list[str] | None = None, backen
             row["reason"] = failure_reason(exc)
         else:
             t = statistics.median(times[warmup:])
-            row["ms_per_step"], row["tokens_per_s"], row["compile_s"] = t * 1e3, micro_batch * seq / t, times[0]
-            row["model_tflops"] = counting.train_flops_per_token(cfg.model, seq) * row["tokens_per_s"] / 1e12
+            tokens_per_s = micro_batch * seq / t
+            model_tflops = counting.train_flops_per_token(cfg.model, seq) * tokens_per_s / 1e12
+            row["ms_per_step"], row["tokens_per_s"], row["compile_s"] = t * 1e3, tokens_per_s, times[0]
+            row["model_tflops"] = model_tflops
             if peak_tflops is not None:
-                row["mfu"] = row["model_tflops"] / peak_tflops
+                row["mfu"] = model_tflops / peak_tflops
             row["outside_allocator_bytes"] = outside
             if gpu and backend_name is Backend.TRITON:
                 row["autotune"] = triton_autotune()

@@ -25,10 +25,10 @@ import typer
 from diffsweep.config import (
     SIZES,
     AttentionKind,
-    Config,
     ConfigError,
     ConfigWarning,
     EnvironmentUnavailable,
+    ResolvedConfig,
     load_config,
 )
 from diffsweep.config.kinds import kind_names
@@ -228,7 +228,7 @@ def cli_overrides(size: str | None, arch: AttentionKind | None, sets: list[str] 
     return overrides + list(sets or [])
 
 
-def cli_config(config: Path | None, size: str | None, arch: AttentionKind | None, sets: list[str] | None) -> Config:
+def cli_config(config: Path | None, size: str | None, arch: AttentionKind | None, sets: list[str] | None) -> ResolvedConfig:
     """Load a resolved config from the CLI's CONFIG, --size, --arch and --set (later wins)."""
     return load_config(config, cli_overrides(size, arch, sets))
 

@@ -14,7 +14,16 @@ from diffsweep.config.enums import (
 )
 from diffsweep.config.errors import ConfigError, ConfigWarning, EnvironmentUnavailable
 from diffsweep.config.loading import config_from_dict, declared_config, dump_yaml, load_config, load_declared, to_dict
-from diffsweep.config.schema import AttentionConfig, Config, DataConfig, ModelConfig, TrainConfig
+from diffsweep.config.schema import (
+    AttentionConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    ResolvedAttention,
+    ResolvedConfig,
+    ResolvedModel,
+    TrainConfig,
+)
 from diffsweep.config.sizes import SIZES
 
 __all__ = [
@@ -33,6 +42,9 @@ __all__ = [
     "ModelConfig",
     "Parallel",
     "Precision",
+    "ResolvedAttention",
+    "ResolvedConfig",
+    "ResolvedModel",
     "TokenizerKind",
     "TrainConfig",
     "V2Lambda",

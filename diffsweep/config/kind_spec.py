@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from diffsweep.config.enums import HeadNorm
 
 if TYPE_CHECKING:  # only for annotations: schema imports validate, which imports the kinds
-    from diffsweep.config.schema import AttentionConfig
+    from diffsweep.config.schema import ResolvedAttention
 
 Shape = tuple[int, ...]
 
@@ -86,35 +86,35 @@ class KindSpec:
 
     # -- formulas (pure Python; a test checks them against the real module tree) ------------------
 
-    def attention_params(self, a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
+    def attention_params(self, a: ResolvedAttention, d_model: int) -> dict[str, ParamInfo]:
         """Every parameter of one attention module, by its name inside the module."""
         raise NotImplementedError
 
-    def attention_flops(self, a: AttentionConfig, seq_len: int) -> int:
+    def attention_flops(self, a: ResolvedAttention, seq_len: int) -> int:
         """Forward FLOPs per token of the score and value products (projections are counted from
         ``attention_params``), full T x T (see ``diffsweep.model.counting``)."""
         raise NotImplementedError
 
-    def saved_bytes(self, a: AttentionConfig, c: int) -> int:
+    def saved_bytes(self, a: ResolvedAttention, c: int) -> int:
         """Bytes per token one module saves for the backward, without ``wo``'s input (c: 4 fp32, 2 bf16;
         see ``diffsweep.model.memory``)."""
         raise NotImplementedError
 
-    def input_readers(self, a: AttentionConfig) -> int:
+    def input_readers(self, a: ResolvedAttention) -> int:
         """Matmuls that read the attention input (under bf16 autocast each saves its own cast copy)."""
         return 3  # wq, wk, wv
 
-    def call_shape(self, a: AttentionConfig) -> tuple[int, int, int, int]:
+    def call_shape(self, a: ResolvedAttention) -> tuple[int, int, int, int]:
         """(query heads, K/V heads, QK dim, V dim) of the one backend call the module makes."""
         q_heads = a.num_heads if self.differential else a.num_heads * self.query_heads_per_head
         return q_heads, a.num_kv_heads, a.head_dim, self.v_width * a.head_dim
 
     # -- hooks with defaults ----------------------------------------------------------------------
 
-    def check(self, a: AttentionConfig, key: str) -> None:
+    def check(self, a: ResolvedAttention, key: str) -> None:
         """Warn (``ConfigWarning``) about settings of a resolved ``a`` that do not do what they say."""
 
-    def summary(self, a: AttentionConfig, n_layers: int) -> dict[str, Any]:
+    def summary(self, a: ResolvedAttention, n_layers: int) -> dict[str, Any]:
         """Extra fields for ``diffsweep model info``; an ``"attention"`` mapping is merged into its own."""
         return {}
 

@@ -17,12 +17,12 @@ import yaml
 from diffsweep.config.decode import decode
 from diffsweep.config.errors import ConfigError
 from diffsweep.config.kinds import kind_spec
-from diffsweep.config.schema import Config
+from diffsweep.config.schema import Config, ResolvedConfig
 from diffsweep.config.sizes import SIZES
 from diffsweep.config.validate import resolve
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ResolvedConfig:
     """Load, validate and resolve a run config.
 
     ``path`` is a YAML file (or None for the defaults); ``overrides`` are ``a.b=c`` strings whose
@@ -31,7 +31,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return resolve(load_declared(path, overrides))
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
+def config_from_dict(raw: dict[str, Any]) -> ResolvedConfig:
     """Decode a nested dict (YAML shape) strictly, apply the size preset under it, validate."""
     return resolve(declared_config(raw))
 

@@ -1,7 +1,11 @@
 """Typed, keyword-only, frozen configs. YAML is only their serialization (see ``loading``).
 
-Fields left ``None`` are derived when the config is loaded (``load_config`` always returns a
-resolved config, so code below ``config/`` never sees ``None`` in them).
+A declared config (``Config``: what a file says) may leave derived fields ``None``; ``resolve``
+fills them in and returns a resolved config (``ResolvedConfig``, whose ``model`` and
+``model.attention`` are ``ResolvedModel`` and ``ResolvedAttention``: the same fields, the derived
+ones no longer Optional). ``load_config`` always returns a resolved config; the model, memory and
+benchmark code take the resolved types, so the type checker sees that they never meet ``None``.
+A resolved config is a declared one too (a subclass), with the same fields and run key.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from diffsweep.config.enums import (
     V2Lambda,
     V2Pairing,
 )
+from diffsweep.config.errors import ConfigError
 from diffsweep.config.lambda_init import LambdaInit
 
 
@@ -112,6 +117,15 @@ class TrainConfig:
     # than this many of their standard deviations (counted, logged; the run goes on).
     spike_threshold: float = 6.0
 
+    @property
+    def total_steps(self) -> int:
+        """Steps in the run: ``max_steps``, or ``max_tokens`` rounded up to whole batches."""
+        if self.max_steps is not None:
+            return self.max_steps
+        if self.max_tokens is None:  # validation refuses a config with neither
+            raise ConfigError("train.max_steps", "set exactly one of train.max_steps and train.max_tokens (got neither)")
+        return -(-self.max_tokens // self.batch_tokens)
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
@@ -128,3 +142,32 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+
+# -- resolved configs (``diffsweep.config.validate.resolve``) -------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedAttention(AttentionConfig):
+    """An ``AttentionConfig`` with its head geometry and per-head norm derived."""
+
+    # ``field()``: no default (a bare annotation would inherit the declared class's None)
+    num_heads: int = field()
+    num_kv_heads: int = field()
+    kv_group_size: int = field()
+    head_norm: HeadNorm = field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedModel(ModelConfig):
+    """A ``ModelConfig`` with its FFN size and attention derived."""
+
+    ffn_hidden: int = field()
+    attention: ResolvedAttention = field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedConfig(Config):
+    """A ``Config`` as ``resolve`` returns it: checked, every derived field filled in."""
+
+    model: ResolvedModel = field()

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import warnings
 
 from diffsweep.config.enums import AttentionKind, LRSchedule
 from diffsweep.config.errors import ConfigError, ConfigWarning
 from diffsweep.config.kinds import kind_spec, kind_specs
 from diffsweep.config.lambda_init import LambdaInit
-from diffsweep.config.schema import AttentionConfig, Config, ModelConfig, TrainConfig
+from diffsweep.config.schema import (
+    AttentionConfig,
+    Config,
+    ModelConfig,
+    ResolvedAttention,
+    ResolvedConfig,
+    ResolvedModel,
+    TrainConfig,
+)
 from diffsweep.config.units import human
 
 __all__ = ["default_ffn_hidden", "estimated_params", "resolve"]
@@ -34,17 +41,21 @@ def default_ffn_hidden(d_model: int) -> int:
     return -(-(8 * d_model // 3) // FFN_MULTIPLE) * FFN_MULTIPLE
 
 
-def resolve(config: Config) -> Config:
+def resolve(config: Config) -> ResolvedConfig:
     """Validate ``config`` and return it with every derived field filled in."""
     model, caught = _resolve_model_once(config.model)
     for message, category in caught:  # replayed on every call, cached or not
         warnings.warn(message, category, stacklevel=2)
     _check_train(config.train)
-    return dataclasses.replace(config, model=model)
+    return ResolvedConfig(model=model, train=config.train, data=config.data)
+
+
+def _fields(obj: object) -> dict[str, object]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=1024)  # model configs are frozen; a sweep resolves the same ones often
-def _resolve_model_once(m: ModelConfig) -> tuple[ModelConfig, tuple[tuple[str, type[Warning]], ...]]:
+def _resolve_model_once(m: ModelConfig) -> tuple[ResolvedModel, tuple[tuple[str, type[Warning]], ...]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = _resolve_model(m)
@@ -125,7 +136,7 @@ def _check_model_size(m: ModelConfig) -> None:
                           "smaller model")
 
 
-def _resolve_model(m: ModelConfig) -> ModelConfig:
+def _resolve_model(m: ModelConfig) -> ResolvedModel:
     for name in ("vocab_size", "d_model", "n_layers", "rope_theta", "norm_eps", "init_std"):
         _positive(getattr(m, name), f"model.{name}")
     _positive(m.attention.head_dim, "model.attention.head_dim")
@@ -133,7 +144,7 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     ffn = m.ffn_hidden if m.ffn_hidden is not None else default_ffn_hidden(m.d_model)
     _positive(ffn, "model.ffn_hidden")
     attention = _resolve_attention(m.attention, m.d_model)
-    model = dataclasses.replace(m, ffn_hidden=ffn, attention=attention)
+    model = ResolvedModel(**{**_fields(m), "ffn_hidden": ffn, "attention": attention})  # type: ignore[arg-type]
     _check_model_size(model)  # again with the derived head counts
     return model
 
@@ -142,7 +153,7 @@ def _divisors(n: int) -> str:
     return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
 
 
-def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
+def _resolve_attention(a: AttentionConfig, d_model: int) -> ResolvedAttention:
     key = "model.attention"
     spec = kind_spec(a.kind)
     d = a.head_dim
@@ -188,10 +199,10 @@ def _resolve_attention(a: AttentionConfig, d_model: int) -> AttentionConfig:
         if name not in spec.switches and getattr(a, name) != getattr(defaults, name):
             users = [k for k, s in kind_specs().items() if name in s.switches]
             _no_effect(f"{key}.{name}", str(getattr(a, name)), a.kind, ", ".join(users))
-    resolved = dataclasses.replace(
-        a, num_heads=num_heads, num_kv_heads=num_kv, kv_group_size=group, head_norm=head_norm,
-        lambda_init=lambda_init,
-    )
+    resolved = ResolvedAttention(**{  # type: ignore[arg-type]
+        **_fields(a), "num_heads": num_heads, "num_kv_heads": num_kv, "kv_group_size": group, "head_norm": head_norm,
+        "lambda_init": lambda_init,
+    })
     spec.check(resolved, key)
     return resolved
 
@@ -277,7 +288,7 @@ def _check_train(t: TrainConfig) -> None:
     for name in ("weight_decay", "warmup_steps", "grad_clip"):
         if getattr(t, name) < 0:
             raise ConfigError(f"{key}.{name}", f"expected a non-negative number, got {getattr(t, name)!r}")
-    steps = t.max_steps if t.max_steps is not None else math.ceil(t.max_tokens / t.batch_tokens)
+    steps = t.total_steps
     if t.warmup_steps >= steps:
         budget = f"train.max_steps = {t.max_steps}" if t.max_steps is not None else (
             f"the {steps} steps of train.max_tokens = {t.max_tokens}")

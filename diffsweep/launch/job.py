@@ -54,7 +54,6 @@ class TrainJob(submitit.helpers.Checkpointable):
         if _under_submitit():  # this process is the job's
             command_process()
         with imports_frozen():
-            from diffsweep.train.optim import total_steps
             from diffsweep.train.trainer import Diverged, train
 
             import_mlflow(self.tracking_uri)
@@ -73,7 +72,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         write_job_state(run_dir, "running", **running)
         try:
             config = config_from_dict(self.config)
-            total = total_steps(config.train)
+            total = config.train.total_steps
             first: list[tuple[int, float]] = []  # the first step this start trained, and when
             last = [0.0]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from diffsweep.config import AttentionConfig, ModelConfig
+from diffsweep.config import ResolvedAttention, ResolvedModel
 from diffsweep.config.kinds import ParamInfo, kind_spec
 
 Shape = tuple[int, ...]
@@ -28,15 +28,14 @@ __all__ = ["ParamInfo", "Shape", "attention_params", "forward_flops_per_token",
            "parameter_shapes", "train_flops_per_token"]
 
 
-def attention_params(a: AttentionConfig, d_model: int) -> dict[str, ParamInfo]:
+def attention_params(a: ResolvedAttention, d_model: int) -> dict[str, ParamInfo]:
     """Parameters of one attention module of resolved ``a`` (names inside the module), from its kind."""
     return kind_spec(a.kind).attention_params(a, d_model)
 
 
-def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:
+def parameter_shapes(m: ResolvedModel) -> dict[str, ParamInfo]:
     """Every parameter of the model, named as in ``LanguageModel.named_parameters()``."""
     D, F, V = m.d_model, m.ffn_hidden, m.vocab_size
-    assert F is not None and m.attention.num_heads is not None, "resolve the config first (load_config)"
     params: dict[str, ParamInfo] = {"tok_embeddings.weight": ParamInfo((V, D))}
     attention = attention_params(m.attention, D)
     for i in range(m.n_layers):
@@ -54,28 +53,28 @@ def parameter_shapes(m: ModelConfig) -> dict[str, ParamInfo]:
 
 
 @functools.lru_cache(maxsize=4096)  # configs are frozen; a sweep asks for the same model many times
-def num_params(m: ModelConfig) -> int:
+def num_params(m: ResolvedModel) -> int:
     """Total parameters (tied embeddings counted once)."""
     return sum(p.numel for p in parameter_shapes(m).values())
 
 
-def num_embedding_params(m: ModelConfig) -> int:
+def num_embedding_params(m: ResolvedModel) -> int:
     """Token-embedding parameters, plus the output matrix when untied."""
     return m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
 
 
-def num_non_embedding_params(m: ModelConfig) -> int:
+def num_non_embedding_params(m: ResolvedModel) -> int:
     """Total minus embedding parameters (the N of Kaplan-style scaling laws)."""
     return num_params(m) - num_embedding_params(m)
 
 
-def num_attention_params(m: ModelConfig) -> int:
+def num_attention_params(m: ResolvedModel) -> int:
     """Parameters of all attention modules (projections, λ, per-head norm)."""
     return m.n_layers * sum(p.numel for p in attention_params(m.attention, m.d_model).values())
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_flops_per_token(m: ModelConfig, seq_len: int) -> int:
+def forward_flops_per_token(m: ResolvedModel, seq_len: int) -> int:
     """Forward matmul FLOPs per token at sequence length ``seq_len`` (conventions above)."""
     matmul = sum(p.numel for name, p in parameter_shapes(m).items() if p.matmul)
     head = m.vocab_size * m.d_model
@@ -83,6 +82,6 @@ def forward_flops_per_token(m: ModelConfig, seq_len: int) -> int:
     return 2 * (matmul + head) + attention
 
 
-def train_flops_per_token(m: ModelConfig, seq_len: int) -> int:
+def train_flops_per_token(m: ResolvedModel, seq_len: int) -> int:
     """Training (forward + backward) FLOPs per token: 3 x forward."""
     return 3 * forward_flops_per_token(m, seq_len)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffsweep.config import Config, Parallel, Precision
+from diffsweep.config import Parallel, Precision, ResolvedConfig
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 
@@ -96,14 +96,14 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def compute_bytes(config: Config, device: str) -> int:
+def compute_bytes(config: ResolvedConfig, device: str) -> int:
     p = config.train.precision
     if p is Precision.BF16 or (p is Precision.AUTO and device != "cpu"):
         return BF16
     return FP32
 
 
-def _attention_bytes_per_token(config: Config, c: int) -> int:
+def _attention_bytes_per_token(config: ResolvedConfig, c: int) -> int:
     """Saved bytes per token of one attention module (after its input norm's output): its kind's
     ``KindSpec.saved_bytes`` plus ``wo``'s contiguous input."""
     a = config.model.attention
@@ -116,7 +116,7 @@ def _norm_bytes_per_token(d_model: int, readers: int, c: int) -> int:
     return 2 * FP32 * d_model + (FP32 * d_model if c == FP32 else c * d_model * readers)
 
 
-def layer_bytes_per_token(config: Config, c: int) -> int:
+def layer_bytes_per_token(config: ResolvedConfig, c: int) -> int:
     """Bytes autograd saves per token in one block.
 
     Counted from what autograd saves for the backward in this code base's modules (checked with
@@ -146,7 +146,7 @@ def layer_bytes_per_token(config: Config, c: int) -> int:
             + _norm_bytes_per_token(m.d_model, 2, c) + 4 * c * m.ffn_hidden)
 
 
-def _largest_fsdp_unit(config: Config) -> int:
+def _largest_fsdp_unit(config: ResolvedConfig) -> int:
     m = config.model
     shapes = counting.parameter_shapes(m)
     block = sum(p.numel for name, p in shapes.items() if name.startswith("layers.0."))
@@ -154,13 +154,13 @@ def _largest_fsdp_unit(config: Config) -> int:
     return max(block, root)
 
 
-def _matmul_params(config: Config) -> int:
+def _matmul_params(config: ResolvedConfig) -> int:
     m = config.model
     head = m.vocab_size * m.d_model  # the output head is a matmul, tied or not (not flagged in the table)
     return sum(p.numel for p in counting.parameter_shapes(m).values() if p.matmul) + head
 
 
-def estimate_memory(config: Config, *, world_size: int, gpu_memory_bytes: int, device: str = "cuda",
+def estimate_memory(config: ResolvedConfig, *, world_size: int, gpu_memory_bytes: int, device: str = "cuda",
              micro_batch_size: int | None = None, activation_checkpointing: bool | None = None) -> MemoryEstimate:
     """Per-GPU peak training memory of ``config`` on ``world_size`` processes.
 
@@ -242,7 +242,7 @@ def world_sizes(gpus_per_node: int, max_nodes: int = MAX_NODES) -> list[int]:
     return list(range(1, gpus_per_node + 1)) + [n * gpus_per_node for n in range(2, max_nodes + 1)]
 
 
-def plan_memory(config: Config, gpu_memory_bytes: int, gpus_per_node: int, *,
+def plan_memory(config: ResolvedConfig, gpu_memory_bytes: int, gpus_per_node: int, *,
                 max_nodes: int = MAX_NODES) -> MemoryPlan:
     """The fewest GPUs (whole nodes beyond one) and, for them, the largest micro-batch that fit.
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffsweep.config import SIZES, Config, config_from_dict
+from diffsweep.config import SIZES, ResolvedConfig, config_from_dict
 from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 
 
-def head_layout(cfg: Config) -> dict[str, Any]:
+def head_layout(cfg: ResolvedConfig) -> dict[str, Any]:
     """Head geometry as the kernels see it, plus each attention weight's shape."""
     a = cfg.model.attention
     spec = kind_spec(a.kind)
@@ -35,7 +35,7 @@ _SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "ffn_hidden", "tie_embedding
 _HEAD_KEYS = ("head_dim", "num_heads", "num_kv_heads")
 
 
-def preset_overrides(cfg: Config) -> list[str]:
+def preset_overrides(cfg: ResolvedConfig) -> list[str]:
     """Shape fields of ``cfg.model`` that differ from its size preset (so its label is not the whole story)."""
     m = cfg.model
     if m.size is None:
@@ -46,7 +46,7 @@ def preset_overrides(cfg: Config) -> list[str]:
                       if getattr(m.attention, k) != getattr(preset.attention, k)]
 
 
-def describe(cfg: Config) -> dict[str, Any]:
+def describe(cfg: ResolvedConfig) -> dict[str, Any]:
     """Parameters (total, non-embedding, attention), FLOPs per token and shapes of one config."""
     m, seq_len = cfg.model, cfg.train.seq_len
     a = m.attention
@@ -76,7 +76,7 @@ def describe(cfg: Config) -> dict[str, Any]:
     return info
 
 
-def compare(configs: dict[str, Config], baseline: str = TRANSFORMER) -> dict[str, Any]:
+def compare(configs: dict[str, ResolvedConfig], baseline: str = TRANSFORMER) -> dict[str, Any]:
     """``describe`` each config and the mismatch of params and FLOPs against ``baseline`` in percent."""
     rows = {name: describe(cfg) for name, cfg in configs.items()}
     base = rows[baseline]
@@ -87,7 +87,7 @@ def compare(configs: dict[str, Config], baseline: str = TRANSFORMER) -> dict[str
     return {"baseline": baseline, "rows": rows}
 
 
-def parity_ffn_hidden(cfg: Config, target_params: int) -> int:
+def parity_ffn_hidden(cfg: ResolvedConfig, target_params: int) -> int:
     """The SwiGLU hidden size that brings ``cfg``'s parameter count closest to ``target_params``.
 
     DIFF V2 adds a second set of query heads and the λ projection; the V2 blog pays for them with

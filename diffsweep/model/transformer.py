@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from diffsweep.config import AttentionKind, Backend, ModelConfig
+from diffsweep.config import AttentionKind, Backend, ResolvedModel
 from diffsweep.config.kinds import kind_spec
 from diffsweep.model import counting
 from diffsweep.model.attention.backends import AttentionBackend, AttentionCall, resolve_backend
@@ -41,7 +41,7 @@ class Block(nn.Module):
 
     attention: AttentionModule
 
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attention = attention_module(cfg.attention.kind)(cfg, layer, backend)
@@ -60,7 +60,7 @@ class LanguageModel(nn.Module):
     With ``tie_embeddings`` the output head reuses ``tok_embeddings.weight``.
     """
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ResolvedModel, backend: AttentionBackend) -> None:
         super().__init__()
         self.cfg = cfg
         self.activation_checkpointing = False  # training keeps only block inputs; blocks rerun in the backward
@@ -120,14 +120,14 @@ class LanguageModel(nn.Module):
         return torch.nn.functional.linear(self.norm(x), self.output_weight())
 
 
-def attention_call(cfg: ModelConfig) -> AttentionCall:
+def attention_call(cfg: ResolvedModel) -> AttentionCall:
     """The attention shape the model of ``cfg`` will ask its backend for (from its kind's spec)."""
     spec = kind_spec(cfg.attention.kind)
     return AttentionCall(*spec.call_shape(cfg.attention), differential=spec.differential)
 
 
 def build_model(
-    cfg: ModelConfig, *, device: torch.device | str = "cpu", compute_dtype: torch.dtype = torch.float32
+    cfg: ResolvedModel, *, device: torch.device | str = "cpu", compute_dtype: torch.dtype = torch.float32
 ) -> LanguageModel:
     """Build and initialise the model of a resolved config on ``device`` (``"meta"`` for shapes only).
 
@@ -140,18 +140,18 @@ def build_model(
         return LanguageModel(cfg, backend)
 
 
-def build_meta_model(cfg: ModelConfig) -> LanguageModel:
+def build_meta_model(cfg: ResolvedModel) -> LanguageModel:
     """Build on the meta device (no memory, any size) with the always-available reference backend."""
     cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, backend=Backend.REFERENCE))
     return build_model(cfg, device="meta")
 
 
-def meta_parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def meta_parameter_shapes(cfg: ResolvedModel) -> dict[str, tuple[int, ...]]:
     """Names and shapes of a meta-device model's parameters (tied weights listed once)."""
     return {name: tuple(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
 
 
-def count_on_meta(cfg: ModelConfig) -> int:
+def count_on_meta(cfg: ResolvedModel) -> int:
     """Parameters of the real module tree of ``cfg`` (built on meta), after checking that every
     name and shape equals ``counting.parameter_shapes`` (the pure-Python count)."""
     meta = meta_parameter_shapes(cfg)

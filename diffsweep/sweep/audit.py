@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffsweep.config import Config, ConfigError, to_dict
+from diffsweep.config import ConfigError, ResolvedConfig, to_dict
 from diffsweep.config.identity import flatten
 from diffsweep.config.kinds import kind_spec, kind_specs
 from diffsweep.config.units import human
@@ -57,7 +57,7 @@ class ArmRecord:
     group: str  # "1.4B" or "1.4B, head_dim=256": the runs a fit compares across kinds
     values: dict[str, Any]
     score_flops_per_token: float | None = None
-    config: Config | None = None
+    config: ResolvedConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def records(runs: Iterable[Any]) -> list[ArmRecord]:
     switch_keys |= {k for spec in kind_specs().values() for k in spec.sweep_axes}
     out = []
     for r in runs:
-        c: Config = r.config
+        c: ResolvedConfig = r.config
         flat: dict[str, Any] | None = None
         shared = []
         for key in r.values:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from diffsweep.config import AttentionConfig, Config, ConfigError, to_dict
+from diffsweep.config import AttentionConfig, Config, ConfigError, ModelConfig, ResolvedConfig, to_dict
 from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.identity import flatten
 from diffsweep.model import counting
@@ -92,22 +92,22 @@ def check_rule(raw: Any, key: str, where: str) -> dict[str, Any]:
     return {"rule": rule, **args}
 
 
-def derive_value(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
+def derive_value(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> Any:
     """The value of ``key`` for the resolved ``config`` under ``rule`` (checked by ``check_rule``)."""
     return RULES[rule["rule"]](rule, key, config, where)
 
 
-def _tokens_per_param(rule: dict[str, Any], key: str, config: Config, where: str) -> int:
+def _tokens_per_param(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> int:
     tokens = rule["ratio"] * counting.num_params(config.model)
     batch = config.train.batch_tokens
     return max(1, round(tokens / batch)) * batch  # whole optimizer steps
 
 
-def _steps_for_tokens(rule: dict[str, Any], key: str, config: Config, where: str) -> int:
+def _steps_for_tokens(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> int:
     return max(1, math.ceil(rule["tokens"] / config.train.batch_tokens))
 
 
-def _lookup(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
+def _lookup(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> Any:
     flat = flatten(to_dict(config))
     by = rule["by"]
     if by not in flat:
@@ -119,7 +119,7 @@ def _lookup(rule: dict[str, Any], key: str, config: Config, where: str) -> Any:
     return table[value]
 
 
-def _param_parity(rule: dict[str, Any], key: str, config: Config, where: str) -> int | None:
+def _param_parity(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> int | None:
     if key != "model.ffn_hidden":
         raise ConfigError(where, "rule param_parity derives model.ffn_hidden only")
     if config.model.attention.kind == TRANSFORMER:
@@ -127,15 +127,16 @@ def _param_parity(rule: dict[str, Any], key: str, config: Config, where: str) ->
     from diffsweep.config.validate import resolve  # the baseline: same model, transformer attention
 
     a = config.model.attention
-    baseline = resolve(dataclasses.replace(config, model=dataclasses.replace(
-        config.model, attention=AttentionConfig(kind=TRANSFORMER, backend=a.backend,
-                                                head_dim=a.head_dim, kv_group_size=a.kv_group_size))))
+    model = {f.name: getattr(config.model, f.name) for f in dataclasses.fields(ModelConfig)}
+    model["attention"] = AttentionConfig(kind=TRANSFORMER, backend=a.backend, head_dim=a.head_dim,
+                                         kv_group_size=a.kv_group_size)
+    baseline = resolve(Config(model=ModelConfig(**model), train=config.train, data=config.data))
     target = counting.num_params(baseline.model)
     per_unit = 3 * config.model.d_model * config.model.n_layers  # SwiGLU params per unit of hidden size
     return config.model.ffn_hidden + round((target - counting.num_params(config.model)) / per_unit)
 
 
-def _scale(rule: dict[str, Any], key: str, config: Config, where: str) -> int | float:
+def _scale(rule: dict[str, Any], key: str, config: ResolvedConfig, where: str) -> int | float:
     value = flatten(to_dict(config)).get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(where, f"rule scale multiplies a number, but {key} is {value!r}")
@@ -148,7 +149,7 @@ def _scale(rule: dict[str, Any], key: str, config: Config, where: str) -> int | 
     return int(scaled)
 
 
-RULES: dict[DeriveRule, Callable[[dict[str, Any], str, Config, str], Any]] = {
+RULES: dict[DeriveRule, Callable[[dict[str, Any], str, ResolvedConfig, str], Any]] = {
     DeriveRule.TOKENS_PER_PARAM: _tokens_per_param,
     DeriveRule.STEPS_FOR_TOKENS: _steps_for_tokens,
     DeriveRule.LOOKUP: _lookup,

@@ -21,10 +21,10 @@ from typing import Any
 
 from diffsweep.config import (
     AttentionKind,
-    Config,
     ConfigError,
     ConfigWarning,
     DataConfig,
+    ResolvedConfig,
     config_from_dict,
     declared_config,
     to_dict,
@@ -86,7 +86,7 @@ class SweepRun:
     key: str
     name: str
     origin: str  # e.g. "grid (model.size=1.4B, model.attention.kind=diff_v1)" or "runs[3]"
-    config: Config
+    config: ResolvedConfig
     values: dict[str, Any]  # the point's own axis values (after collapsing), for names and filters
     num_params: int
     num_non_embedding_params: int
@@ -150,7 +150,7 @@ def expand(spec: SweepSpec) -> Expansion:
             raise ConfigError(f"{spec.path}", f"duplicate run: {seen[key]} and {point.origin} resolve to the "
                               f"same config (key {key}); remove one of them")
         seen[key] = point.origin
-        tokens = config.train.max_tokens or config.train.max_steps * config.train.batch_tokens
+        tokens = config.train.max_tokens or config.train.total_steps * config.train.batch_tokens
         runs.append(SweepRun(
             key=key, name=_name(config, point.values, axis_keys), origin=point.origin, config=config,
             values=point.values, num_params=counting.num_params(config.model),
@@ -253,7 +253,7 @@ def _collapse(points: list[_Point], base: dict[str, Any]) -> list[_Point]:
     return out
 
 
-def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec) -> Config:
+def _resolve(point: _Point, base: dict[str, Any], spec: SweepSpec) -> ResolvedConfig:
     """The point's config: its plain values over ``base``, then its own rules, then ``derive``."""
     raw = copy_tree(base)
     try:
@@ -318,7 +318,7 @@ def _human(n: float) -> str:
     return f"{n:g}"
 
 
-def _name(config: Config, values: dict[str, Any], axis_keys: list[str]) -> str:
+def _name(config: ResolvedConfig, values: dict[str, Any], axis_keys: list[str]) -> str:
     """``diff_v1-1.4B-lam_exp-gn_on-s0``: kind, size, the point's axis values (a rule's result),
     seed."""
     parts = [config.model.attention.kind, config.model.size or "custom"]

@@ -13,16 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from diffsweep.config import ConfigError, LRSchedule, TrainConfig
-
-
-def total_steps(cfg: TrainConfig) -> int:
-    """Steps in the run: ``max_steps``, or ``max_tokens`` rounded up to whole batches."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    if cfg.max_tokens is None:  # validation refuses a config with neither
-        raise ConfigError("train.max_steps", "set exactly one of train.max_steps and train.max_tokens (got neither)")
-    return math.ceil(cfg.max_tokens / cfg.batch_tokens)
+from diffsweep.config import LRSchedule, TrainConfig
 
 
 def decays(name: str, param: nn.Parameter) -> bool:
@@ -61,7 +52,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of step ``step`` (1-based): linear warmup over ``warmup_steps`` from lr/warmup
     to lr, then decay to ``min_lr`` at the last step (wsd: constant until the last
     ``decay_fraction`` of steps)."""
-    n = total_steps(cfg)
+    n = cfg.total_steps
     if step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
     decay_start = cfg.warmup_steps

@@ -24,7 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from diffsweep import lockfile
-from diffsweep.config import Config, ConfigError, Precision, to_dict
+from diffsweep.config import ConfigError, Precision, ResolvedConfig, to_dict
 from diffsweep.config.identity import run_key
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
 from diffsweep.model import counting
@@ -35,7 +35,7 @@ from diffsweep.train import checkpoint as ckpt
 from diffsweep.train import distributed
 from diffsweep.train.distributed import World
 from diffsweep.train.metrics import SpikeCounter, peak_flops
-from diffsweep.train.optim import build_optimizer, lr_at, total_steps
+from diffsweep.train.optim import build_optimizer, lr_at
 from diffsweep.train.preemption import PreemptionFlag
 from diffsweep.train.probes import LossSums, ar_hit_mask, probe, token_losses
 from diffsweep.train.run_record import run_tracking_uri, start_tracking
@@ -64,7 +64,7 @@ StepCallback = Callable[[int, dict[str, float]], None]
 
 
 def train(
-    config: Config,
+    config: ResolvedConfig,
     run_dir: Path,
     *,
     experiment: str = "diffsweep",
@@ -103,7 +103,7 @@ def train(
         return _train(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags)
 
 
-def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
+def _train(config: ResolvedConfig, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
            resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
            tags: dict[str, str] | None) -> TrainResult:
     """``train`` once the input is checked and the run directory is this trainer's."""
@@ -120,17 +120,17 @@ def _train(config: Config, run_dir: Path, world: World, dataset: TokenDataset, e
                                    uri, flag, device)
 
 
-def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
+def _train_in_group(config: ResolvedConfig, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
                     resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
                     tags: dict[str, str] | None, uri: str, flag: PreemptionFlag, device: torch.device) -> TrainResult:
     """``_train`` inside the process group: resume, build, track and run the loop."""
     rank, t = world.rank, config.train
     resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
-    if state is not None and state["step"] >= total_steps(t):
+    if state is not None and state["step"] >= t.total_steps:
         if rank == 0 and state["mlflow_run_id"]:
             MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
         echo(f"{run_dir}: already finished ({state['step']} steps); nothing to do")
-        return TrainResult("finished", state["step"], total_steps(t), run_dir, state["mlflow_run_id"])
+        return TrainResult("finished", state["step"], t.total_steps, run_dir, state["mlflow_run_id"])
     torch.manual_seed(t.seed)
     autocast = autocast_dtype(t.precision, device)
     built = build_model(config.model, device=device, compute_dtype=autocast or torch.float32)
@@ -141,7 +141,7 @@ def _train_in_group(config: Config, run_dir: Path, world: World, dataset: TokenD
     if state is not None:
         assert resume_path is not None  # a state is read from a checkpoint
         run.restore(state, resume_path)
-        echo(f"resuming {run_dir.name} at step {state['step']} of {total_steps(t)}"
+        echo(f"resuming {run_dir.name} at step {state['step']} of {t.total_steps}"
              + (f" on {world.world_size} processes" if world.distributed else ""))
     run.tracker = tracker = start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
                                             tags or {})
@@ -196,7 +196,7 @@ class _Run:
         self.optimizer = optimizer
         self.device, self.autocast_dtype = device, autocast_dtype
         self.run_dir, self.echo = run_dir, echo
-        self.total = total_steps(self.t)
+        self.total = self.t.total_steps
         self.sequences_per_step = self.t.batch_tokens // self.t.seq_len
         self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
         self.run_key = run_key(config)
@@ -407,7 +407,7 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(str(run_dir), f"cannot create the run directory: {existing} {what}")
 
 
-def _resume_point(resume_from: Path | None, run_dir: Path, config: Config, dataset: TokenDataset, world: World,
+def _resume_point(resume_from: Path | None, run_dir: Path, config: ResolvedConfig, dataset: TokenDataset, world: World,
                   echo: Callable[[str], None]) -> tuple[Path | None, dict | None]:
     """The checkpoint to resume from and its training state (None, None to start afresh):
     ``resume_from``, else the run's newest intact one. A damaged newest one (see
@@ -432,7 +432,7 @@ def _resume_point(resume_from: Path | None, run_dir: Path, config: Config, datas
     return None, None
 
 
-def _load_resume_state(path: Path, config: Config, dataset: TokenDataset, world: World) -> dict:
+def _load_resume_state(path: Path, config: ResolvedConfig, dataset: TokenDataset, world: World) -> dict:
     state = ckpt.load_checkpoint(path)
     if state["run_key"] != run_key(config):
         raise ConfigError(str(path), f"written by a different config (run key {state['run_key']}, "

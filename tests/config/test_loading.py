@@ -9,6 +9,7 @@ import pytest
 
 from diffsweep.config import (
     Backend,
+    Config,
     ConfigError,
     ConfigWarning,
     HeadNorm,
@@ -16,8 +17,11 @@ from diffsweep.config import (
     dump_yaml,
     load_config,
     load_declared,
+    to_dict,
 )
 from diffsweep.config.enums import DIFF_V1, TRANSFORMER
+from diffsweep.config.identity import run_key
+from diffsweep.config.schema import ResolvedAttention, ResolvedConfig, ResolvedModel
 from diffsweep.config.validate import resolve
 
 
@@ -56,6 +60,23 @@ def test_configs_are_frozen_and_keyword_only():
         cfg.model.d_model = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         type(cfg.model)(None)  # positional arguments are refused
+
+
+def test_a_loaded_config_has_the_resolved_types_with_every_derived_field_set():
+    declared = load_declared(None, ["model.size=tiny-xs", f"model.attention.kind={DIFF_V1}"])
+    assert type(declared) is Config and declared.model.attention.num_heads is None
+    assert declared.model.ffn_hidden is None and declared.model.attention.head_norm is None
+    resolved = resolve(declared)
+    assert (type(resolved), type(resolved.model), type(resolved.model.attention)) == (
+        ResolvedConfig, ResolvedModel, ResolvedAttention)
+    a = resolved.model.attention
+    assert None not in (a.num_heads, a.num_kv_heads, a.kv_group_size, a.head_norm, resolved.model.ffn_hidden)
+    # a resolved config is a config: the same fields, so the same YAML and run key as it read back
+    again = config_from_dict(to_dict(resolved))
+    assert again == resolved and run_key(again) == run_key(resolved) and isinstance(resolved, Config)
+    assert [f.name for f in dataclasses.fields(resolved.model)] == [f.name for f in dataclasses.fields(declared.model)]
+    with pytest.raises(TypeError):  # the derived fields have no default in the resolved types
+        ResolvedAttention(head_dim=64)  # type: ignore[call-arg]
 
 
 def test_yaml_then_set_overrides_later_wins(tmp_path):

@@ -10,7 +10,7 @@ import torch
 
 from diffsweep.config import LRSchedule, load_config
 from diffsweep.model.transformer import build_model
-from diffsweep.train.optim import build_optimizer, lr_at, total_steps
+from diffsweep.train.optim import build_optimizer, lr_at
 
 LR, MIN_LR = 1e-3, 1e-5
 
@@ -21,7 +21,7 @@ def _train(*sets: str):
 
 
 def _schedule(cfg) -> list[float]:
-    return [lr_at(step, cfg) for step in range(1, total_steps(cfg) + 1)]
+    return [lr_at(step, cfg) for step in range(1, cfg.total_steps + 1)]
 
 
 @pytest.mark.parametrize("schedule", list(LRSchedule))
@@ -94,10 +94,10 @@ def test_total_steps_from_max_tokens():
     """max_tokens rounds up to whole batches; the schedule then ends at min_lr on that step."""
     base = ["train.max_steps=null", "train.seq_len=64", "train.batch_tokens=4096", "train.warmup_steps=10"]
     cfg = load_config(None, [*base, "train.max_tokens=1000000", f"train.min_lr={MIN_LR}"]).train
-    assert total_steps(cfg) == 245  # 1e6 / 4096 = 244.1
+    assert cfg.total_steps == 245  # 1e6 / 4096 = 244.1
     assert lr_at(245, cfg) == MIN_LR and lr_at(244, cfg) > MIN_LR
-    assert total_steps(load_config(None, [*base, "train.max_tokens=409600"]).train) == 100
-    assert total_steps(_train()) == 100
+    assert load_config(None, [*base, "train.max_tokens=409600"]).train.total_steps == 100
+    assert _train().total_steps == 100
 
 
 # --- parameter groups ----------------------------------------------------------------------------

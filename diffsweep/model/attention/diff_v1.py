@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffsweep.config import ModelConfig
+from diffsweep.config import ResolvedModel
 from diffsweep.model.attention.backends import AttentionBackend
 from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import HEAD_NORMS, Rotary, upcast
@@ -37,7 +37,7 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
     - ``lambda_init`` (a float attribute, not a parameter): from the config's strategy and depth.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         a = cfg.attention
         self.num_heads, self.num_kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from diffsweep.config import ModelConfig, V2Lambda, V2Pairing
+from diffsweep.config import ResolvedModel, V2Lambda, V2Pairing
 from diffsweep.model.attention.backends import AttentionBackend
 from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import Rotary, upcast
@@ -60,7 +60,7 @@ class DiffAttentionV2(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
     - ``wo.weight`` ``(D, h*d)``: columns ``[i*d:(i+1)*d]`` read output head i.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         a = cfg.attention
         self.num_heads, self.num_kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
@@ -76,7 +76,7 @@ class DiffAttentionV2(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
 
     def lambda_values(self, x: torch.Tensor) -> torch.Tensor | None:
         """λ of shape ``(B, T, h)`` as applied (after sigmoid when used); None for ``v2_lambda: none``."""
-        if self.wlambda is None:
+        if self.wlambda is None or self.activation is None:
             return None
         return self.activation(self.wlambda(x))
 

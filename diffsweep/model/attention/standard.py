@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffsweep.config import ModelConfig
+from diffsweep.config import ResolvedModel
 from diffsweep.model.attention.backends import AttentionBackend
 from diffsweep.model.attention.base import AttentionModule
 from diffsweep.model.layers import HEAD_NORMS, Rotary
@@ -24,7 +24,7 @@ class StandardAttention(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor
       one RMSNorm gain over each head's d channels, shared by all heads.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         a = cfg.attention
         self.num_heads, self.num_kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
