@@ -202,20 +202,25 @@ def plan(
     FLOPs/token, tokens, batch, lr schedule, seeds), with the setting that matches a difference.
     """
     from diffsweep.launch.api import audit_plan, check_launch_options, plan_sweep
+    from diffsweep.sweep import tune
 
     check_launch_options(budget=budget, audit_threshold=audit_threshold)
     p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
     _warn(p)
     audit = audit_plan(p, audit_threshold)
+    cells = tune.cells([r.run for r in p.runs], list(p.spec.tune)) if p.spec.tune else []
     if json_:
         _print_compact({"sweep": p.spec.name, "profile": p.profile.name, "executor": p.profile.executor,
                         "out": str(p.out), "gpu_hours": p.gpu_hours, "counts": p.counts(), "set": p.spec.overrides,
                         "audit": audit.to_dict(), "orphaned": [_orphan_row(o) for o in p.orphans],
-                        "runs": [_row(r, False) for r in p.runs]})
+                        "runs": [_row(r, False) for r in p.runs]}
+                       | ({"tune": tune.to_dict(cells, p.spec.tune)} if p.spec.tune else {}))
     else:
         if p.spec.overrides:
             typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
         _render(p, all_, status=False)
+        for line in tune.describe(cells, p.spec.tune) if p.spec.tune else []:
+            typer.echo(line)
         for line in audit.lines():
             typer.echo(line)
     if budget is not None and p.gpu_hours > budget:

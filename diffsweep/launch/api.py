@@ -150,7 +150,7 @@ def audit_plan(plan: SweepPlan, threshold: float = DEFAULT_THRESHOLD) -> Audit:
     """The matched-arm audit (``diffsweep.sweep.audit``) of the plan's runs: each kind's runs
     against the baseline's of the same size and other axes."""
     check_threshold(threshold)
-    return audit_runs([r.run for r in plan.runs], threshold)
+    return audit_runs([r.run for r in plan.runs], threshold, tuned=tuple(plan.spec.tune))
 
 
 def check_threshold(threshold: float) -> None:

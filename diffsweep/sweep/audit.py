@@ -38,6 +38,9 @@ FIELDS: dict[str, tuple[str, str | None, bool]] = {
     "max_steps": ("max steps", "train.max_steps", False),
     "seeds": ("seeds", "train.seed", False),
 }
+# The compared field a tuning axis's values are (train.lr -> lr): the settings compared exactly.
+_FIELD_OF_KEY = {FIELDS[name][1] or name: name for name in ("batch_tokens", "lr", "warmup_steps", "schedule",
+                                                              "min_lr", "max_steps")}
 # Config keys that never separate groups: the audited settings, and what each kind derives itself.
 _AUDITED_KEYS = frozenset({"model.size", "model.attention.kind", "model.ffn_hidden", "model.attention.num_heads",
                            "model.attention.num_kv_heads", "model.attention.head_norm", "train.seed", "train.lr",
@@ -71,10 +74,12 @@ class Difference:
     flagged: bool
     suggestion: str | None = None  # the setting that would match it
     note: str | None = None  # why a difference is not flagged, or what no setting can match
+    tuned: bool = False  # a tuning axis (the sweep's tune:): its values are the arm's tuning grid
 
     @property
     def label(self) -> str:
-        return FIELDS[self.field][0]
+        label = FIELDS[self.field][0] if self.field in FIELDS else self.field
+        return f"tuning grid of {label}" if self.tuned else label
 
     def describe(self) -> str:
         """'params +7.9% (1.41B vs 1.52B)', 'max steps 40000 vs 30000'."""
@@ -168,8 +173,9 @@ def default_baseline() -> str:
     return next(iter(kind_specs()))
 
 
-def records(runs: Iterable[Any]) -> list[ArmRecord]:
-    """``ArmRecord``s of a sweep's runs (``diffsweep.sweep.SweepRun``)."""
+def records(runs: Iterable[Any], tuned: Sequence[str] = ()) -> list[ArmRecord]:
+    """``ArmRecord``s of a sweep's runs (``diffsweep.sweep.SweepRun``); ``tuned``: the sweep's
+    tuning axes, which do not separate groups (their values are each arm's tuning grid)."""
     switch_keys = {f"model.attention.{s}" for spec in kind_specs().values() for s in spec.switches}
     switch_keys |= {k for spec in kind_specs().values() for k in spec.sweep_axes}
     out = []
@@ -178,7 +184,7 @@ def records(runs: Iterable[Any]) -> list[ArmRecord]:
         flat: dict[str, Any] | None = None
         shared = []
         for key in r.values:
-            if key in _AUDITED_KEYS or key in switch_keys:
+            if key in _AUDITED_KEYS or key in switch_keys or key in tuned:
                 continue
             value = r.values[key]
             if isinstance(value, dict):  # a derive rule: its result
@@ -192,19 +198,23 @@ def records(runs: Iterable[Any]) -> list[ArmRecord]:
                   "flops_per_token": per_token, "tokens": r.tokens, "batch_tokens": t.batch_tokens, "lr": t.lr,
                   "warmup_steps": t.warmup_steps, "schedule": t.schedule.value, "min_lr": t.min_lr,
                   "max_steps": t.max_steps, "seeds": t.seed}
+        values |= {key: r.values[key] for key in tuned if key in r.values and key not in _FIELD_OF_KEY}
         out.append(ArmRecord(name=r.name, kind=r.kind, group=", ".join([r.size, *sorted(shared)]), values=values,
                              score_flops_per_token=float(score), config=c))
     return out
 
 
-def audit_runs(runs: Sequence[Any], threshold: float = DEFAULT_THRESHOLD, baseline: str | None = None) -> Audit:
-    """The audit of a sweep's runs (``SweepRun``s, e.g. a plan's)."""
-    return audit_records(records(runs), threshold, baseline)
+def audit_runs(runs: Sequence[Any], threshold: float = DEFAULT_THRESHOLD, baseline: str | None = None,
+               tuned: Sequence[str] = ()) -> Audit:
+    """The audit of a sweep's runs (``SweepRun``s, e.g. a plan's); ``tuned``: its tuning axes."""
+    return audit_records(records(runs, tuned), threshold, baseline, tuned)
 
 
 def audit_records(items: Sequence[ArmRecord], threshold: float = DEFAULT_THRESHOLD,
-                  baseline: str | None = None) -> Audit:
-    """Compare every other kind's arm with the ``baseline`` kind's arm of the same group."""
+                  baseline: str | None = None, tuned: Sequence[str] = ()) -> Audit:
+    """Compare every other kind's arm with the ``baseline`` kind's arm of the same group. A tuning
+    axis (``tuned``) is compared as each arm's set of values, its tuning grid: the same grid for
+    every arm, or flagged."""
     if not 0 <= threshold < 1:
         raise ConfigError("audit_threshold", f"expected a relative difference in [0, 1), got {threshold}")
     baseline = baseline or default_baseline()
@@ -218,9 +228,11 @@ def audit_records(items: Sequence[ArmRecord], threshold: float = DEFAULT_THRESHO
         if base is None or not others:
             audit.unpaired.append(f"{group}: {', '.join(arms)} only")
             continue
+        names = [*FIELDS, *(k for k in tuned if k not in _FIELD_OF_KEY)]
+        tuned_fields = {_FIELD_OF_KEY.get(k, k) for k in tuned}
         for kind in others:
             cand = arms[kind]
-            diffs = [_compare(name, base, cand, threshold) for name in FIELDS]
+            diffs = [_compare(name, base, cand, threshold, name in tuned_fields) for name in names]
             audit.pairs.append(Pair(group=group, baseline=baseline, candidate=kind,
                                     baseline_runs=[r.name for r in base], candidate_runs=[r.name for r in cand],
                                     differences=[d for d in diffs if d is not None]))
@@ -232,16 +244,19 @@ def _distinct(arm: list[ArmRecord], name: str) -> list[Any]:
     return sorted(values, key=lambda v: (v is None, str(type(v)), v if v is not None else 0))
 
 
-def _compare(name: str, base: list[ArmRecord], cand: list[ArmRecord], threshold: float) -> Difference | None:
+def _compare(name: str, base: list[ArmRecord], cand: list[ArmRecord], threshold: float,
+             tuned: bool = False) -> Difference | None:
     b, c = _distinct(base, name), _distinct(cand, name)
     if None in b or None in c:
         return None if all(v is None for v in b + c) else Difference(name, b, c, None, False,
-                                                                     note="not known for every run")
-    relative_field = FIELDS[name][2]
+                                                                     note="not known for every run", tuned=tuned)
+    relative_field = FIELDS[name][2] if name in FIELDS else False
     if not relative_field:
         if set(b) == set(c):
-            return Difference(name, b, c, None, False)
-        return Difference(name, b, c, None, True, suggestion=_exact_suggestion(name, b, cand))
+            return Difference(name, b, c, None, False, tuned=tuned)
+        fix = (f"tune.{FIELDS[name][1] if name in FIELDS else name}: [{', '.join(str(v) for v in b)}] for every "
+               "kind (check include/exclude)" if tuned else _exact_suggestion(name, b, cand))
+        return Difference(name, b, c, None, True, suggestion=fix, tuned=tuned)
     rel = _nearest(c, b)
     flagged = abs(rel) > threshold
     note = None

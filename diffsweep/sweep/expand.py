@@ -2,7 +2,7 @@
 base config file); nothing here submits, writes or imports torch.
 
 Order of operations: points = grid x zip groups, in the order written, then ``runs`` entries;
-each crossed with ``seeds``; ``include`` then ``exclude`` filters; axes that do not apply to a
+each crossed with the ``tune`` grid, then with ``seeds``; ``include`` then ``exclude`` filters; axes that do not apply to a
 point's attention kind are dropped (so they do not multiply its runs) and the points this makes
 identical merge; each point's config (base, ``set``, ``--set``, the point's values, then its
 own rules and ``derive``); validation with the run config rules; duplicate check by key.
@@ -175,6 +175,11 @@ def _points(spec: SweepSpec) -> list[_Point]:
             label = ", ".join(f"{k}={v}" for k, v in values.items())
             points.append(_Point(f"grid ({label})", values, collapsible=True))
     points += [_Point(f"runs[{i}]", dict(run), collapsible=False) for i, run in enumerate(spec.runs)]
+    if spec.tune:  # every point is a cell; its candidates are the tuning grid's combinations
+        cells = points or [_Point("base", {}, collapsible=True)]
+        combos = [dict(c) for c in itertools.product(*[[(k, v) for v in vs] for k, vs in spec.tune.items()])]
+        points = [_Point(f"{p.origin} tune ({', '.join(f'{k}={v}' for k, v in c.items())})", {**p.values, **c},
+                         p.collapsible) for p in cells for c in combos]
     if spec.seeds is not None:
         points = [_Point(f"{p.origin} seed {s}", {**p.values, SEED_KEY: s}, p.collapsible)
                   for p in points for s in spec.seeds]
@@ -296,7 +301,7 @@ def _absolute(path: str, root: str) -> str:
 
 def _axis_keys(spec: SweepSpec) -> list[str]:
     keys: dict[str, None] = {}
-    for k in [*spec.grid, *(k for g in spec.zip for k in g), *(k for r in spec.runs for k in r)]:
+    for k in [*spec.grid, *(k for g in spec.zip for k in g), *(k for r in spec.runs for k in r), *spec.tune]:
         if k not in (KIND_KEY, "model.size", SEED_KEY):
             keys[k] = None
     order = list(name_tokens())

@@ -33,6 +33,14 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SHELL_UNSAFE = set("'\"`$\\;&|<>*?!(){}[]~#\n\r\t")
 DATA_PATH = "data.path"
 SEED_KEY = "train.seed"
+# Keys a tuning grid may not hold, and why: they define the cells (or, seeds, the noise) a tuning
+# value is chosen within.
+UNTUNABLE = {
+    "model.attention.kind": "the attention kind is what a study compares, not a setting tuned for it",
+    "model.size": "the size is an axis of the study (a cell), not a setting tuned within one",
+    SEED_KEY: "seeds are the noise a tuning value's loss is averaged over (seeds:), not candidates",
+    DATA_PATH: "the data is the same for every candidate of a cell",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +80,7 @@ class SweepSpec:
         grid: {model.attention.kind: [transformer, diff_v1], ...}   # cartesian product
         zip: [{train.lr: [...], train.batch_tokens: [...]}]         # paired axes (equal lengths)
         runs: [{model.attention.head_dim: 256}, ...]                # explicit extra points
+        tune: {train.lr: [3.0e-4, 6.0e-4, 1.2e-3]}   # tuning axes: crossed with every point; see sweep.tune
         seeds: [0, 1, 2]               # crossed with every point (train.seed); a count: 3
         include: [{model.size: [1.4B, 2.8B]}]   # keep only points matching one of these
         exclude: [{model.attention.kind: transformer, model.size: 13.1B}]   # drop matching points
@@ -97,6 +106,7 @@ class SweepSpec:
     grid: dict[str, list[Any]] = field(default_factory=dict)
     zip: list[dict[str, list[Any]]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    tune: dict[str, list[Any]] = field(default_factory=dict)  # tuning axes (``diffsweep.sweep.tune``)
     seeds: list[int] | None = None
     include: list[dict[str, list[Any]]] = field(default_factory=list)
     exclude: list[dict[str, list[Any]]] = field(default_factory=list)
@@ -105,9 +115,9 @@ class SweepSpec:
     eval: EvalSettings = field(default_factory=EvalSettings)
 
 
-TOP_KEYS = ("name", "experiment", "extends", "base", "set", "grid", "zip", "runs", "seeds", "include", "exclude",
-            "derive", "launch", "eval")
-MERGED_KEYS = ("set", "grid", "derive", "launch", "eval")  # merged key by key under ``extends``; others replace
+TOP_KEYS = ("name", "experiment", "extends", "base", "set", "grid", "zip", "runs", "tune", "seeds", "include",
+            "exclude", "derive", "launch", "eval")
+MERGED_KEYS = ("set", "grid", "tune", "derive", "launch", "eval")  # merged key by key under ``extends``; others replace
 OWN_KEYS = ("name", "experiment", "extends")  # never inherited (nor launch.output)
 
 
@@ -142,7 +152,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
     spec = SweepSpec(
         path=p, name=raw.get("name", p.stem), experiment=raw.get("experiment", raw.get("name", p.stem)),
         base=Path(raw["base"]) if raw["base"] is not None else None, data_root=data_root, set=raw["set"],
-        grid=raw["grid"], zip=raw["zip"], runs=raw["runs"], seeds=seeds, include=raw["include"],
+        grid=raw["grid"], zip=raw["zip"], runs=raw["runs"], tune=raw["tune"], seeds=seeds, include=raw["include"],
         exclude=raw["exclude"], derive=raw["derive"], launch=launch,
         eval=EvalSettings(probes=tuple(raw["eval"].get("probes", ())), settings=raw["eval"].get("settings", {}),
                           steps=tuple(raw["eval"].get("steps", ()))),
@@ -276,6 +286,24 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
         _anchor(run, directory)
         runs.append(run)
 
+    out["tune"] = tune = _mapping(raw.get("tune"), f"{where}: tune")
+    for key, values in tune.items():
+        _check_key(key, keys, f"{where}: tune")
+        if key in UNTUNABLE:
+            raise ConfigError(f"{where}: tune.{key}", f"{UNTUNABLE[key]}; expected a setting to tune, such as "
+                              "train.lr or train.warmup_steps")
+        owner = "an axis (grid/zip)" if key in axis_keys else "a run" if any(key in r for r in runs) else None
+        if owner is not None:
+            raise ConfigError(f"{where}: tune.{key}", f"is also swept by {owner}; a setting is either an axis "
+                              "of the study or tuned within each of its cells")
+        tune[key] = _values(values, key, directory, f"{where}: tune.{key}")
+        rules = [i for i, v in enumerate(tune[key]) if isinstance(v, dict)]
+        if rules:
+            raise ConfigError(f"{where}: tune.{key}[{rules[0]}]", "expected a plain value; a tuning grid holds "
+                              "the values tried, not derive rules")
+        if len({str(v) for v in tune[key]}) != len(tune[key]):
+            raise ConfigError(f"{where}: tune.{key}", f"repeats a value: {tune[key]}")
+
     out["seeds"] = seeds = raw.get("seeds")
     if seeds is not None:
         if not (_is_int(seeds) and seeds > 0 or isinstance(seeds, list) and seeds
@@ -299,8 +327,8 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
     out["derive"] = derive = _mapping(raw.get("derive"), f"{where}: derive")
     for key, rule in derive.items():
         _check_key(key, keys, f"{where}: derive")
-        if key in axis_keys or key in settings or any(key in r for r in runs):
-            raise ConfigError(f"{where}: derive.{key}", "is also set by set/grid/zip/runs; a value is either "
+        if key in axis_keys or key in settings or key in tune or any(key in r for r in runs):
+            raise ConfigError(f"{where}: derive.{key}", "is also set by set/grid/zip/runs/tune; a value is either "
                               "given or derived")
         derive[key] = check_rule(rule, key, f"{where}: derive.{key}")
 
@@ -312,8 +340,8 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
     _check_count(out, launch.get("max_runs", LaunchSettings().max_runs), where)
     if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")
-    if not parent and not grid and not zips and not runs:
-        raise ConfigError(f"{where}: grid", "empty sweep: give at least one of grid, zip or runs")
+    if not parent and not grid and not zips and not runs and not tune:
+        raise ConfigError(f"{where}: grid", "empty sweep: give at least one of grid, zip, runs or tune")
     return out
 
 
@@ -323,6 +351,9 @@ def _check_count(sections: dict[str, Any], max_runs: int, where: str) -> None:
     factors: dict[str, int] = {f"grid.{k}": len(v) for k, v in sections["grid"].items()}
     factors |= {f"zip[{i}]": len(next(iter(g.values()))) for i, g in enumerate(sections["zip"])}
     points = (math.prod(factors.values()) if factors else 0) + len(sections["runs"])
+    tuned = {f"tune.{k}": len(v) for k, v in sections["tune"].items()}
+    points *= math.prod(tuned.values()) if tuned else 1
+    factors |= tuned
     seeds = sections["seeds"]
     factors["runs"] = len(sections["runs"])
     factors["seeds"] = seeds if isinstance(seeds, int) else len(seeds) if seeds is not None else 1
@@ -353,6 +384,7 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
     owners |= {k: f"zip[{i}] of {spec.path}" for i, g in enumerate(spec.zip) for k in g}
     owners |= {k: f"runs[{i}] of {spec.path}" for i, r in reversed(list(enumerate(spec.runs))) for k in r}
     owners |= {k: f"derive in {spec.path}" for k in spec.derive}
+    owners |= {k: f"the tuning grid (tune) of {spec.path}" for k in spec.tune}
     if spec.seeds is not None:
         owners[SEED_KEY] = f"seeds in {spec.path}"
     for key in out:
