@@ -77,6 +77,10 @@ def fit(
                                                  "by all evaluations of one run (a token scan of checkpoints; default: "
                                                  "from >= 2 runs per architecture, else the CI is curve-fit only).",
                                                  show_default=False)] = None,
+    tune: Annotated[list[str] | None, typer.Option("--tune", help="Tuning column of the points (lr, warmup_steps, "
+                                                  "batch_tokens, ...; repeatable): each architecture and size is fitted "
+                                                  "at its best value, the choice redone in every bootstrap draw "
+                                                  "(default: a tuned sweep's tune: keys).", show_default=False)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: fits/<sweep>-<axis>).",
                                              show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="Do not log the fit as an MLflow run.")] = False,
@@ -94,7 +98,7 @@ def fit(
             baseline=baseline, candidates=tuple(candidates or ()), axis=axis, form=form, objective=objective,
             count=count, at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
             holdout=holdout is Holdout.LARGEST, token_points=token_points, n_boot=n_boot, level=level, seed=seed,
-            noise_sd=noise_sd, run_sd=run_sd)
+            noise_sd=noise_sd, run_sd=run_sd, tune=tuple(tune) if tune else _sweep_tune(sweep, sets))
     source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
     with flag_keys(flags):
         outcome = run_fit(source, request, out, log=not no_log)
@@ -108,6 +112,23 @@ def fit(
         reused = ", the earlier run of this identical fit" if outcome.mlflow_run_reused else ""
         outputs["MLflow fit run"] = f"{outcome.mlflow_run_id} (browse: diffsweep ui{reused})"
     print_terminal(outcome.result, outputs)
+
+
+def _sweep_tune(sweep: Path | None, sets: list[str] | None) -> tuple[str, ...]:
+    """A tuned sweep's tuning keys as columns of the fit's table (``train.lr`` -> ``lr``)."""
+    if sweep is None:
+        return ()
+    from diffsweep.scaling.table import CONFIG_KEYS
+    from diffsweep.sweep import load_sweep
+
+    column = {key: col for col, key in CONFIG_KEYS.items()}
+    out = []
+    for key in load_sweep(sweep, sets or ()).tune:
+        if key not in column:
+            raise ConfigError(f"{sweep}: tune.{key}", "the fit's table has no column for it; a fit can choose among "
+                              f"[{', '.join(k for k in column if k != 'train.seed')}]")
+        out.append(column[key])
+    return tuple(out)
 
 
 def _sweep_keys(sweep: Path | None, experiment: str | None, sweep_name: str | None) -> dict[str, str]:

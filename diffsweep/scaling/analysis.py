@@ -21,7 +21,7 @@ from scipy.stats import t as t_dist
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
-from diffsweep.scaling import resample
+from diffsweep.scaling import resample, tuning
 from diffsweep.scaling.bootstrap import (
     Group,
     draw_targets,
@@ -74,6 +74,9 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     points = finite(points)
     axis = choose_axis(points, req)
     used = select_points(points, axis, req)
+    choice = _tuning_choice(used, axis, req) if req.tune else None
+    if choice is not None:
+        used = choice.points
     archs = architectures(used, axis, req)
     base_name = req.baseline
     objective = req.resolved_objective
@@ -88,14 +91,23 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     # one definition of a point's run: points.run_index (None: each point a run of its own)
     runs = {a: arch.run if arch.run is not None else np.arange(len(arch.x)) for a, arch in archs.items()}
     resampling = resample.choose({a: len(np.unique(arch.cell)) for a, arch in archs.items()}, runs, req.shared_e)
+    if choice is not None:  # a case resample cannot redo the selection: the draws stay parametric
+        resampling = None
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
-        if resampling is not None:
+        if resampling is not None or choice is not None:
             warnings.simplefilter("ignore", FitWarning)
         noise = _noise(archs, main, objective, req)
+    if choice is not None:
+        noise = _tuned_noise(noise, choice, axis, req)
     rng = np.random.default_rng(req.seed)
     scales = scale_draws(rng, noise, req.n_boot)
     z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, arch.run)
          for a, arch in archs.items()}
+    tuned = None
+    if choice is not None:  # every draw redoes each cell's selection; its bias is removed from the fit
+        z, archs, tuned = _reselect(rng, z, archs, choice, scales, float(np.hypot(noise.sd, noise.run_sd)))
+        main = _fit_all(archs, req.form, objective, req.shared_e)
+        comparison = _fit_all(archs, PAPER_LAW, Objective.L2, False) if form.pure_comparison else None
     w = None
     if resampling is not None:  # ≥ 30 distinct points per architecture: case (or cluster) resampling
         w = {a: resample.weights(rng, runs[a] if resampling.unit == "run" else np.arange(len(arch.x)), req.n_boot)
@@ -181,9 +193,71 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
         holdout=holdout,
         compute_optimal=compute,
         shift_model=shift,
+        tuning=tuned,
         points=used,
         curves=curves,
     )
+
+
+def _tuning_choice(used: pd.DataFrame, axis: Axis, req: FitRequest) -> tuning.Choice:
+    """Each cell's best candidate over ``req.tune`` (warnings for a winner at the edge of its grid and
+    for a cell with one value)."""
+    if (used.loc[used["used"], "point"] != "final").any():
+        raise ConfigError("tune", "a tuned fit reads one final evaluation per run (a size ladder, or runs of "
+                          "several budgets); the intermediate evaluations of a token scan cannot be tuned per point")
+    joint = req.law_form.joint_nd
+    x_col = x_column(req) if axis is Axis.N or joint else "tokens"
+    choice = tuning.choose(used, req.tune, x_col, "tokens" if joint else None)
+    for cell in choice.cells:
+        where = f"{arch_name(cell['arch'])} at {human(cell['x'])}"
+        if cell["untuned"]:
+            warnings.warn(FitWarning(f"{where}: one candidate ({cell['winner']}): untuned, read as it is"))
+        elif cell["edge"]:
+            warnings.warn(FitWarning(f"{where}: the best candidate is at the edge of its grid ({'; '.join(cell['edge'])}): "
+                                     "the optimum may lie outside the grid: extend it"))
+    return choice
+
+
+def _tuned_noise(noise: Any, choice: tuning.Choice, axis: Axis, req: FitRequest) -> Any:
+    """A tuned study without seed replicates: the noise from every candidate's runs (an additive
+    model of cell and tuning value), not from the winners' residuals, which understate it."""
+    if noise.source != "residuals":
+        if noise.warning:
+            warnings.warn(FitWarning(noise.warning))
+        return noise
+    joint = req.law_form.joint_nd
+    x_col = x_column(req) if axis is Axis.N or joint else "tokens"
+    found = tuning.candidate_noise(choice, x_col, "tokens" if joint else None)
+    if found is None:
+        warnings.warn(FitWarning(noise.warning))
+        return noise
+    sd, dof = found
+    text = (f"run-to-run noise (sd {sd:.2g} of log loss) from the spread of all tuning candidates around an additive "
+            f"model of cell and tuning value ({dof} degrees of freedom; no seed replicates)")
+    warning = (f"no seed replicates: the noise (sd {sd:.2g} of log loss) is estimated from every tuning candidate's run "
+               f"around an additive model of cell and tuning value ({dof} degrees of freedom); a best value that moves "
+               "with size adds to it (wider intervals); run seeds for a direct estimate")
+    warnings.warn(FitWarning(warning))
+    return replace(noise, sd=sd, dof=float(dof), warning=warning, description=text)
+
+
+def _reselect(rng: np.random.Generator, z: dict[str, np.ndarray], archs: dict[str, Arch], choice: tuning.Choice,
+              scales: Any, point_sd: float) -> tuple[dict[str, np.ndarray], dict[str, Arch], dict[str, Any]]:
+    """The draws with every cell's selection redone, the architectures' points with the selection
+    bias removed, and the report's tuning section."""
+    out_z, out_archs, bias_of, kept_of = {}, {}, {}, {}
+    for a, arch in archs.items():
+        out_z[a], bias, kept = tuning.reselect(rng, z[a], arch.x, arch.other, arch.cell, choice.losers.get(a),
+                                               scales.sd, point_sd)
+        out_archs[a] = Arch(arch.name, arch.x, arch.loss * np.exp(-bias), arch.other, arch.run)
+        for c in np.unique(arch.cell):
+            idx = arch.cell == c
+            bias_of[(a, float(arch.x[idx][0]))] = float(bias[idx][0])
+            kept_of[(a, float(arch.x[idx][0]))] = float(kept[idx][0])
+    cells = [cell | {"selection_bias": float(np.expm1(bias_of.get((cell["arch"], cell["x"]), 0.0))),
+                     "winner_kept": kept_of.get((cell["arch"], cell["x"]), 1.0)}
+             for cell in choice.cells if cell["arch"] in archs]
+    return out_z, out_archs, {"columns": list(choice.columns), "cells": cells}
 
 
 def _compute_optimal_and_shift(form: LawForm, archs: dict[str, Arch], main: dict[str, LawFit],

@@ -109,7 +109,7 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
     result["warnings"] = notes + result["warnings"]
     used = fit.points
     assert used is not None
-    result["audit"] = arm_audit(used, request.baseline)
+    result["audit"] = arm_audit(used, request.baseline, request.tune)
     if result["audit"] and result["audit"]["flagged"]:
         result["warnings"].append(f"arm audit: {result['audit']['flagged']} difference(s) between the arms compared "
                                   "(same size, other kind) beyond matching; see the report's Arm audit")
@@ -137,15 +137,18 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
     return outcome
 
 
-def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
+def arm_audit(used: pd.DataFrame, baseline: str, tune: tuple[str, ...] = ()) -> dict | None:
     """The matched-arm audit (``diffsweep.sweep.audit``) of the runs the fit used, from what the
     table knows of each (its last used point): parameters, non-embedding parameters, FLOPs per
     token (in total: the table has no breakdown), tokens, batch tokens, lr, min lr, lr schedule and
     warmup, seeds (a value the table lacks, e.g. a CSV without the column, is not compared). Arms are
-    grouped by size label; None when no point has one (a CSV without a size column)."""
+    grouped by size label; None when no point has one (a CSV without a size column). A tuned fit's
+    candidates are audited too, its tuning columns (``tune``) as each arm's tuning grid."""
+    from diffsweep.scaling.table import CONFIG_KEYS
     from diffsweep.sweep.audit import ArmRecord, audit_records
 
-    rows = used[used["used"].astype(bool)]
+    lost = used["tuned"].astype(str) == "lost" if "tuned" in used.columns else False
+    rows = used[used["used"].astype(bool) | lost]
     if rows.empty or (rows["size"].astype(str) == "").all():
         return None
     ident = [k or i or n for k, i, n in zip(rows["run_key"], rows["run_id"], rows["run_name"], strict=True)]
@@ -161,7 +164,7 @@ def arm_audit(used: pd.DataFrame, baseline: str) -> dict | None:
                   "lr": float(r.lr) if pd.notna(r.lr) else None, "min_lr": float(r.min_lr) if pd.notna(r.min_lr) else None}
         records.append(ArmRecord(name=str(r.run_name), kind=str(r.arch), group=str(r.size) or "(no size)",
                                  values=values))
-    audit = audit_records(records, baseline=baseline)
+    audit = audit_records(records, baseline=baseline, tuned=tuple(CONFIG_KEYS.get(c, c) for c in tune))
     return audit.to_dict() | {"lines": audit.lines()}
 
 

@@ -119,6 +119,8 @@ def first_paragraph(r: dict[str, Any]) -> list[str]:
     else:
         lines.append("- **Reference**: one architecture only, so the law is reported and no ratio is computed.")
     lines.append(f"- **Noise**: {noise_words(r)}.")
+    if r.get("tuning"):
+        lines.append(f"- **Tuning**: {tuning_words(r)}")
     if _curve_fit_only(r):
         lines.append("- **The CIs are curve-fit only**: with one run per architecture and no run-level sd given, "
                      "they exclude run-to-run variance and are too narrow for a claim about the architectures.")
@@ -132,6 +134,40 @@ def first_paragraph(r: dict[str, Any]) -> list[str]:
     if caveats:
         lines.append("- **Fit caveats**: " + " ".join(f"{c}." for c in caveats))
     lines += [f"- **Takeaway**: {t}" for t in takeaways(r)]
+    return lines
+
+
+def tuning_words(r: dict[str, Any]) -> str:
+    """The tuned fit in a sentence: what was tuned, how the choice enters the CI, the edge cases."""
+    t = r["tuning"]
+    cells = t["cells"]
+    edge = [c for c in cells if c["edge"]]
+    untuned = [c for c in cells if c["untuned"]]
+    text = (f"each architecture and size is fitted at its best {', '.join(t['columns'])} (the lowest mean loss over "
+            f"its runs; {len(cells)} cells); every bootstrap draw redoes that choice, and its selection bias (the "
+            "lowest of noisy candidates reads low) is removed from the fitted points.")
+    if edge:
+        where = ", ".join(f"{arch_name(c['arch'])} at {human(c['x'])}" for c in edge[:4])
+        text += (f" **In {len(edge)} cell(s) ({where}{', ...' if len(edge) > 4 else ''}) the best value is at the "
+                 "edge of the grid: the optimum may lie outside the grid: extend it.**")
+    if untuned:
+        text += f" {len(untuned)} cell(s) had one candidate (untuned)."
+    return text
+
+
+def tuning_markdown(r: dict[str, Any]) -> list[str]:
+    """The winners table: each cell's candidates (mean loss, runs), its best, how often the best
+    stayed best in the bootstrap draws, and the selection bias removed."""
+    if not r.get("tuning"):
+        return []
+    lines = ["", "## Tuning: the best candidate per architecture and size", "",
+             "| architecture | x | best | candidates (mean loss, runs) | best in draws | selection bias |",
+             "|---|---|---|---|---|---|"]
+    for c in r["tuning"]["cells"]:
+        tried = "; ".join(f"{k['values']}: {k['loss']:.4f} ({k['runs']})" for k in c["candidates"])
+        mark = " (edge)" if c["edge"] else " (untuned)" if c["untuned"] else ""
+        lines.append(f"| {arch_name(c['arch'])} | {human(c['x'])} | {c['winner']}{mark} | {tried} | "
+                     f"{c.get('winner_kept', 1.0):.0%} | {100 * c.get('selection_bias', 0.0):+.2f}% |")
     return lines
 
 
@@ -261,6 +297,17 @@ def print_terminal(r: dict[str, Any], outputs: dict[str, str] | None = None) -> 
     elif paper:
         console.print(f"The paper's reading (pure power law at {paper['at_label']}) is not available: {paper['why']}.",
                       markup=False)
+    if r.get("tuning"):
+        best = Table(title=f"Best {', '.join(r['tuning']['columns'])} per architecture and size (each bootstrap draw "
+                     "chooses again)")
+        for col in ("architecture", "x", "best", "candidates (mean loss)", "best in draws", "selection bias"):
+            best.add_column(col, justify="left" if col in ("architecture", "best", "candidates (mean loss)") else "right")
+        for c in r["tuning"]["cells"]:
+            best.add_row(arch_name(c["arch"]), human(c["x"]),
+                         c["winner"] + (" (edge)" if c["edge"] else " (untuned)" if c["untuned"] else ""),
+                         "; ".join(f"{k['values']}: {k['loss']:.4f}" for k in c["candidates"]),
+                         f"{c.get('winner_kept', 1.0):.0%}", f"{100 * c.get('selection_bias', 0.0):+.2f}%")
+        console.print(best)
     for line in models_terminal(r):
         console.print(line, markup=False)
     for t in takeaways(r):
@@ -335,6 +382,7 @@ def markdown(r: dict[str, Any], source: str) -> str:
             lines.append(f"| {arch_name(arch)} | {human(p['x'])} | {p['predicted']:.4f} | [{p['lo']:.4f}, {p['hi']:.4f}] | "
                          f"{band} | {p['observed']:.4f}{'' if _inside_pi(p) else ' (outside)'} | "
                          f"{100 * p['relative_error']:+.2f}% |")
+    lines += tuning_markdown(r)
     if r.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
     lines += audit_markdown(r)

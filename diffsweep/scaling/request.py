@@ -51,6 +51,9 @@ class FitRequest:
     seed: int = 0
     noise_sd: float | None = None  # sd of log loss of one evaluation, independent per point
     run_sd: float | None = None  # sd of a per-run offset shared by all evaluations of one run
+    # Tuning columns of the points (lr, warmup_steps, ...): each cell is fitted at its best candidate,
+    # the selection redone in every bootstrap draw (diffsweep.scaling.tuning). Empty: untuned.
+    tune: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or not MIN_BOOT <= self.n_boot <= MAX_BOOT:
@@ -62,6 +65,9 @@ class FitRequest:
             check_sd(self.noise_sd, "noise_sd")
         if self.run_sd is not None:
             check_sd(self.run_sd, "run_sd")
+        if not isinstance(self.tune, tuple) or not all(isinstance(c, str) and c for c in self.tune) or len(
+                set(self.tune)) != len(self.tune):
+            raise ConfigError("tune", f"expected distinct column names of the points, got {self.tune!r}")
         # ``at``: parsed and checked once, from the flag's text (cli/fit.py:parse_amount)
 
     @property

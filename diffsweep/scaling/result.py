@@ -52,6 +52,7 @@ class FitResult:
     holdout: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
     compute_optimal: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
     shift_model: dict[str, dict[str, Any]] | None = field(default=None, metadata=_OPTIONAL)
+    tuning: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)  # best-of-grid: each cell's winner
     warnings: list[str] = field(default_factory=list)
     points: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_MEMORY)
     curves: dict[str, Curve] = field(default_factory=dict, repr=False, compare=False, metadata=_MEMORY)

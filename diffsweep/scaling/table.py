@@ -38,6 +38,7 @@ _PARAM_COLUMNS = {"seed": "train.seed", "lambda_init": "model.attention.lambda_i
                   "v2_lambda": "model.attention.v2_lambda", "schedule": "train.schedule",
                   "warmup_steps": "train.warmup_steps", "lr": "train.lr", "min_lr": "train.min_lr",
                   "batch_tokens": "train.batch_tokens"}
+CONFIG_KEYS = _PARAM_COLUMNS  # a column's run config key (lr -> train.lr)
 FIT_KIND = "fit"  # tag diffsweep.kind of a fit run (never an input to another fit)
 
 
@@ -171,8 +172,9 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
         table["run_name"] = [f"row {i + 2}" for i in range(len(table))]
     if "num_non_embedding_params" not in table.columns:
         table["num_non_embedding_params"] = table["num_params"]
-    if "used" in table.columns:  # a frozen table: refit exactly the rows it used
-        table = table[table["used"].astype(bool)].drop(columns=["used", "reason"], errors="ignore")
+    if "used" in table.columns:  # a frozen table: refit exactly the rows it used (and a tuned fit's candidates)
+        lost = table["tuned"].astype(str) == "lost" if "tuned" in table.columns else False
+        table = table[table["used"].astype(bool) | lost].drop(columns=["used", "reason"], errors="ignore")
     for col in ("run_id", "run_name", "run_key", "sweep", "arch", "size", "lambda_init", "head_norm", "v2_pairing",
                 "v2_lambda", "schedule"):
         table[col] = table[col].astype(object).fillna("").astype(str)  # an all-empty column reads as float
