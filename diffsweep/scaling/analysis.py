@@ -257,7 +257,8 @@ def _reselect(rng: np.random.Generator, z: dict[str, np.ndarray], archs: dict[st
     cells = [cell | {"selection_bias": float(np.expm1(bias_of.get((cell["arch"], cell["x"]), 0.0))),
                      "winner_kept": kept_of.get((cell["arch"], cell["x"]), 1.0)}
              for cell in choice.cells if cell["arch"] in archs]
-    return out_z, out_archs, {"columns": list(choice.columns), "cells": cells}
+    return out_z, out_archs, {"columns": list(choice.columns), "cells": cells,
+                              "sensitivity": tuning.sensitivity(cells, choice.columns)}
 
 
 def _compute_optimal_and_shift(form: LawForm, archs: dict[str, Arch], main: dict[str, LawFit],

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 FILES = ("fit.json", "points.csv", "report.md")
 PLOTS = "plots"
-PLOT_FILES = ("loss.png", "residuals.png", "ratio.png")
+PLOT_FILES = ("loss.png", "residuals.png", "ratio.png", "sensitivity.png")
 _AXES = {"N": Axis.N, "D": Axis.D, "N,D": Axis.AUTO}  # fit.json's axis -> the request's (a joint law: auto)
 
 

@@ -89,7 +89,37 @@ def write_plots(r: dict[str, Any], folder: Path) -> dict[str, Path]:
 
     if r["ratio_curve"]:
         paths["ratio"] = _ratio_plot(plt, r, folder / "ratio.png", level)
+    if (r.get("tuning") or {}).get("sensitivity"):
+        paths["sensitivity"] = _sensitivity_plot(plt, r, folder / "sensitivity.png")
     return paths
+
+
+def _sensitivity_plot(plt, r: dict[str, Any], path: Path) -> Path:
+    """A tuned fit: each architecture's loss against the tuning value, one line per size, relative
+    to that size's best (the best marked), the run-to-run noise shaded."""
+    col = r["tuning"]["columns"][0]
+    archs = list(dict.fromkeys(c["arch"] for c in r["tuning"]["cells"]))
+    fig, axes = plt.subplots(1, len(archs), figsize=(3.6 * len(archs) + 1.0, 3.4), sharey=True, squeeze=False)
+    noise = 100 * r["noise"]["sd"]
+    for ax, arch in zip(axes[0], archs):
+        cells = [c for c in r["tuning"]["cells"] if c["arch"] == arch]
+        for i, c in enumerate(cells):
+            best = min(k["loss"] for k in c["candidates"])
+            pts = sorted((k["value"][col], 100 * (k["loss"] / best - 1)) for k in c["candidates"])
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", color=f"C{i}", ms=3, lw=1, label=human(c["x"]))
+            ax.plot([c["winner_values"][col]], [0.0], "*", color=f"C{i}", ms=9)
+        ax.axhspan(0, noise, color="0.85", zorder=0)
+        ax.set_xscale("log")
+        tried = sorted({k["value"][col] for c in cells for k in c["candidates"]})
+        ax.set_xticks(tried, [f"{v:g}" for v in tried], fontsize="small")
+        ax.minorticks_off()
+        ax.set_title(arch_name(arch), fontsize="medium")
+        ax.set_xlabel(col)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("loss above the size's best (%)")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="size")
+    fig.suptitle(f"Sensitivity to {col} (star: the best; grey: one run's noise sd)", fontsize="medium")
+    return _save(fig, path)
 
 
 def _ratio_plot(plt, r: dict[str, Any], path: Path, level: str) -> Path:

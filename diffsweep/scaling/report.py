@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from diffsweep.config.kinds import display_name
@@ -168,7 +169,33 @@ def tuning_markdown(r: dict[str, Any]) -> list[str]:
         mark = " (edge)" if c["edge"] else " (untuned)" if c["untuned"] else ""
         lines.append(f"| {arch_name(c['arch'])} | {human(c['x'])} | {c['winner']}{mark} | {tried} | "
                      f"{c.get('winner_kept', 1.0):.0%} | {100 * c.get('selection_bias', 0.0):+.2f}% |")
+    readings = sensitivity_lines(r)
+    if readings:
+        lines += ["", ("Sensitivity (the loss at the next value tried either side of each size's best, over its "
+                       "best; `plots/sensitivity.png`):"), ""] + [f"- {line}" for line in readings]
     return lines
+
+
+def _rise(candidate: dict[str, Any], cell: dict[str, Any]) -> str:
+    best = min(k["loss"] for k in cell["candidates"])
+    if candidate["values"] == cell["winner"]:
+        return ""
+    label = candidate["values"] if ", " in candidate["values"] else candidate["values"].split("=", 1)[-1]
+    return f"{label} {100 * (candidate['loss'] / best - 1):+.2f}%"
+
+
+def sensitivity_lines(r: dict[str, Any]) -> list[str]:
+    """One reading per architecture: how far its loss rises either side of its best value, beside
+    the run-to-run noise."""
+    out = []
+    noise = math.expm1(r["noise"]["sd"])
+    for s in (r.get("tuning") or {}).get("sensitivity", []):
+        parts = [f"{100 * s[side]['rise']:.2f}% at ×{s[side]['factor']:.3g} its best {s['column']}"
+                 for side in ("up", "down") if s[side]]
+        if parts:
+            out.append(f"{arch_name(s['arch'])}: the loss rises " + " and ".join(parts)
+                       + f" (mean over {s['cells']} sizes; one run's noise is sd {100 * noise:.2f}%)")
+    return out
 
 
 def _paper_clause(r: dict[str, Any]) -> str:
@@ -300,14 +327,16 @@ def print_terminal(r: dict[str, Any], outputs: dict[str, str] | None = None) -> 
     if r.get("tuning"):
         best = Table(title=f"Best {', '.join(r['tuning']['columns'])} per architecture and size (each bootstrap draw "
                      "chooses again)")
-        for col in ("architecture", "x", "best", "candidates (mean loss)", "best in draws", "selection bias"):
-            best.add_column(col, justify="left" if col in ("architecture", "best", "candidates (mean loss)") else "right")
+        for col in ("architecture", "x", "best", "others: loss above the best", "best in draws", "selection bias"):
+            best.add_column(col, justify="right" if col in ("x", "best in draws", "selection bias") else "left")
         for c in r["tuning"]["cells"]:
             best.add_row(arch_name(c["arch"]), human(c["x"]),
                          c["winner"] + (" (edge)" if c["edge"] else " (untuned)" if c["untuned"] else ""),
-                         "; ".join(f"{k['values']}: {k['loss']:.4f}" for k in c["candidates"]),
+                         ", ".join(t for k in c["candidates"] if (t := _rise(k, c))),
                          f"{c.get('winner_kept', 1.0):.0%}", f"{100 * c.get('selection_bias', 0.0):+.2f}%")
         console.print(best)
+        for line in sensitivity_lines(r):
+            console.print(f"Sensitivity: {line}", markup=False)
     for line in models_terminal(r):
         console.print(line, markup=False)
     for t in takeaways(r):
@@ -389,6 +418,8 @@ def markdown(r: dict[str, Any], source: str) -> str:
     lines += ["", "## Plots", "", "![loss vs size](plots/loss.png)", "", "![residuals](plots/residuals.png)", ""]
     if r["ratios"]:
         lines += ["![ratio vs size](plots/ratio.png)", ""]
+    if (r.get("tuning") or {}).get("sensitivity"):
+        lines += ["![sensitivity to the tuned setting](plots/sensitivity.png)", ""]
     lines += models_markdown(r)
     return "\n".join(lines)
 

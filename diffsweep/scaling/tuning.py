@@ -15,6 +15,7 @@ best-vs-best ratio: analysis/benchmarks/RESULTS.md; see docs/fits.md, 'Tuned stu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -116,8 +117,46 @@ def _cell(arch: str, x: float, other: float, tune: tuple[str, ...], rows: pd.Dat
             edge.append(f"{col}={first[col]} is the {'smallest' if won == tried.min() else 'largest'} tried")
     return {"arch": arch, "x": x, "tokens": other, "winner": _label(tune, best),
             "winner_values": {c: first[c] for c in tune}, "untuned": len(means) == 1, "edge": edge,
-            "candidates": [{"values": _label(tune, str(k)), "loss": float(np.exp(m)), "runs": int(counts[k])}
-                           for k, m in means.items()]}
+            "candidates": [{"values": _label(tune, str(k)), "value": _values(rows.loc[values == k].iloc[0], tune),
+                            "loss": float(np.exp(m)), "runs": int(counts[k])} for k, m in means.items()]}
+
+
+def _values(row: pd.Series, tune: tuple[str, ...]) -> dict[str, Any]:
+    """A candidate's tuning values as JSON-able numbers (or text)."""
+    out: dict[str, Any] = {}
+    for col in tune:
+        number = pd.to_numeric(pd.Series([row[col]]), errors="coerce").iloc[0]
+        out[col] = float(number) if np.isfinite(number) else str(row[col])
+    return out
+
+
+def sensitivity(cells: list[dict], tune: tuple[str, ...]) -> list[dict]:
+    """How much each architecture's loss rises from its best value of a single numeric tuning
+    column to the next larger and the next smaller value tried, averaged over its cells (sizes):
+    ``{arch, column, cells, up: {factor, rise}, down: {factor, rise}}`` (a side no cell has: None).
+    Empty for several tuning columns or a non-numeric one."""
+    if len(tune) != 1:
+        return []
+    col = tune[0]
+    out = []
+    for arch in dict.fromkeys(c["arch"] for c in cells):
+        sides: dict[str, list[tuple[float, float]]] = {"up": [], "down": []}
+        mine = [c for c in cells if c["arch"] == arch and not c["untuned"]]
+        for c in mine:
+            tried = [(k["value"][col], k["loss"]) for k in c["candidates"]]
+            if not all(isinstance(v, float) and v > 0 for v, _ in tried):
+                return []
+            best_value = c["winner_values"][col]
+            best = min(loss for v, loss in tried if v == float(best_value))
+            above = sorted((v, loss) for v, loss in tried if v > float(best_value))
+            below = sorted(((v, loss) for v, loss in tried if v < float(best_value)), reverse=True)
+            for side, near in (("up", above), ("down", below)):
+                if near:
+                    sides[side].append((near[0][0] / float(best_value), near[0][1] / best - 1))
+        out.append({"arch": arch, "column": col, "cells": len(mine),
+                    **{side: ({"factor": float(np.median([f for f, _ in got])), "rise": float(np.mean([r for _, r in got])),
+                               "cells": len(got)} if got else None) for side, got in sides.items()}})
+    return out
 
 
 def true_gap(observed: np.ndarray, tau: np.ndarray) -> np.ndarray:

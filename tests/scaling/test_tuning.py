@@ -100,6 +100,10 @@ def test_a_tuned_fit_reports_the_winners_and_warns_of_a_best_at_the_grid_edge():
     assert any("the optimum may lie outside the grid: extend it" in w for w in r.warnings)
     assert (r.points["tuned"] == "best").sum() == 20 and (r.points["tuned"] == "lost").sum() == 60
     assert r.points_used == 20 and 0.3 < r.ratios[0]["ratio"] < 1.2
+    sens = {s["arch"]: s for s in r.tuning["sensitivity"]}
+    # DIFF's optimum is beyond the grid: no larger value was tried where it won at the largest (8e-4)
+    assert sens["transformer"]["up"]["factor"] == 2.0 and 0 < sens["transformer"]["up"]["rise"] < 0.05
+    assert sens["diff_v1"]["down"]["factor"] == 0.5 and sens["diff_v1"]["down"]["rise"] > 0
 
 
 def test_untuned_fits_are_unchanged_by_the_tuning_code():
@@ -135,6 +139,9 @@ def test_fit_tune_from_a_csv_writes_the_winners_and_refits_the_frozen_table(tmp_
     report = (tmp_path / "f" / "report.md").read_text()
     assert "- **Tuning**: each architecture and size is fitted at its best lr" in report
     assert "## Tuning: the best candidate per architecture and size" in report
+    assert "- DIFF V1: the loss rises " in report and "one run's noise is sd" in report
+    assert (tmp_path / "f" / "plots" / "sensitivity.png").stat().st_size > 10_000
+    assert "Sensitivity: Transformer: the loss rises" in r.stdout
     frozen = pd.read_csv(tmp_path / "f" / "points.csv")
     assert set(frozen["tuned"]) == {"best", "lost"} and frozen["used"].sum() == 20
     fit_json = json.loads((tmp_path / "f" / "fit.json").read_text())
