@@ -154,6 +154,10 @@ CHECKS: dict[str, tuple] = {
                    "--set", "model.size=tiny-m", "--set", "data.path=data/demo", "--set", "data.tokenizer=bpe",
                    "--set", "train.max_steps=100"],
          "21 CPU training runs on the demo data (the network): plan expands and validates the same runs"),
+    "diffsweep launch sweeps/demo-tuned.yaml --executor local --wait":
+        ("cheap", ["plan", "sweeps/demo-tuned.yaml", "--executor", "local"],
+         "minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
+    "diffsweep fit sweeps/demo-tuned.yaml": ("fit", ["sweeps/demo-tuned.yaml"]),
     "diffsweep launch sweeps/demo-ladder.yaml --executor local --wait":
         ("cheap", ["plan", "sweeps/demo-ladder.yaml", "--executor", "local"],
          "about 10 minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
@@ -411,6 +415,10 @@ def fit_project(tmp_path_factory, store_template):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
         log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
+    # the tuned demo: each kind's loss 1% higher per octave away from its own best learning rate
+    best = {"transformer": 1e-3, "diff_v2": 2e-3}
+    log_runs(uri, root / "sweeps" / "demo-tuned.yaml", _loss,
+             lambda run: 0.01 * abs(np.log2(run.config.train.lr / best[run.config.model.attention.kind])))
     return root, {"MLFLOW_TRACKING_URI": uri}
 
 
@@ -439,6 +447,9 @@ def test_readme_fit_examples_run_as_written(fit_project):
     assert tokens["axis"] == "D" and tokens["paper_reading"]["at"] == 251e9
     frozen = results["diffsweep fit --csv fits/fig3a-size-scan-N/points.csv"]
     assert frozen["ratios"] == sweep["ratios"]
+    tuned = results["diffsweep fit sweeps/demo-tuned.yaml"]
+    winners = {(c["arch"], c["winner"]) for c in tuned["tuning"]["cells"]}
+    assert tuned["tuning"]["columns"] == ["lr"] and winners == {("transformer", "lr=0.001"), ("diff_v2", "lr=0.002")}
     demo = results["diffsweep fit sweeps/demo-ladder.yaml --holdout largest"]
     assert demo["candidates"] == ["diff_v1", "diff_v2"] and not demo["paper_reading"]["available"]
 

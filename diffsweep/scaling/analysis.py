@@ -24,6 +24,7 @@ from diffsweep.config.units import human
 from diffsweep.scaling import resample, tuning
 from diffsweep.scaling.bootstrap import (
     Group,
+    Noise,
     draw_targets,
     estimate_noise,
     interval,
@@ -94,11 +95,9 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
     if choice is not None:  # a case resample cannot redo the selection: the draws stay parametric
         resampling = None
     with warnings.catch_warnings():  # resampled draws use no noise model: its caveat does not apply
-        if resampling is not None or choice is not None:
+        if resampling is not None:
             warnings.simplefilter("ignore", FitWarning)
-        noise = _noise(archs, main, objective, req)
-    if choice is not None:
-        noise = _tuned_noise(noise, choice, axis, req)
+        noise = _noise(archs, main, objective, req) if choice is None else _tuned_noise(archs, main, choice, axis, req)
     rng = np.random.default_rng(req.seed)
     scales = scale_draws(rng, noise, req.n_boot)
     z = {a: draw_targets(rng, np.zeros(len(arch.x)), arch.cell, scales, arch.run)
@@ -218,10 +217,18 @@ def _tuning_choice(used: pd.DataFrame, axis: Axis, req: FitRequest) -> tuning.Ch
     return choice
 
 
-def _tuned_noise(noise: Any, choice: tuning.Choice, axis: Axis, req: FitRequest) -> Any:
-    """A tuned study without seed replicates: the noise from every candidate's runs (an additive
-    model of cell and tuning value), not from the winners' residuals, which understate it."""
-    if noise.source != "residuals":
+def _tuned_noise(archs: dict[str, Arch], main: dict[str, LawFit], choice: tuning.Choice, axis: Axis,
+                 req: FitRequest) -> Noise:
+    """The noise of a tuned study: from seed replicates or given as for any fit; without seeds,
+    from every candidate's runs (an additive model of cell and tuning value), not from the winners'
+    residuals, which understate it (and of which a ladder of few sizes may have none to spare)."""
+    try:
+        with warnings.catch_warnings():  # the residuals' caveat is replaced below when it is not used
+            warnings.simplefilter("ignore", FitWarning)
+            noise: Noise | None = _noise(archs, main, req.resolved_objective, req)
+    except ConfigError:
+        noise = None
+    if noise is not None and noise.source != "residuals":
         if noise.warning:
             warnings.warn(FitWarning(noise.warning))
         return noise
@@ -229,16 +236,19 @@ def _tuned_noise(noise: Any, choice: tuning.Choice, axis: Axis, req: FitRequest)
     x_col = x_column(req) if axis is Axis.N or joint else "tokens"
     found = tuning.candidate_noise(choice, x_col, "tokens" if joint else None)
     if found is None:
-        warnings.warn(FitWarning(noise.warning))
+        if noise is None:
+            return _noise(archs, main, req.resolved_objective, req)  # its error: too few points and candidates
+        if noise.warning:
+            warnings.warn(FitWarning(noise.warning))
         return noise
     sd, dof = found
-    text = (f"run-to-run noise (sd {sd:.2g} of log loss) from the spread of all tuning candidates around an additive "
-            f"model of cell and tuning value ({dof} degrees of freedom; no seed replicates)")
     warning = (f"no seed replicates: the noise (sd {sd:.2g} of log loss) is estimated from every tuning candidate's run "
                f"around an additive model of cell and tuning value ({dof} degrees of freedom); a best value that moves "
                "with size adds to it (wider intervals); run seeds for a direct estimate")
     warnings.warn(FitWarning(warning))
-    return replace(noise, sd=sd, dof=float(dof), warning=warning, description=text)
+    return Noise("residuals", sd, float(dof), warning=warning, description=(
+        f"run-to-run noise (sd {sd:.2g} of log loss) from the spread of all tuning candidates around an additive "
+        f"model of cell and tuning value ({dof} degrees of freedom; no seed replicates)"))
 
 
 def _reselect(rng: np.random.Generator, z: dict[str, np.ndarray], archs: dict[str, Arch], choice: tuning.Choice,
