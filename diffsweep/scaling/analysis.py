@@ -481,6 +481,9 @@ def _holdout(points: pd.DataFrame, req: FitRequest, axis: Axis) -> dict:
     out = {}
     for arch, curve in reduced.curves.items():
         rows = held[held["arch"] == arch]
+        if req.tune:  # a tuned study's observation at the held-out size: its best candidate
+            key = rows[list(req.tune)].astype(str).agg("|".join, axis=1)
+            rows = rows[key == np.log(rows["loss"].astype(float)).groupby(key).mean().idxmin()]
         x, observed = float(rows[col].iloc[0]), float(rows["loss"].mean())
         predicted = float(curve.loss(np.array([x]), None, x_axis)[0])
         band = curve.loss(np.array([x]), None, x_axis, boot=True)

@@ -106,6 +106,16 @@ def test_a_tuned_fit_reports_the_winners_and_warns_of_a_best_at_the_grid_edge():
     assert sens["diff_v1"]["down"]["factor"] == 0.5 and sens["diff_v1"]["down"]["rise"] > 0
 
 
+def test_a_tuned_holdout_predicts_the_best_candidate_of_the_held_out_size():
+    pts = study(np.random.default_rng(6), 2, DESIGNS["inside"], 0.01, 0.005)
+    r = analyse(pts, FitRequest(n_boot=100, tune=("lr",), holdout=True))
+    for arch, p in r.holdout["predictions"].items():
+        rows = pts[(pts["arch"] == arch) & (pts["num_params"] == pts["num_params"].max())]
+        best = np.exp(np.log(rows["loss"]).groupby(rows["lr"]).mean()).min()
+        assert p["runs"] == 2 and p["observed"] == pytest.approx(rows[rows["lr"] == np.log(rows["loss"]).groupby(
+            rows["lr"]).mean().idxmin()]["loss"].mean()) and p["observed"] <= best * 1.0001
+
+
 def test_untuned_fits_are_unchanged_by_the_tuning_code():
     pts = study(np.random.default_rng(4), 1, DESIGNS["inside"], 0.01, 0.005)
     naive = naive_points(pts)
