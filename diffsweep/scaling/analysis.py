@@ -264,9 +264,11 @@ def _reselect(rng: np.random.Generator, z: dict[str, np.ndarray], archs: dict[st
             idx = arch.cell == c
             bias_of[(a, float(arch.x[idx][0]))] = float(bias[idx][0])
             kept_of[(a, float(arch.x[idx][0]))] = float(kept[idx][0])
+    order = list(archs)  # the baseline first, then the candidates; each by size
     cells = [cell | {"selection_bias": float(np.expm1(bias_of.get((cell["arch"], cell["x"]), 0.0))),
                      "winner_kept": kept_of.get((cell["arch"], cell["x"]), 1.0)}
-             for cell in choice.cells if cell["arch"] in archs]
+             for cell in sorted((c for c in choice.cells if c["arch"] in archs),
+                                key=lambda c: (order.index(c["arch"]), c["x"], c["tokens"]))]
     return out_z, out_archs, {"columns": list(choice.columns), "cells": cells,
                               "sensitivity": tuning.sensitivity(cells, choice.columns)}
 
@@ -400,7 +402,8 @@ def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
         if s.num_starts >= 10 and (s.num_at_best < FEW_AT_BEST[0] or s.num_at_best < FEW_AT_BEST[1] * s.num_starts):
             warnings.warn(FitWarning(f"{who}: only {s.num_at_best} of {s.num_starts} starts reached the best fit, "
                                      f"so the optimum is fragile (another start could find a different law)"))
-        corr = np.abs(fit.correlation() - np.eye(fit.law.num_params))
+        corr = np.abs(fit.correlation())
+        np.fill_diagonal(corr, 0.0)  # pairs only (a degenerate direction's own entry can read -1)
         if corr.max() > NEAR_SINGULAR:
             i, j = (int(k) for k in np.unravel_index(np.argmax(corr), corr.shape))
             warnings.warn(FitWarning(f"{who}: near-singular fit ({fit.law.names[i]} and {fit.law.names[j]} have "

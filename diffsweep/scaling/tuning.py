@@ -57,25 +57,32 @@ def choose(points: pd.DataFrame, tune: tuple[str, ...], x_col: str, other_col: s
         raise ConfigError("tune", f"no column {missing[0]!r} in the points; expected tuning columns among "
                           f"[{', '.join(map(str, points.columns))}]")
     pts = points.copy()
-    pts[TUNED] = ""
-    used = pts[pts["used"]]
+    used = pts[pts["used"].astype(bool)]
+    keys = used[list(tune)].astype(str).agg("|".join, axis=1)  # each point's candidate
+    logs = np.log(used["loss"].astype(float))
+    tuned = pd.Series("", index=pts.index, dtype=object)
+    reasons: dict[Any, str] = {}
     losers: dict[str, list[tuple[float, float, float, int]]] = {}
     cells = []
-    keys = ["arch", x_col, *([other_col] if other_col else [])]
-    for key, rows in used.groupby(keys, sort=False):
+    by = ["arch", x_col, *([other_col] if other_col else [])]
+    for key, rows in used.groupby(by, sort=False):  # one cell
         arch, x, other = key[0], key[1], key[2] if other_col else 0.0
-        values = rows[list(tune)].astype(str).agg("|".join, axis=1)
-        means = np.log(rows["loss"].astype(float)).groupby(values, sort=False).mean()
-        counts = values.value_counts()
-        best = str(means.idxmin())
-        pts.loc[rows.index, TUNED] = np.where(values == best, "best", "lost")
-        for key, mean in means.items():
-            if key != best:
-                losers.setdefault(str(arch), []).append((float(x), float(other), float(mean - means[best]),
-                                                         int(counts[key])))
-                lost = rows.index[values == key]
-                pts.loc[lost, ["used", "reason"]] = [False, f"tuning: lost to {_label(tune, best)} in its cell"]
-        cells.append(_cell(str(arch), float(x), float(other), tune, rows, values, means, counts, best))
+        values = keys[rows.index]
+        stats = logs[rows.index].groupby(values, sort=False).agg(["mean", "size"])
+        best = str(stats["mean"].idxmin())
+        won = values == best
+        tuned[rows.index] = np.where(won, "best", "lost")
+        reasons |= dict.fromkeys(rows.index[~won], f"tuning: lost to {_label(tune, best)} in its cell")
+        losers.setdefault(str(arch), []).extend(
+            (float(x), float(other), float(m - stats.loc[best, "mean"]), int(n))
+            for k, (m, n) in stats.iterrows() if k != best)
+        first = rows.groupby(values, sort=False).head(1)
+        cells.append(_cell(str(arch), float(x), float(other), tune, first.set_index(values[first.index]), stats,
+                           best))
+    pts[TUNED] = tuned
+    lost = list(reasons)
+    pts.loc[lost, "used"] = False
+    pts.loc[lost, "reason"] = [reasons[i] for i in lost]
     return Choice(tune, pts, {a: Losers(*(np.array(col, float) for col in zip(*rows))) for a, rows in losers.items()},
                   cells)
 
@@ -104,21 +111,22 @@ def _label(tune: tuple[str, ...], key: str) -> str:
     return ", ".join(f"{c}={v}" for c, v in zip(tune, key.split("|")))
 
 
-def _cell(arch: str, x: float, other: float, tune: tuple[str, ...], rows: pd.DataFrame, values: pd.Series,
-          means: pd.Series, counts: pd.Series, best: str) -> dict:
-    """The report's row: the candidates with their mean loss, the winner, and whether it sits at
-    an edge of the cell's grid (or is the only value tried)."""
-    first = rows.loc[values == best].iloc[0]
+def _cell(arch: str, x: float, other: float, tune: tuple[str, ...], first: pd.DataFrame, stats: pd.DataFrame,
+          best: str) -> dict:
+    """The report's row: the candidates (``first``: one row of each, by candidate) with their mean
+    loss and runs (``stats``), the winner, and whether it sits at an edge of the cell's grid (or is
+    the only value tried)."""
+    won = first.loc[best]
     edge = []
     for col in tune:
-        tried = pd.to_numeric(rows[col], errors="coerce").dropna().unique()
-        won = pd.to_numeric(pd.Series([first[col]]), errors="coerce").iloc[0]
-        if len(tried) > 1 and np.isfinite(won) and won in (tried.min(), tried.max()):
-            edge.append(f"{col}={first[col]} is the {'smallest' if won == tried.min() else 'largest'} tried")
+        tried = pd.to_numeric(first[col], errors="coerce").dropna().unique()
+        value = pd.to_numeric(pd.Series([won[col]]), errors="coerce").iloc[0]
+        if len(tried) > 1 and np.isfinite(value) and value in (tried.min(), tried.max()):
+            edge.append(f"{col}={won[col]} is the {'smallest' if value == tried.min() else 'largest'} tried")
     return {"arch": arch, "x": x, "tokens": other, "winner": _label(tune, best),
-            "winner_values": {c: first[c] for c in tune}, "untuned": len(means) == 1, "edge": edge,
-            "candidates": [{"values": _label(tune, str(k)), "value": _values(rows.loc[values == k].iloc[0], tune),
-                            "loss": float(np.exp(m)), "runs": int(counts[k])} for k, m in means.items()]}
+            "winner_values": {c: won[c] for c in tune}, "untuned": len(stats) == 1, "edge": edge,
+            "candidates": [{"values": _label(tune, str(k)), "value": _values(first.loc[k], tune),
+                            "loss": float(np.exp(m)), "runs": int(n)} for k, (m, n) in stats.iterrows()]}
 
 
 def _values(row: pd.Series, tune: tuple[str, ...]) -> dict[str, Any]:
