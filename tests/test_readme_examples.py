@@ -416,7 +416,7 @@ def fit_project(tmp_path_factory, store_template):
     for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
         log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
     # the tuned demo: each kind's loss 1% higher per octave away from its own best learning rate
-    best = {"transformer": 1e-3, "diff_v2": 2e-3}
+    best = {"transformer": 2e-3, "diff_v2": 4e-3}
     log_runs(uri, root / "sweeps" / "demo-tuned.yaml", _loss,
              lambda run: 0.01 * abs(np.log2(run.config.train.lr / best[run.config.model.attention.kind])))
     return root, {"MLFLOW_TRACKING_URI": uri}
@@ -449,7 +449,7 @@ def test_readme_fit_examples_run_as_written(fit_project):
     assert frozen["ratios"] == sweep["ratios"]
     tuned = results["diffsweep fit sweeps/demo-tuned.yaml"]
     winners = {(c["arch"], c["winner"]) for c in tuned["tuning"]["cells"]}
-    assert tuned["tuning"]["columns"] == ["lr"] and winners == {("transformer", "lr=0.001"), ("diff_v2", "lr=0.002")}
+    assert tuned["tuning"]["columns"] == ["lr"] and winners == {("transformer", "lr=0.002"), ("diff_v2", "lr=0.004")}
     demo = results["diffsweep fit sweeps/demo-ladder.yaml --holdout largest"]
     assert demo["candidates"] == ["diff_v1", "diff_v2"] and not demo["paper_reading"]["available"]
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 EXPECTED_RUNS = {"table6-ablation": 21, "fig3a-size-scan": 10, "fig3b-token-scan": 2, "diff-versions": 9,
-                 "diff-v2-blog": 8, "lambda-init": 30, "demo-ladder": 15, "demo-tuned": 18}
+                 "diff-v2-blog": 8, "lambda-init": 30, "demo-ladder": 15, "demo-tuned": 24}
 
 
 def test_every_shipped_sweep_is_known():
