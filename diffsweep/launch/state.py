@@ -20,6 +20,7 @@ from diffsweep import slurm
 from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
+from diffsweep.launch.local_scheduler import waiting_state
 from diffsweep.launch.run_state import (
     ACTIVE_STATES,
     CANCELLED,
@@ -34,7 +35,6 @@ from diffsweep.launch.run_state import (
     RunState,
 )
 from diffsweep.launch.scheduler import attempt_states, get_scheduler
-from diffsweep.lockfile import pid_alive
 from diffsweep.rundir import JobRecord, read_job_state, run_info, write_job_state
 
 
@@ -77,12 +77,9 @@ def entry_state(entry: Entry, scheduler: dict[str, str]) -> RunState:
 
 def attempt_state(attempt: Attempt, job: JobRecord | None, scheduler: dict[str, str]) -> RunState:
     """The state of a run from its latest attempt, the scheduler and the job's own report."""
-    if attempt.state == "failed-to-start":
-        return RunState(FAILED, "the local queue could not start it (see the sweep's logs/queue-*.log)")
-    if attempt.state == "queued":
-        if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
-            return RunState(PENDING, "local queue")
-        return RunState(FAILED, "the local queue stopped before starting it")
+    waiting = waiting_state(attempt)  # not started by the local queue yet
+    if waiting is not None:
+        return RunState(PENDING if waiting[0] == "PENDING" else FAILED, waiting[1])
     sched = scheduler.get(attempt.job_id or "", UNKNOWN)
     word, reason = split_state(sched)
     if attempt.state == "cancelled":
