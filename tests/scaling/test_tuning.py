@@ -4,8 +4,8 @@ interval's coverage of a known best-vs-best ratio by Monte Carlo."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +18,13 @@ from diffsweep.scaling.table import _complete
 from diffsweep.scaling.tuning import Losers, choose, reselect, true_gap
 from tests.helpers.cli import run as cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "analysis" / "benchmarks"))
-from coverage_tuned import DESIGNS, RHO, naive_points, study  # noqa: E402
+# the Monte Carlo's synthetic studies, shared with the benchmark that measures coverage at length
+_SPEC = importlib.util.spec_from_file_location(
+    "coverage_tuned", Path(__file__).resolve().parents[2] / "analysis" / "benchmarks" / "coverage_tuned.py")
+assert _SPEC is not None and _SPEC.loader is not None
+coverage_tuned = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(coverage_tuned)
+DESIGNS, RHO, naive_points, study = coverage_tuned.DESIGNS, coverage_tuned.RHO, coverage_tuned.naive_points, coverage_tuned.study
 
 
 def table(rows: list[tuple[str, float, float, float]]) -> pd.DataFrame:
