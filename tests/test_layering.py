@@ -60,7 +60,9 @@ ALLOWED: dict[str, set[str]] = {
     "eval": BASE | {"data", "model", "train", "tracking", "rundir"},  # probes of trained checkpoints
     "launch": BASE | {"data", "model", "sweep", "train", "eval", "tracking", "rundir", "diffsweep_kernels"},
     "scaling": BASE | {"sweep", "launch", "tracking", "rundir"},  # fit: reads runs, never trains
-    "compare": BASE | {"sweep", "tracking"},  # a sweep's finished runs and evaluations, read from the store
+    # a sweep's finished runs and evaluations, read from the store; a tuned sweep's best candidates
+    # with fit's statistics of the selection (scaling.tuning)
+    "compare": BASE | {"sweep", "tracking", "scaling"},
 }
 LIBRARY = set(ALLOWED)
 ALLOWED["cli"] = LIBRARY  # the top: parses, calls one library function, renders

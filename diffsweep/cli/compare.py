@@ -40,14 +40,17 @@ def compare(
                                              show_default=False)] = None,
     no_log: Annotated[bool, typer.Option("--no-log", help="With --probes: do not log the comparison as an MLflow "
                                          "run.")] = False,
+    untuned: Annotated[bool, typer.Option("--untuned", help="On a tuned sweep (tune:), compare every candidate "
+                                          "as a row of its own instead of each cell at its best.")] = False,
     only: Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex, "
                                              "e.g. one size of a ladder: --only tiny-m.", show_default=False)]
     = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Each row's mean over its seeds and its difference from the baseline row with a confidence
-    interval from the seed-to-seed spread: within or beyond seed noise. With --probes, the same for
-    every table of the probes the sweep was evaluated with."""
+    interval from the seed-to-seed spread: within or beyond seed noise. On a tuned sweep, each cell
+    (kind x size x switches) at its best candidate, the choice of the best inside the interval.
+    With --probes, the same for every table of the probes the sweep was evaluated with."""
     from diffsweep.compare.runs import compare_sweep
     from diffsweep.sweep import expand, load_sweep
     from diffsweep.sweep.expand import select
@@ -60,10 +63,24 @@ def compare(
                 raise ConfigError(flag, "applies only with --probes")
     elif metric != "val/loss":
         raise ConfigError("--metric", "does not apply with --probes (each probe's table says what it compares)")
+    elif untuned:
+        raise ConfigError("--untuned", "does not apply with --probes (probes compare runs, not cells at their best)")
     spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
+    if untuned and not spec.tune:
+        raise ConfigError("--untuned", f"applies only to a tuned sweep; {sweep} has no tune: (every run is a row)")
     runs = select(expand(spec).runs, only, sweep)
     if probes:
         _probes(existing_store(tracking_uri()), spec, runs, baseline, step, level, out, not no_log, json_out)
+        return
+    if spec.tune and not untuned:
+        from diffsweep.compare.tuned import compare_tuned_sweep
+
+        tuned = compare_tuned_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline,
+                                    level=level)
+        if json_out:
+            print_json(tuned.to_dict())
+        else:
+            _print_tuned(tuned.to_dict())
         return
     result = compare_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline, level=level)
     if json_out:
@@ -94,6 +111,42 @@ def _print(result) -> None:
     typer.echo("")
     for r in data["rows"]:
         typer.echo(r["sentence"])
+    if data["missing"]:
+        typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
+    typer.echo(data["noise"])
+
+
+def _print_tuned(data: dict) -> None:
+    level = f"{data['level']:.0%}"
+    tuned = ", ".join(data["tune"])
+
+    def num(x: float | None, sign: str = "") -> str:
+        return "-" if x is None or not math.isfinite(x) else f"{x:{sign}.4f}"
+
+    header = ["cell", "best", "seeds", "mean", "Δ vs baseline", f"{level} CI", "verdict"]
+    table = [[c["cell"] + (" (baseline)" if c["cell"] == data["baseline"] else ""), c["winner"], str(c["n"]),
+              num(c["mean"]), "-" if c["cell"] == data["baseline"] else num(c["delta"], "+"),
+              "-" if c["lo"] is None else f"{c['lo']:+.4f} to {c['hi']:+.4f}",
+              "" if c["cell"] == data["baseline"] else c["verdict"]] for c in data["cells"]]
+    table += [[label, "-", "0", "-", "-", "-", "missing: no finished run"] for label in data["missing"]]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    typer.echo(f"{data['sweep']}: final {data['metric']} of each cell at its best {tuned} (experiment "
+               f"{data['experiment']})")
+    for row in [header, *table]:
+        typer.echo("  ".join(cell.ljust(w) if i in (0, 1, 6) else cell.rjust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    typer.echo("")
+    typer.echo("candidates (mean over their seeds; * the best, with the share of draws in which it stayed best):")
+    for c in data["cells"]:
+        shown = []
+        for k in c["candidates"]:
+            seeds = f"{k['n']}/{k['planned']}" if k["n"] < k["planned"] else str(k["n"])
+            star = "" if k["candidate"] != c["winner"] else " *" if c["kept"] is None else f" * ({c['kept']:.0%})"
+            shown.append(f"{k['candidate']} {num(k['mean'])} ({seeds}){star}")
+        typer.echo(f"  {c['cell']}: " + ", ".join(shown))
+    typer.echo("")
+    for c in data["cells"]:
+        typer.echo(c["sentence"])
     if data["missing"]:
         typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
     typer.echo(data["noise"])

@@ -213,6 +213,41 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
     labels = [r.label for r in rows]
     if baseline is not None and baseline not in labels:
         raise ConfigError("baseline", f"expected a row of {spec.name}: one of [{', '.join(labels)}], got {baseline!r}")
+    latest = finished_runs(uri, spec, runs, metric)
+    read, missing = [], []
+    for row in rows:
+        names, ids, seeds, values = [], [], [], []
+        for planned in row.runs:
+            finished = latest.get(planned.key)
+            if finished is None:
+                continue
+            value = final_value(finished, metric, planned.name)
+            if value is None:
+                continue
+            names.append(planned.name)
+            ids.append(finished.info.run_id)
+            seeds.append(planned.config.train.seed)
+            values.append(value)
+        if values:
+            read.append(RowRuns(label=row.label, planned=len(row.runs), names=tuple(names), run_ids=tuple(ids),
+                                seeds=tuple(seeds),
+                                values=tuple(values)))
+        else:
+            missing.append(row.label)
+    if baseline is None:
+        baseline = read[0].label
+    elif baseline in missing:
+        raise ConfigError("baseline", f"row {baseline} has no finished run with {metric}; rows that have: "
+                          f"[{', '.join(r.label for r in read)}]")
+    comparison = compare_rows({r.label: r.values for r in read}, baseline, level, unit=unit(metric))
+    return SweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, rows=tuple(read),
+                           missing=tuple(missing), comparison=comparison)
+
+
+def finished_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: str) -> dict[str, Run]:
+    """The finished MLflow run of each of ``runs`` (by run key; a key trained twice: its later
+    run) in ``spec``'s experiment. Raises ``ConfigError`` when none has finished or none logged
+    ``metric`` (naming the metrics they have)."""
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found: list[Run] = [] if exp is None else all_runs(client, exp.experiment_id,
@@ -230,37 +265,19 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
     if metric not in have:
         shown = ", ".join(have[:40]) + (f", ... ({len(have) - 40} more)" if len(have) > 40 else "")
         raise ConfigError("metric", f"no finished run of {spec.name} logged '{metric}'; they have: {shown}")
-    read, missing = [], []
-    for row in rows:
-        names, ids, seeds, values = [], [], [], []
-        for planned in row.runs:
-            finished = latest.get(planned.key)
-            if finished is None:
-                continue
-            value = finished.data.metrics.get(metric)
-            if value is None or not math.isfinite(value):
-                warnings.warn(ConfigWarning(f"{planned.name}: left out, its final {metric} is "
-                                            f"{'not logged' if value is None else value}"))
-                continue
-            names.append(planned.name)
-            ids.append(finished.info.run_id)
-            seeds.append(planned.config.train.seed)
-            values.append(float(value))
-        if values:
-            read.append(RowRuns(label=row.label, planned=len(row.runs), names=tuple(names), run_ids=tuple(ids),
-                                seeds=tuple(seeds),
-                                values=tuple(values)))
-        else:
-            missing.append(row.label)
-    if baseline is None:
-        baseline = read[0].label
-    elif baseline in missing:
-        raise ConfigError("baseline", f"row {baseline} has no finished run with {metric}; rows that have: "
-                          f"[{', '.join(r.label for r in read)}]")
-    comparison = compare_rows({r.label: r.values for r in read}, baseline, level, unit=_unit(metric))
-    return SweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, rows=tuple(read),
-                           missing=tuple(missing), comparison=comparison)
+    return latest
 
 
-def _unit(metric: str) -> str:
+def final_value(run: Run, metric: str, name: str) -> float | None:
+    """A finished run's final ``metric``; None (with a warning naming the run) when it is not
+    logged or not finite."""
+    value = run.data.metrics.get(metric)
+    if value is None or not math.isfinite(value):
+        warnings.warn(ConfigWarning(f"{name}: left out, its final {metric} is "
+                                    f"{'not logged' if value is None else value}"))
+        return None
+    return float(value)
+
+
+def unit(metric: str) -> str:
     return "nats" if metric.endswith("loss") else f"({metric})"

@@ -308,7 +308,7 @@ def _axis_keys(spec: SweepSpec) -> list[str]:
     return sorted(keys, key=lambda k: (order.index(k) if k in order else len(order), k))
 
 
-def _token(key: str, value: Any, tokens: dict[str, NameToken]) -> str:
+def name_token(key: str, value: Any, tokens: dict[str, NameToken]) -> str:
     token = tokens.get(key) or NameToken(key.rsplit(".", 1)[-1])
     prefix, text = token.prefix, token.render(str(value))
     if key == "train.max_tokens" and isinstance(value, (int, float)):
@@ -329,7 +329,7 @@ def _name(config: ResolvedConfig, values: dict[str, Any], axis_keys: list[str]) 
     parts = [config.model.attention.kind, config.model.size or "custom"]
     flat = flatten(to_dict(config)) if any(_is_rule(v) for v in values.values()) else {}
     tokens = name_tokens()
-    parts += [_token(k, flat[k] if _is_rule(values[k]) else values[k], tokens) for k in axis_keys if k in values]
+    parts += [name_token(k, flat[k] if _is_rule(values[k]) else values[k], tokens) for k in axis_keys if k in values]
     parts.append(f"s{config.train.seed}")
     return "-".join(parts)
 

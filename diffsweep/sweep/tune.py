@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diffsweep.sweep.expand import KIND_KEY, SEED_KEY, SweepRun
+from diffsweep.sweep.expand import KIND_KEY, SEED_KEY, SweepRun, name_token, name_tokens
 
 SIZE_KEY = "model.size"
 
@@ -47,6 +47,26 @@ class Cell:
         """``diff_v2 1.4B`` or ``diff_v1 1.4B, head_dim=256``."""
         rest = ", ".join(f"{k.rsplit('.', 1)[-1]}={_show(v)}" for k, v in self.fixed)
         return f"{self.kind} {self.size}" + (f", {rest}" if rest else "")
+
+    @property
+    def name(self) -> str:
+        """As its runs are named, without the tuning values and the seed: ``diff_v1-1.4B-hd_256``."""
+        tokens = name_tokens()
+        return "-".join([self.kind, self.size, *(name_token(k, v, tokens) for k, v in self.fixed)])
+
+
+def edges(cell: Cell, winner: Candidate) -> list[str]:
+    """Where ``winner`` sits at an end of its cell's grid, per numeric tuning key tried at more than
+    one value: ``lr=0.008 is the largest tried`` (the optimum may lie beyond it)."""
+    out = []
+    for i, (key, value) in enumerate(winner.values):
+        tried = {c.values[i][1] for c in cell.candidates}
+        if len(tried) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in tried):
+            continue
+        end = "smallest" if value == min(tried) else "largest" if value == max(tried) else None
+        if end:
+            out.append(f"{key.rsplit('.', 1)[-1]}={_show(value)} is the {end} tried")
+    return out
 
 
 def cells(runs: Sequence[SweepRun], tune: Sequence[str]) -> list[Cell]:
