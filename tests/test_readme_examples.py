@@ -168,6 +168,10 @@ CHECKS: dict[str, tuple] = {
     "diffsweep eval sweeps/table6-ablation.yaml --probe outliers --probe quantization":
         ("cheap", ["eval", "sweeps/table6-ablation.yaml", "--probe", "outliers", "--probe", "quantization", HELP],
          "it needs the sweep's trained 1.4B checkpoints; tests/eval/test_sweep_eval_section.py evaluates a launched tiny sweep"),
+    "diffsweep compare sweeps/diff-v2-blog.yaml":
+        ("cheap", ["compare", "sweeps/diff-v2-blog.yaml", HELP],
+         ("it needs the sweep's trained 1.4B runs; tests/cli/test_compare_tuned_cli.py compares a tuned sweep's "
+          "finished runs in a real MLflow store")),
     "diffsweep compare sweeps/table6-ablation.yaml --probes":
         ("cheap", ["compare", "sweeps/table6-ablation.yaml", "--probes", HELP],
          "it needs the sweep's evaluations; tests/eval/test_probe_tables.py runs it on a launched, evaluated tiny sweep"),

@@ -142,8 +142,14 @@ def _print_tuned(data: dict) -> None:
         for k in c["candidates"]:
             seeds = f"{k['n']}/{k['planned']}" if k["n"] < k["planned"] else str(k["n"])
             star = "" if k["candidate"] != c["winner"] else " *" if c["kept"] is None else f" * ({c['kept']:.0%})"
-            shown.append(f"{k['candidate']} {num(k['mean'])} ({seeds}){star}")
+            marks = [f"{k['diverged']} diverged"] if k["diverged"] else []
+            marks += [f"{k['spikes']} spike{'s' if k['spikes'] != 1 else ''}"] if k["spikes"] else []
+            shown.append(f"{k['candidate']} {num(k['mean'])} ({seeds}){star}" + (f" [{', '.join(marks)}]" if marks else ""))
         typer.echo(f"  {c['cell']}: " + ", ".join(shown))
+    typer.echo("")
+    typer.echo("sensitivity:")
+    for c in data["cells"]:
+        typer.echo(f"  {c['sensitivity']}")
     typer.echo("")
     for c in data["cells"]:
         typer.echo(c["sentence"])

@@ -244,20 +244,35 @@ def compare_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: s
                            missing=tuple(missing), comparison=comparison)
 
 
-def finished_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: str) -> dict[str, Run]:
-    """The finished MLflow run of each of ``runs`` (by run key; a key trained twice: its later
-    run) in ``spec``'s experiment. Raises ``ConfigError`` when none has finished or none logged
-    ``metric`` (naming the metrics they have)."""
+def ended_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun]) -> dict[str, Run]:
+    """The ended MLflow run of each of ``runs`` (by run key; a key trained twice: its later run;
+    FINISHED or, when none finished, its latest FAILED or KILLED) in ``spec``'s experiment."""
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found: list[Run] = [] if exp is None else all_runs(client, exp.experiment_id,
                                                        f"tags.`diffsweep.sweep` = '{spec.name}'")
     keys = {run.key for run in runs}
-    latest = {}
-    for run in sorted(found, key=lambda r: r.info.end_time or 0):
+    latest: dict[str, Run] = {}
+    for run in sorted(found, key=lambda r: (r.info.status == "FINISHED", r.info.end_time or 0)):
         key = run.data.tags.get("diffsweep.run_key")
-        if key in keys and run.info.status == "FINISHED":
+        if key in keys and run.info.status in ("FINISHED", "FAILED", "KILLED"):
             latest[key] = run
+    return latest
+
+
+def diverged(run: Run) -> bool:
+    """Whether an ended run stopped on a non-finite loss, gradient norm or weights (the trainer's
+    ``Diverged``, recorded in its end reason)."""
+    return run.info.status == "FAILED" and run.data.tags.get("diffsweep.end_reason", "").startswith("Diverged")
+
+
+def finished_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: str,
+                  ended: dict[str, Run] | None = None) -> dict[str, Run]:
+    """The finished MLflow run of each of ``runs`` (by run key; a key trained twice: its later
+    run) in ``spec``'s experiment (or among ``ended``, ``ended_runs``' answer). Raises
+    ``ConfigError`` when none has finished or none logged ``metric`` (naming the metrics they have)."""
+    latest = {key: run for key, run in (ended_runs(uri, spec, runs) if ended is None else ended).items()
+              if run.info.status == "FINISHED"}
     if not latest:
         raise ConfigError(str(spec.path), f"no finished run of sweep '{spec.name}' in experiment '{spec.experiment}' "
                           f"of {uri} ({len(runs)} planned; launch it first, with the same --set)")

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from diffsweep.sweep.tune import Cell as TuneCell
 
 DRAWS = 4000
+SPIKES = "train/loss_spikes"  # the trainer's count of loss spikes so far, logged every step
 PLAUSIBLE = 1.5  # a candidate is told apart from the winner beyond this many sd of their difference
 
 
@@ -172,7 +173,14 @@ class TunedSweepComparison:
     runs: dict[str, dict[str, list[str]]]  # cell -> candidate -> the names of its runs read
     planned: dict[str, dict[str, int]]  # cell -> candidate -> its runs in the sweep
     edges: dict[str, list[str]]  # cell -> where its winner sits at an end of its grid
+    # cell -> candidate -> {"value": its tuning value (one tuning key) or None, "diverged": runs that
+    # stopped on a non-finite loss, "spikes": the loss spikes its finished runs logged (None: not logged)}
+    stability: dict[str, dict[str, dict]]
     missing: tuple[str, ...]  # cells with no finished run
+
+    @property
+    def unit(self) -> str:
+        return "nats" if self.metric.endswith("loss") else f"({self.metric})"
 
     @property
     def noise(self) -> str:
@@ -184,6 +192,13 @@ class TunedSweepComparison:
                 f"{c.level:.0%} CIs from {c.draws} draws of each cell's selection error: half the winner's own "
                 "noise, half a tie with the candidates within its noise")
 
+    def _candidates(self, best: CellBest) -> list[dict]:
+        """Every planned candidate of a cell, with its mean (None: no finished run) and stability."""
+        read = {c.label: c for c in best.candidates}
+        return [{"candidate": k, "n": read[k].n if k in read else 0, "planned": planned,
+                 "mean": read[k].mean if k in read else None, "runs": self.runs.get(best.cell, {}).get(k, []),
+                 **self.stability[best.cell][k]} for k, planned in self.planned[best.cell].items()]
+
     def to_dict(self) -> dict:
         c = self.comparison
         return {"sweep": self.sweep, "experiment": self.experiment, "metric": self.metric, "tune": list(self.tune),
@@ -192,9 +207,8 @@ class TunedSweepComparison:
                 "cells": [{"cell": b.cell, "winner": b.winner, "n": b.n, "mean": b.mean, "rivals": b.rivals,
                            "bias": b.bias, "kept": b.kept, "delta": b.delta, "lo": b.lo, "hi": b.hi,
                            "verdict": b.verdict, "sentence": b.sentence, "edge": self.edges[b.cell],
-                           "candidates": [{"candidate": k.label, "n": k.n, "planned": self.planned[b.cell][k.label],
-                                           "mean": k.mean, "runs": self.runs[b.cell][k.label]}
-                                          for k in b.candidates]} for b in c.cells],
+                           "sensitivity": sensitivity(b, self.stability[b.cell], c.pooled_sd, self.unit),
+                           "candidates": self._candidates(b)} for b in c.cells],
                 "missing": list(self.missing)}
 
 
@@ -204,21 +218,28 @@ def compare_tuned_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], met
     ``metric`` of their finished runs (``compare.runs.finished_runs``), against ``baseline``
     (default: the first cell with a finished run) with ``compare_cells``. A candidate without a
     finished run is left out of its cell; a cell without any is listed as missing."""
-    from diffsweep.compare.runs import final_value, finished_runs, unit
+    from diffsweep.compare.runs import diverged, ended_runs, final_value, finished_runs, unit
     from diffsweep.sweep.tune import cells as tuned_cells
     from diffsweep.sweep.tune import edges
 
     found = _named(tuned_cells(runs, list(spec.tune)))
     if baseline is not None and baseline not in found:
         raise ConfigError("baseline", f"expected a cell of {spec.name}: one of [{', '.join(found)}], got {baseline!r}")
-    latest = finished_runs(uri, spec, runs, metric)
+    ended = ended_runs(uri, spec, runs)
+    latest = finished_runs(uri, spec, runs, metric, ended)
     values: dict[str, dict[str, list[float]]] = {}
     names: dict[str, dict[str, list[str]]] = {}
     planned: dict[str, dict[str, int]] = {}
+    stability: dict[str, dict[str, dict]] = {}
     missing = []
     for name, cell in found.items():
         for cand in cell.candidates:
             planned.setdefault(name, {})[cand.label] = len(cand.runs)
+            spikes: list[float | None] = [latest[r.key].data.metrics.get(SPIKES) for r in cand.runs if r.key in latest]
+            stability.setdefault(name, {})[cand.label] = {
+                "value": cand.values[0][1] if len(cand.values) == 1 else None,
+                "diverged": sum(r.key in ended and diverged(ended[r.key]) for r in cand.runs),
+                "spikes": None if not spikes or None in spikes else int(sum(x or 0.0 for x in spikes))}
             for run in cand.runs:
                 finished = latest.get(run.key)
                 value = None if finished is None else final_value(finished, metric, run.name)
@@ -246,7 +267,39 @@ def compare_tuned_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], met
                                         "extend it"))
     return TunedSweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, tune=tuple(spec.tune),
                                 comparison=comparison, runs=names, planned=planned, edges=at_edge,
-                                missing=tuple(missing))
+                                stability=stability, missing=tuple(missing))
+
+
+def sensitivity(best: CellBest, stability: Mapping[str, Mapping], pooled: float | None, unit: str = "nats") -> str:
+    """One cell's reading of its tuning value, in one line: how much the metric rises from the
+    best value to the next one tried either side (a single numeric tuning key), the candidates
+    whose runs diverged or spiked (the trainer's ``train/loss_spikes``), and the seed noise."""
+    means = {c.label: c.mean for c in best.candidates}
+    numeric = {k: s["value"] for k, s in stability.items()
+               if isinstance(s["value"], (int, float)) and not isinstance(s["value"], bool) and s["value"] > 0}
+    if len(numeric) < len(stability) or best.winner not in numeric:
+        reading = f"{best.cell}: best {best.winner}"  # several tuning keys, or values that are not numbers
+    else:
+        at, parts = numeric[best.winner], []
+        for pick in (lambda v: v > at, lambda v: v < at):  # the next value tried above, then below
+            near = sorted((k for k, v in numeric.items() if pick(v)), key=lambda k: abs(numeric[k] / at - 1))
+            if near:
+                rise = f"{means[near[0]] - best.mean:+.4f} {unit}" if near[0] in means else "no finished run"
+                parts.append(f"at {numeric[near[0]] / at:.3g}x ({near[0]}) {rise}")
+        reading = f"{best.cell}: from its best {best.winner}, " + ("; ".join(parts) or "no other value tried")
+    troubles = []
+    for k, s in stability.items():
+        if s["diverged"]:
+            troubles.append(f"{s['diverged']} run(s) diverged at {k}")
+        if s["spikes"]:
+            troubles.append(f"{s['spikes']} loss spike(s) at {k}")
+    if troubles:
+        reading += "; " + ", ".join(troubles)
+    elif all(s["spikes"] is not None for s in stability.values()):
+        reading += "; no loss spike or divergence"
+    if pooled is not None:
+        reading += f" (seed sd {pooled:.4f})"
+    return reading + "."
 
 
 def _named(cells: Sequence[TuneCell]) -> dict[str, TuneCell]:

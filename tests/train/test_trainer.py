@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from diffsweep.compare.runs import diverged
 from diffsweep.config import ConfigError, load_config
 from diffsweep.config.identity import run_key
 from diffsweep.model.transformer import build_model
@@ -142,6 +143,7 @@ def test_divergence_stops_at_once_marks_failed_and_keeps_the_last_good_checkpoin
     run_id = yaml.safe_load((run_dir / RUN_FILE).read_text())["run_id"]
     run = store_client.get_run(run_id)
     assert run.info.status == "FAILED" and "non-finite" in run.data.tags["diffsweep.end_reason"]
+    assert diverged(run)  # what compare marks as a diverged candidate of a tuned sweep
 
 
 def test_a_finished_run_is_not_trained_again(text_dataset, store_client, tmp_path):
