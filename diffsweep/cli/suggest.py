@@ -47,6 +47,10 @@ def suggest(
                                                 "an H100 at 40% MFU).", show_default=False)] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment of a sweep's runs "
                                                    "(default: the sweep's).", show_default=False)] = None,
+    tune: Annotated[list[str] | None, typer.Option("--tune", help="Tuning column of a CSV's points (lr, ...; "
+                                                  "repeatable): fit each cell at its best candidate, as fit --tune "
+                                                  "does (default: a tuned sweep's tune: keys, a fit folder's own).",
+                                                  show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the ranked table shown (--json: all).")] = 15,
     launch: Annotated[bool, typer.Option("--launch", help="Submit the planned runs chosen within --budget through "
                                          "the normal launcher (a sweep only; extra sizes and seeds are not in the "
@@ -81,15 +85,20 @@ def suggest(
     with flag_keys(FLAGS):
         if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
             request = replace(request, at=(ref,))
+        if tune:
+            request = replace(request, tune=tuple(tune))
         design, result = sg.design_from_points(points, request, candidate, ref, draws)
         assert result.points is not None
         pool = list(planned_runs(design, rate))
         pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds)
-        if not pool:
+        extend = sg.beyond_edges(result.tuning, result.points, design, x_column(request), rate)
+        if not pool and not extend:
             raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
                               "--no-seeds")
-        width_now, ranked = sg.rank(design, pool, seed)
-        choice = sg.choose_within(design, pool, budget, seed, max_runs) if budget is not None else None
+        width_now, ranked = sg.rank(design, pool, seed) if pool else (sg.current_width(design), [])
+        first = _extend_first(extend, budget)
+        left = None if budget is None else budget - sum(c.gpu_hours for c in first)
+        choice = sg.choose_within(design, pool, left, seed, max_runs) if left is not None and pool else None
     row = next((r for r in result.ratios if abs(r["at"] - design.ref) <= 1e-9 * design.ref), None)
     out: dict[str, Any] = {
         "source": label, "baseline": design.baseline, "candidate": design.candidate, "axis": design.axis,
@@ -104,10 +113,17 @@ def suggest(
                    "log ratio (t quantile) with and without the candidate at the refitted laws, median over the "
                    "draws of the difference"),
         "noise_sd": design.sd,
+        "extend": [{"candidate": c.label, "arch": c.arch, "origin": c.origin, "num_params": c.num_params,
+                    "tokens": c.tokens, "gpu_hours": c.gpu_hours} for c in extend],
         "candidates": [s.to_dict() for s in ranked],
     }
-    if choice is not None:
-        out["budget"] = choice.to_dict()
+    if budget is not None:
+        out["budget"] = choice.to_dict() if choice is not None else {
+            "method": "greedy", "budget_gpu_hours": left, "spent_gpu_hours": 0.0, "stopped": "no gain",
+            "expected_width_after": sg._finite(width_now), "runs": []}
+        out["budget"]["extend_first"] = [c.label for c in first]
+        out["budget"]["budget_gpu_hours"] = budget
+        out["budget"]["spent_gpu_hours"] += sum(c.gpu_hours for c in first)
     if launch:
         assert choice is not None
         out["launched"] = _launch(source, profile, [s.candidate.name for s in choice.steps
@@ -116,6 +132,18 @@ def suggest(
         print_json(out)
         return
     _render(out, top)
+
+
+def _extend_first(extend: list, budget: float | None) -> list:
+    """The grid extensions a budget pays for before any ranked run, in order, while it lasts."""
+    if budget is None:
+        return []
+    taken, spent = [], 0.0
+    for c in extend:
+        if spent + c.gpu_hours <= budget:
+            taken.append(c)
+            spent += c.gpu_hours
+    return taken
 
 
 def _launch(sweep: Path, profile: str | None, names: list[str], budget: float | None, quiet: bool) -> list[str]:
@@ -145,6 +173,13 @@ def _render(out: dict, top: int) -> None:
                   if cur["ratio"] is not None else "")
                + f"linearised width now {_pct(cur['linearised_width'])}")
     typer.echo(f"method: {out['method']}\n")
+    if out["extend"]:
+        typer.echo(f"first, extend the tuning grid: {len(out['extend'])} cell(s) have their best at an end of the "
+                   "grid, so the fit's optimum there may lie outside it (not ranked: whether the next value beats "
+                   "the best is what the run finds out):")
+        for c in out["extend"]:
+            typer.echo(f"  {c['candidate']}  {_gpu_h(c['gpu_hours'])} GPU-h")
+        typer.echo("")
     header = f"{'candidate':<44} {'GPU-h':>10} {'width after':>12} {'reduction/GPU-h':>16}"
     typer.echo(header)
     for r in out["candidates"][:top]:
@@ -156,6 +191,8 @@ def _render(out: dict, top: int) -> None:
     if b is not None:
         typer.echo(f"\nwithin {b['budget_gpu_hours']:,.1f} GPU-hours (greedy: best reduction per GPU-hour given the "
                    "runs already picked, not an optimal set):")
+        for c in b["extend_first"]:
+            typer.echo(f"  first: {c}")
         for i, r in enumerate(b["runs"], 1):
             typer.echo(f"  {i}. {r['candidate']}  {_gpu_h(r['gpu_hours'])} GPU-h -> width {_pct(r['expected_width_after'])}")
         typer.echo(f"  spent {_gpu_h(b['spent_gpu_hours'])} GPU-h; expected width {_pct(cur['linearised_width'])} -> "
@@ -224,7 +261,7 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its planned
     runs that launch would submit (new, changed, failed, cancelled) and that are not among them as
     candidates, priced by the planner."""
-    from diffsweep.cli.fit import _source
+    from diffsweep.cli.fit import _source, _sweep_tune
     from diffsweep.launch.api import SweepTarget, plan_sweep
     from diffsweep.launch.plan import SUBMITTABLE
     from diffsweep.scaling.analysis import FitRequest
@@ -232,7 +269,7 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     from diffsweep.scaling.suggest import FLOPS_PER_TOKEN_PER_PARAM, Candidate
     from diffsweep.sweep import load_sweep
 
-    request = FitRequest(n_boot=boot, seed=seed)
+    request = FitRequest(n_boot=boot, seed=seed, tune=_sweep_tune(sweep, None))  # a tuned sweep: its winners
     src = _source(sweep, experiment, None, None, None, log=False)
     points = load_points(src, request)
     # A run finished in MLflow is measured, not a candidate, even where launch has no record of it

@@ -117,6 +117,13 @@ def _sd(value: Any, key: str) -> float:
     return float(value)
 
 
+def _column(value: Any, key: str) -> str:
+    text = strict_string(value, key)
+    if not text.strip():
+        raise ConfigError(key, "expected a column name of the points, got ''")
+    return text
+
+
 def _noise_source(value: Any, key: str) -> str:
     allowed = ("given", "seeds", "residuals")  # bootstrap.Noise.source
     if value not in allowed:
@@ -133,6 +140,13 @@ class SavedNoise:
 
 
 @dataclass(frozen=True)
+class SavedTuning:
+    """fit.json's ``tuning``: the tuning columns of a best-of-grid fit (``fit --tune``)."""
+
+    columns: list[Annotated[str, Check(_column)]]
+
+
+@dataclass(frozen=True)
 class SavedFit:
     """The fields of fit.json that make its request (what ``suggest`` refits with)."""
 
@@ -145,6 +159,7 @@ class SavedFit:
     shared_e: bool
     level: Annotated[float, Check(confidence_level)]
     noise: SavedNoise
+    tuning: SavedTuning | None = None  # None: an untuned fit
 
     def request(self, n_boot: int, seed: int) -> FitRequest:
         """The fit request the fit was made with, with ``n_boot`` draws and ``seed``."""
@@ -153,7 +168,8 @@ class SavedFit:
         return FitRequest(baseline=self.baseline, candidates=tuple(self.candidates), axis=_AXES[self.axis],
                           form=self.form, objective=self.objective, count=self.count, shared_e=self.shared_e,
                           n_boot=n_boot, level=self.level, seed=seed,
-                          noise_sd=self.noise.sd if self.noise.source == "given" else None)
+                          noise_sd=self.noise.sd if self.noise.source == "given" else None,
+                          tune=tuple(self.tuning.columns) if self.tuning else ())
 
 
 def read_fit(folder: Path) -> tuple[pd.DataFrame, SavedFit]:
@@ -180,8 +196,9 @@ def read_fit(folder: Path) -> tuple[pd.DataFrame, SavedFit]:
         raise ConfigError(str(fit_json), f"expected a JSON object (a fit's document), got {type(document).__name__}")
     # only the fields read here: the rest of the document is the report's
     raw = {f.name: document[f.name] for f in fields(SavedFit) if f.name in document}
-    if isinstance(raw.get("noise"), dict):
-        raw["noise"] = {f.name: raw["noise"][f.name] for f in fields(SavedNoise) if f.name in raw["noise"]}
+    for key, kind in (("noise", SavedNoise), ("tuning", SavedTuning)):
+        if isinstance(raw.get(key), dict):
+            raw[key] = {f.name: raw[key][f.name] for f in fields(kind) if f.name in raw[key]}
     saved = decode(SavedFit, raw, source=str(fit_json))
     if saved.noise.source == "given":  # reused as --noise-sd: the same bound
         check_sd(saved.noise.sd, f"{fit_json}: noise.sd")

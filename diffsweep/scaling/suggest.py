@@ -44,7 +44,9 @@ class Candidate:
     tokens: float
     other: float = 0.0
     name: str = ""  # a planned run's name; "" for an extra
-    origin: str = "extra"  # planned | seed (another seed of a measured point) | extra (a new size or token count)
+    # planned | seed (another seed of a measured point) | extra (a new size or token count) | beyond-edge (a
+    # tuning value beyond the end of its grid, where a cell's best is: ``beyond_edges``)
+    origin: str = "extra"
     repeatable: bool = False  # an extra can be chosen more than once (more seeds); a planned run once
 
     @property
@@ -386,6 +388,46 @@ def extra_candidates(points: pd.DataFrame, design: Design, x_column: str, flops_
             other = d if design.other_ref is not None else 0.0
             x = n if design.axis == "N" else d
             out.append(Candidate(name, x, cost(n, d), n, d, other=other, origin="extra", repeatable=True))
+    return out
+
+
+def beyond_edges(tuning: dict | None, points: pd.DataFrame, design: Design, x_column: str,
+                 flops_per_gpu_hour: float) -> list[Candidate]:
+    """For a best-of-grid fit (``tuning``: ``FitResult.tuning``), a run at the next value beyond the
+    end of each tuning grid where a cell of the ratio's two architectures has its best candidate:
+    the fit assumes every cell's optimum inside its grid, and a best at an end makes that doubtful.
+    The next value steps as the grid's last step does (by the same factor for a positive grid, the
+    same difference otherwise); it is run with as many seeds as the best candidate, each priced like
+    an extra run (6·N·D FLOPs at ``flops_per_gpu_hour``). Its loss cannot be simulated from the fit
+    (whether it beats the best is what it finds out), so it is not ranked: ``suggest`` lists it first."""
+    if not tuning:
+        return []
+    out = []
+    for cell in tuning["cells"]:
+        if cell["arch"] not in (design.baseline, design.candidate) or cell["untuned"] or not cell["edge"]:
+            continue
+        rows = points[(points["arch"] == cell["arch"]) & np.isclose(points[x_column].astype(float), cell["x"])
+                      & (points["tuned"] == "best")]
+        if design.other_ref is not None:
+            rows = rows[np.isclose(rows["tokens"].astype(float), cell["tokens"])]
+        if rows.empty:
+            continue
+        n, d, runs = float(rows["num_params"].iloc[0]), float(rows["tokens"].iloc[0]), len(rows)
+        for col in tuning["columns"]:
+            tried = sorted({k["value"][col] for k in cell["candidates"] if isinstance(k["value"][col], float)})
+            try:
+                value = float(cell["winner_values"][col])
+            except (TypeError, ValueError):
+                continue
+            if len(tried) < 2 or value not in (tried[0], tried[-1]):
+                continue
+            last, inner = (tried[-1], tried[-2]) if value == tried[-1] else (tried[0], tried[1])
+            beyond = last * (last / inner) if all(t > 0 for t in tried) else last + (last - inner)
+            out.append(Candidate(cell["arch"], cell["x"], runs * FLOPS_PER_TOKEN_PER_PARAM * n * d / flops_per_gpu_hour,
+                                 n, d, other=d if design.other_ref is not None else 0.0,
+                                 name=(f"{cell['arch']} @ {_human(cell['x'])}, {col}={beyond:g} "
+                                       f"({runs} run{'s' if runs != 1 else ''}: beyond its best {col}={value:g})"),
+                                 origin="beyond-edge"))
     return out
 
 

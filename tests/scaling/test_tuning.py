@@ -202,3 +202,21 @@ tune:
     lr = [d for p in out["audit"]["pairs"] for d in p["differences"] if d["field"] == "lr"]
     assert lr and not any(d["flagged"] for d in lr)  # the same grid for both arms; their winners differ
     assert any("the optimum may lie outside the grid" in w for w in out["warnings"])  # both at an edge
+
+    # suggest on the same sweep fits each cell at its best too, and lists first, priced, a run at the
+    # next learning rate beyond every grid end where a cell's best is (not ranked: its loss is unknown)
+    from diffsweep.cli.suggest import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+
+    r = cli("suggest", str(sweep), "--boot", "100", "--draws", "8", "--no-seeds", "--sizes", "3M", "--budget", "1",
+            "--max-runs", "1", "--json", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    extend = {(e["arch"], e["candidate"].split(", ")[1].split(" ")[0]) for e in s["extend"]}
+    assert extend == {("transformer", "lr=0.0005"), ("diff_v1", "lr=0.008")} and len(s["extend"]) == 10
+    rate = DEFAULT_PEAK_TFLOPS * 1e12 * DEFAULT_MFU * 3600
+    assert all(e["gpu_hours"] == pytest.approx(6 * e["num_params"] * e["tokens"] / rate) for e in s["extend"])
+    assert s["budget"]["extend_first"] == [e["candidate"] for e in s["extend"]]  # 1 GPU-h pays for every one
+    assert s["current"]["ratio"] == pytest.approx(out["ratios"][0]["ratio"], rel=0.05)  # the tuned fit's ratio
+    r = cli("suggest", "f", "--boot", "100", "--draws", "8", "--no-seeds", "--sizes", "3M", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["extend"]) == 10  # a tuned fit folder is refitted tuned
