@@ -172,6 +172,10 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["compare", "sweeps/diff-v2-blog.yaml", HELP],
          ("it needs the sweep's trained 1.4B runs; tests/cli/test_compare_tuned_cli.py compares a tuned sweep's "
           "finished runs in a real MLflow store")),
+    "diffsweep compare sweeps/diff-v2-blog.yaml --plot diff-v2-blog-lr.png":
+        ("cheap", ["compare", "sweeps/diff-v2-blog.yaml", "--plot", "diff-v2-blog-lr.png", HELP],
+         ("it needs the sweep's trained 1.4B runs; tests/cli/test_compare_tuned_cli.py draws a tuned sweep's "
+          "plot from a real MLflow store")),
     "diffsweep compare sweeps/table6-ablation.yaml --probes":
         ("cheap", ["compare", "sweeps/table6-ablation.yaml", "--probes", HELP],
          "it needs the sweep's evaluations; tests/eval/test_probe_tables.py runs it on a launched, evaluated tiny sweep"),

@@ -42,6 +42,10 @@ def compare(
                                          "run.")] = False,
     untuned: Annotated[bool, typer.Option("--untuned", help="On a tuned sweep (tune:), compare every candidate "
                                           "as a row of its own instead of each cell at its best.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="On a tuned sweep: draw each cell's metric against "
+                                              "its tuning value (seed CIs, best starred, diverged and spiking "
+                                              "candidates marked) into this new PNG file.", show_default=False)]
+    = None,
     only: Annotated[str | None, typer.Option("--only", help="Only runs whose name or key matches this regex, "
                                              "e.g. one size of a ladder: --only tiny-m.", show_default=False)]
     = None,
@@ -68,6 +72,13 @@ def compare(
     spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
     if untuned and not spec.tune:
         raise ConfigError("--untuned", f"applies only to a tuned sweep; {sweep} has no tune: (every run is a row)")
+    if plot is not None:
+        from diffsweep.compare.tuned_plot import check_plot_path
+
+        if probes or untuned or not spec.tune:
+            raise ConfigError("--plot", "draws a tuned sweep's cells against their tuning values: give a sweep with "
+                              "tune:, without --probes or --untuned")
+        check_plot_path(plot)
     runs = select(expand(spec).runs, only, sweep)
     if probes:
         _probes(existing_store(tracking_uri()), spec, runs, baseline, step, level, out, not no_log, json_out)
@@ -77,10 +88,15 @@ def compare(
 
         tuned = compare_tuned_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline,
                                     level=level)
+        data = tuned.to_dict()
+        if plot is not None:
+            from diffsweep.compare.tuned_plot import write_plot
+
+            data["plot"] = str(write_plot(data, plot))
         if json_out:
-            print_json(tuned.to_dict())
+            print_json(data)
         else:
-            _print_tuned(tuned.to_dict())
+            _print_tuned(data)
         return
     result = compare_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline, level=level)
     if json_out:
@@ -156,6 +172,8 @@ def _print_tuned(data: dict) -> None:
     if data["missing"]:
         typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
     typer.echo(data["noise"])
+    if "plot" in data:
+        typer.echo(f"written: {data['plot']}")
 
 
 def _probes(uri, spec, runs, baseline, step, level, out, log, json_out) -> None:

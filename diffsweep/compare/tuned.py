@@ -176,6 +176,8 @@ class TunedSweepComparison:
     # cell -> candidate -> {"value": its tuning value (one tuning key) or None, "diverged": runs that
     # stopped on a non-finite loss, "spikes": the loss spikes its finished runs logged (None: not logged)}
     stability: dict[str, dict[str, dict]]
+    kinds: dict[str, str]  # cell -> its attention kind
+    panels: dict[str, str]  # cell -> what it shares with the other kinds' cells it is compared beside (size, switches)
     missing: tuple[str, ...]  # cells with no finished run
 
     @property
@@ -204,7 +206,7 @@ class TunedSweepComparison:
         return {"sweep": self.sweep, "experiment": self.experiment, "metric": self.metric, "tune": list(self.tune),
                 "baseline": c.baseline, "level": c.level, "pooled_sd": c.pooled_sd, "df": c.df, "draws": c.draws,
                 "noise": self.noise,
-                "cells": [{"cell": b.cell, "winner": b.winner, "n": b.n, "mean": b.mean, "rivals": b.rivals,
+                "cells": [{"cell": b.cell, "kind": self.kinds[b.cell], "panel": self.panels[b.cell], "winner": b.winner, "n": b.n, "mean": b.mean, "rivals": b.rivals,
                            "bias": b.bias, "kept": b.kept, "delta": b.delta, "lo": b.lo, "hi": b.hi,
                            "verdict": b.verdict, "sentence": b.sentence, "edge": self.edges[b.cell],
                            "sensitivity": sensitivity(b, self.stability[b.cell], c.pooled_sd, self.unit),
@@ -267,7 +269,9 @@ def compare_tuned_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], met
                                         "extend it"))
     return TunedSweepComparison(sweep=spec.name, experiment=spec.experiment, metric=metric, tune=tuple(spec.tune),
                                 comparison=comparison, runs=names, planned=planned, edges=at_edge,
-                                stability=stability, missing=tuple(missing))
+                                stability=stability, kinds={n: c.kind for n, c in found.items()},
+                                panels={n: c.name.removeprefix(f"{c.kind}-") for n, c in found.items()},
+                                missing=tuple(missing))
 
 
 def sensitivity(best: CellBest, stability: Mapping[str, Mapping], pooled: float | None, unit: str = "nats") -> str:

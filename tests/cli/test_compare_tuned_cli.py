@@ -129,3 +129,26 @@ def test_untuned_reads_every_candidate_as_a_row_and_bad_input_is_refused(store):
         "error: --untuned: applies only to a tuned sweep; plain.yaml has no tune: (every run is a row)")
     r = cli("compare", "tuned.yaml", "--untuned", "--probes", cwd=root, env=env)
     assert r.returncode == 2 and "--untuned: does not apply with --probes" in r.stderr
+
+
+def test_the_sensitivity_plot_is_a_new_file_and_an_existing_one_is_left_alone(store):
+    root, env = store
+    r = cli("compare", "tuned.yaml", "--plot", "plots/sensitivity.png", "--json", cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    png = root / "plots" / "sensitivity.png"
+    assert json.loads(r.stdout)["plot"] == "plots/sensitivity.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert sorted(p.name for p in png.parent.iterdir()) == ["sensitivity.png"]  # no temporary file left
+    mine = root / "mine.png"
+    mine.write_bytes(b"the user's picture")
+    for args, message in (
+            (["--plot", "mine.png"], ("error: --plot: mine.png exists; give a new file path (diffsweep does not "
+                                     "replace a file)")),
+            (["--plot", "out.pdf"], "error: --plot: expected a .png file path, got out.pdf"),
+            (["--plot", "mine.png/x.png"], (f"error: --plot: {mine} is not a folder, so mine.png/x.png cannot be "
+                                           "made in it")),
+            (["--plot", "u.png", "--untuned"], ("error: --plot: draws a tuned sweep's cells against their tuning "
+                                               "values: give a sweep with tune:, without --probes or --untuned"))):
+        r = cli("compare", "tuned.yaml", *args, cwd=root, env=env)
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == message, r.stderr
+    assert mine.read_bytes() == b"the user's picture" and not (root / "u.png").exists()
