@@ -105,53 +105,54 @@ def compare(
     _print(result)
 
 
-def _print(result) -> None:
-    data = result.to_dict()
-    level = f"{data['level']:.0%}"
+def _num(x: float | None, sign: str = "") -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:{sign}.4f}"
 
-    def num(x: float | None, sign: str = "") -> str:
-        return "-" if x is None or not math.isfinite(x) else f"{x:{sign}.4f}"
 
-    header = ["row", "seeds", "mean", "seed sd", "Δ vs baseline", f"{level} CI", "verdict"]
-    table = [[r["row"] + (" (baseline)" if r["row"] == data["baseline"] else ""),
-              f"{r['n']}/{r['planned']}" if r["n"] < r["planned"] else str(r["n"]),
-              num(r["mean"]), num(r["sd"]), "-" if r["row"] == data["baseline"] else num(r["delta"], "+"),
-              "-" if r["lo"] is None else f"{r['lo']:+.4f} to {r['hi']:+.4f}",
-              "" if r["row"] == data["baseline"] else r["verdict"]] for r in data["rows"]]
-    table += [[label, "0", "-", "-", "-", "-", "missing: no finished run"] for label in data["missing"]]
+def _echo_table(title: str, header: list[str], table: list[list[str]], left: tuple[int, ...]) -> None:
+    """A title line, then ``header`` and ``table`` in aligned columns (``left``: left-aligned ones)."""
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
-    typer.echo(f"{data['sweep']}: final {data['metric']} of each row's finished runs (experiment {data['experiment']})")
+    typer.echo(title)
     for row in [header, *table]:
-        typer.echo("  ".join(cell.ljust(w) if i in (0, 6) else cell.rjust(w)
+        typer.echo("  ".join(cell.ljust(w) if i in left else cell.rjust(w)
                              for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
     typer.echo("")
-    for r in data["rows"]:
+
+
+def _echo_readings(data: dict, rows: str) -> None:
+    """Each row's sentence, the rows missing, and the line the verdicts rest on."""
+    for r in data[rows]:
         typer.echo(r["sentence"])
     if data["missing"]:
         typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
     typer.echo(data["noise"])
 
 
+def _print(result) -> None:
+    data = result.to_dict()
+    level = f"{data['level']:.0%}"
+    header = ["row", "seeds", "mean", "seed sd", "Δ vs baseline", f"{level} CI", "verdict"]
+    table = [[r["row"] + (" (baseline)" if r["row"] == data["baseline"] else ""),
+              f"{r['n']}/{r['planned']}" if r["n"] < r["planned"] else str(r["n"]),
+              _num(r["mean"]), _num(r["sd"]), "-" if r["row"] == data["baseline"] else _num(r["delta"], "+"),
+              "-" if r["lo"] is None else f"{r['lo']:+.4f} to {r['hi']:+.4f}",
+              "" if r["row"] == data["baseline"] else r["verdict"]] for r in data["rows"]]
+    table += [[label, "0", "-", "-", "-", "-", "missing: no finished run"] for label in data["missing"]]
+    _echo_table(f"{data['sweep']}: final {data['metric']} of each row's finished runs (experiment "
+                f"{data['experiment']})", header, table, (0, 6))
+    _echo_readings(data, "rows")
+
+
 def _print_tuned(data: dict) -> None:
     level = f"{data['level']:.0%}"
-    tuned = ", ".join(data["tune"])
-
-    def num(x: float | None, sign: str = "") -> str:
-        return "-" if x is None or not math.isfinite(x) else f"{x:{sign}.4f}"
-
     header = ["cell", "best", "seeds", "mean", "Δ vs baseline", f"{level} CI", "verdict"]
     table = [[c["cell"] + (" (baseline)" if c["cell"] == data["baseline"] else ""), c["winner"], str(c["n"]),
-              num(c["mean"]), "-" if c["cell"] == data["baseline"] else num(c["delta"], "+"),
+              _num(c["mean"]), "-" if c["cell"] == data["baseline"] else _num(c["delta"], "+"),
               "-" if c["lo"] is None else f"{c['lo']:+.4f} to {c['hi']:+.4f}",
               "" if c["cell"] == data["baseline"] else c["verdict"]] for c in data["cells"]]
     table += [[label, "-", "0", "-", "-", "-", "missing: no finished run"] for label in data["missing"]]
-    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
-    typer.echo(f"{data['sweep']}: final {data['metric']} of each cell at its best {tuned} (experiment "
-               f"{data['experiment']})")
-    for row in [header, *table]:
-        typer.echo("  ".join(cell.ljust(w) if i in (0, 1, 6) else cell.rjust(w)
-                             for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
-    typer.echo("")
+    _echo_table(f"{data['sweep']}: final {data['metric']} of each cell at its best {', '.join(data['tune'])} "
+                f"(experiment {data['experiment']})", header, table, (0, 1, 6))
     typer.echo("candidates (mean over their seeds; * the best, with the share of draws in which it stayed best):")
     for c in data["cells"]:
         shown = []
@@ -160,18 +161,15 @@ def _print_tuned(data: dict) -> None:
             star = "" if k["candidate"] != c["winner"] else " *" if c["kept"] is None else f" * ({c['kept']:.0%})"
             marks = [f"{k['diverged']} diverged"] if k["diverged"] else []
             marks += [f"{k['spikes']} spike{'s' if k['spikes'] != 1 else ''}"] if k["spikes"] else []
-            shown.append(f"{k['candidate']} {num(k['mean'])} ({seeds}){star}" + (f" [{', '.join(marks)}]" if marks else ""))
+            shown.append(f"{k['candidate']} {_num(k['mean'])} ({seeds}){star}"
+                         + (f" [{', '.join(marks)}]" if marks else ""))
         typer.echo(f"  {c['cell']}: " + ", ".join(shown))
     typer.echo("")
     typer.echo("sensitivity:")
     for c in data["cells"]:
         typer.echo(f"  {c['sensitivity']}")
     typer.echo("")
-    for c in data["cells"]:
-        typer.echo(c["sentence"])
-    if data["missing"]:
-        typer.echo(f"missing (no finished run): {', '.join(data['missing'])}")
-    typer.echo(data["noise"])
+    _echo_readings(data, "cells")
     if "plot" in data:
         typer.echo(f"written: {data['plot']}")
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from diffsweep.compare.runs import BEYOND, UNKNOWN, WITHIN
+from diffsweep.compare.runs import BEYOND, UNKNOWN, WITHIN, unit
 from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.decode import confidence_level
 
@@ -182,7 +182,7 @@ class TunedSweepComparison:
 
     @property
     def unit(self) -> str:
-        return "nats" if self.metric.endswith("loss") else f"({self.metric})"
+        return unit(self.metric)
 
     @property
     def noise(self) -> str:
@@ -220,7 +220,7 @@ def compare_tuned_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], met
     ``metric`` of their finished runs (``compare.runs.finished_runs``), against ``baseline``
     (default: the first cell with a finished run) with ``compare_cells``. A candidate without a
     finished run is left out of its cell; a cell without any is listed as missing."""
-    from diffsweep.compare.runs import diverged, ended_runs, final_value, finished_runs, unit
+    from diffsweep.compare.runs import diverged, ended_runs, final_value, finished_runs
     from diffsweep.sweep.tune import cells as tuned_cells
     from diffsweep.sweep.tune import edges
 
