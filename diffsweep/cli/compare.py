@@ -161,6 +161,8 @@ def _print_tuned(data: dict) -> None:
             star = "" if k["candidate"] != c["winner"] else " *" if c["kept"] is None else f" * ({c['kept']:.0%})"
             marks = [f"{k['diverged']} diverged"] if k["diverged"] else []
             marks += [f"{k['spikes']} spike{'s' if k['spikes'] != 1 else ''}"] if k["spikes"] else []
+            marks += [f"{k['grad_spikes']} grad-norm spike{'s' if k['grad_spikes'] != 1 else ''}"] \
+                if k["grad_spikes"] else []
             shown.append(f"{k['candidate']} {_num(k['mean'])} ({seeds}){star}"
                          + (f" [{', '.join(marks)}]" if marks else ""))
         typer.echo(f"  {c['cell']}: " + ", ".join(shown))

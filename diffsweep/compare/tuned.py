@@ -35,12 +35,15 @@ from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.decode import confidence_level
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
+
     from diffsweep.sweep.expand import SweepRun
     from diffsweep.sweep.spec import SweepSpec
     from diffsweep.sweep.tune import Cell as TuneCell
 
 DRAWS = 4000
 SPIKES = "train/loss_spikes"  # the trainer's count of loss spikes so far, logged every step
+GRAD_SPIKES = "train/grad_norm_spikes"  # and of gradient-norm spikes
 PLAUSIBLE = 1.5  # a candidate is told apart from the winner beyond this many sd of their difference
 
 
@@ -174,7 +177,8 @@ class TunedSweepComparison:
     planned: dict[str, dict[str, int]]  # cell -> candidate -> its runs in the sweep
     edges: dict[str, list[str]]  # cell -> where its winner sits at an end of its grid
     # cell -> candidate -> {"value": its tuning value (one tuning key) or None, "diverged": runs that
-    # stopped on a non-finite loss, "spikes": the loss spikes its finished runs logged (None: not logged)}
+    # stopped on a non-finite loss, "spikes" / "grad_spikes": the loss / gradient-norm spikes its
+    # finished runs logged (None: not logged)}
     stability: dict[str, dict[str, dict]]
     kinds: dict[str, str]  # cell -> its attention kind
     panels: dict[str, str]  # cell -> what it shares with the other kinds' cells it is compared beside (size, switches)
@@ -237,11 +241,11 @@ def compare_tuned_sweep(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], met
     for name, cell in found.items():
         for cand in cell.candidates:
             planned.setdefault(name, {})[cand.label] = len(cand.runs)
-            spikes: list[float | None] = [latest[r.key].data.metrics.get(SPIKES) for r in cand.runs if r.key in latest]
+            read = [latest[r.key] for r in cand.runs if r.key in latest]
             stability.setdefault(name, {})[cand.label] = {
                 "value": cand.values[0][1] if len(cand.values) == 1 else None,
                 "diverged": sum(r.key in ended and diverged(ended[r.key]) for r in cand.runs),
-                "spikes": None if not spikes or None in spikes else int(sum(x or 0.0 for x in spikes))}
+                "spikes": _count(read, SPIKES), "grad_spikes": _count(read, GRAD_SPIKES)}
             for run in cand.runs:
                 finished = latest.get(run.key)
                 value = None if finished is None else final_value(finished, metric, run.name)
@@ -297,6 +301,8 @@ def sensitivity(best: CellBest, stability: Mapping[str, Mapping], pooled: float 
             troubles.append(f"{s['diverged']} run(s) diverged at {k}")
         if s["spikes"]:
             troubles.append(f"{s['spikes']} loss spike(s) at {k}")
+        if s.get("grad_spikes"):
+            troubles.append(f"{s['grad_spikes']} gradient-norm spike(s) at {k}")
     if troubles:
         reading += "; " + ", ".join(troubles)
     elif all(s["spikes"] is not None for s in stability.values()):
@@ -304,6 +310,12 @@ def sensitivity(best: CellBest, stability: Mapping[str, Mapping], pooled: float 
     if pooled is not None:
         reading += f" (seed sd {pooled:.4f})"
     return reading + "."
+
+
+def _count(runs: Sequence[Run], metric: str) -> int | None:
+    """The runs' final counts of ``metric`` added up; None when any of them did not log it."""
+    counts = [run.data.metrics.get(metric) for run in runs]
+    return None if not counts or any(c is None for c in counts) else int(sum(c or 0.0 for c in counts))
 
 
 def _named(cells: Sequence[TuneCell]) -> dict[str, TuneCell]:

@@ -4,9 +4,9 @@ tuning value, the candidates' seed CIs, the best starred and unstable candidates
 One panel per size (and switches), one line per kind: every candidate's mean over its seeds with
 its ``level`` CI (Student's t on the pooled seed sd over its seeds), the cell's best as a star,
 a candidate with diverged runs as a red cross on the panel's top edge (it has no mean when every
-run diverged) and one whose runs logged loss spikes as a triangle with the count. The file is
-new: an existing path is refused (diffsweep never replaces a file it did not write), and it
-appears whole or not at all.
+run diverged) and one whose runs logged loss spikes (gradient-norm spikes) as ▲ (∇) with the
+count. The file is new: an existing path is refused (diffsweep never replaces a file it did not
+write), and it appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def write_plot(data: dict[str, Any], path: Path) -> Path:
                 if k["spikes"]:
                     ax.annotate(f"▲{k['spikes']}", (x, k["mean"]), textcoords="offset points", xytext=(4, 4),
                                 color=color, fontsize="small")
+                if k.get("grad_spikes"):
+                    ax.annotate(f"∇{k['grad_spikes']}", (x, k["mean"]), textcoords="offset points", xytext=(4, -11),
+                                color=color, fontsize="small")
             for x, k in zip(xs, ks):
                 if k["diverged"]:
                     ax.plot([x], [1.0], "x", color="red", ms=8, mew=2, transform=ax.get_xaxis_transform(),
@@ -80,7 +83,7 @@ def write_plot(data: dict[str, Any], path: Path) -> Path:
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     ci = f"{data['level']:.0%} seed CI" if sd is not None else "no seed CI (one seed per candidate)"
     fig.suptitle(f"{data['sweep']}: sensitivity to {axes[0][0].get_xlabel()}\n({ci}; star: the best; red x: "
-                 "diverged runs; ▲: loss spikes)", fontsize="small")
+                 "diverged runs; ▲: loss spikes; ∇: gradient-norm spikes)", fontsize="small")
     fig.tight_layout()
     with parents_made_for(path):
         tmp = path.with_name(temporary_name(path.name))

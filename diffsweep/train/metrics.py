@@ -30,8 +30,9 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 class SpikeCounter:
-    """Counts loss spikes: a loss more than ``threshold`` standard deviations above the mean of
-    the previous ``SPIKE_WINDOW`` losses. Its state is saved in checkpoints."""
+    """Counts spikes of a per-step value (the loss; the gradient norm): a value more than
+    ``threshold`` standard deviations above the mean of the previous ``SPIKE_WINDOW`` values. Its
+    state is saved in checkpoints."""
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold

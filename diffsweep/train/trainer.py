@@ -199,6 +199,7 @@ class _Run:
         self.total = self.t.total_steps
         self.sequences_per_step = self.t.batch_tokens // self.t.seq_len
         self.step, self.tokens_seen, self.spikes = 0, 0, SpikeCounter(self.t.spike_threshold)
+        self.grad_spikes = SpikeCounter(self.t.spike_threshold)  # the same rule on the gradient norm
         self.run_key = run_key(config)
         # Set once the run is tracked (after restore), before loop; a NullTracker on ranks other than 0.
         self.tracker: Tracker | None = None
@@ -299,6 +300,7 @@ class _Run:
             "train/tokens": float(self.tokens_seen),
             "train/tokens_per_s": self.t.batch_tokens / seconds,
             "train/loss_spikes": float(self.spikes.add(loss_value)),
+            "train/grad_norm_spikes": float(self.grad_spikes.add(grad_norm)),
         }
         if self.mfu_scale is not None:
             metrics["train/mfu"] = metrics["train/tokens_per_s"] * self.mfu_scale
@@ -347,7 +349,7 @@ class _Run:
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda},
             "run_key": self.run_key,
             "mlflow_run_id": self.tracking.run_id,
-            "metrics_state": {"spikes": self.spikes.state_dict()},
+            "metrics_state": {"spikes": self.spikes.state_dict(), "grad_norm_spikes": self.grad_spikes.state_dict()},
             "config": to_dict(self.config),
         }
 
@@ -365,6 +367,8 @@ class _Run:
             distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.spikes.load_state_dict(state["metrics_state"]["spikes"])
+        if "grad_norm_spikes" in state["metrics_state"]:  # absent from checkpoints of before it was counted
+            self.grad_spikes.load_state_dict(state["metrics_state"]["grad_norm_spikes"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"][0], self.device)

@@ -43,9 +43,10 @@ def store(tmp_path_factory):
 
 
 def _stability(uri: str) -> None:
-    """What the trainer logs of stability, on the stored runs: every run's train/loss_spikes count
-    (3 in the Transformer's runs at 4e-3, none elsewhere), and a third run of the Transformer at 4e-3
-    that diverged (FAILED, its end reason as the trainer writes it: tests/train/test_trainer.py)."""
+    """What the trainer logs of stability, on the stored runs: every run's train/loss_spikes and
+    train/grad_norm_spikes counts (2 and 4 in the Transformer's finished run at 4e-3, none
+    elsewhere), and its other run there diverged (FAILED, its end reason as the trainer writes it:
+    tests/train/test_trainer.py)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -54,6 +55,7 @@ def _stability(uri: str) -> None:
         hot = run.data.tags["diffsweep.arch"] == "transformer" and float(run.data.params["train.lr"]) == 4.0e-3
         client.log_metric(run.info.run_id, "train/loss_spikes", 2.0 if hot and run.data.params["train.seed"] == "0"
                           else 1.0 if hot else 0.0, step=40)
+        client.log_metric(run.info.run_id, "train/grad_norm_spikes", 4.0 if hot else 0.0, step=40)
     seed1 = next(r for r in client.search_runs([exp.experiment_id])
                  if r.info.run_name == "transformer-tiny-3xs-lr_0.004-s1")
     client.set_terminated(seed1.info.run_id, "FAILED")
@@ -93,10 +95,12 @@ def test_each_cell_at_its_best_learning_rate_with_the_choice_in_the_interval(sto
     assert diff["edge"] == ["lr=0.004 is the largest tried"] and cells["transformer-tiny-3xs"]["edge"] == []
     assert [k["n"] for k in diff["candidates"]] == [2, 2, 2]
     hot = cells["transformer-tiny-3xs"]["candidates"][2]
-    assert (hot["candidate"], hot["n"], hot["planned"], hot["diverged"], hot["spikes"]) == ("lr=0.004", 1, 2, 1, 2)
+    assert (hot["candidate"], hot["n"], hot["planned"], hot["diverged"], hot["spikes"], hot["grad_spikes"]) == (
+        "lr=0.004", 1, 2, 1, 2, 4)  # the finished run's counts (the diverged one's are not read)
     assert cells["transformer-tiny-3xs"]["sensitivity"] == (
         "transformer-tiny-3xs: from its best lr=0.002, at 2x (lr=0.004) +0.1460 nats; at 0.5x (lr=0.001) "
-        f"+0.0500 nats; 1 run(s) diverged at lr=0.004, 2 loss spike(s) at lr=0.004 (seed sd {data['pooled_sd']:.4f}).")
+        f"+0.0500 nats; 1 run(s) diverged at lr=0.004, 2 loss spike(s) at lr=0.004, 4 gradient-norm spike(s) at "
+        f"lr=0.004 (seed sd {data['pooled_sd']:.4f}).")
     assert diff["sensitivity"].endswith("; no loss spike or divergence (seed sd 0.0057).")
     assert ("diff_v1-tiny-3xs: the best candidate is at the edge of its grid (lr=0.004 is the largest tried): "
             "the optimum may lie outside the grid: extend it") in r.stderr
@@ -108,7 +112,7 @@ def test_each_cell_at_its_best_learning_rate_with_the_choice_in_the_interval(sto
     row = next(line for line in lines if line.startswith("diff_v1-tiny-3xs "))
     assert row.split()[1:3] == ["lr=0.004", "2"] and "beyond seed noise" in row
     assert any(line.startswith("  transformer-tiny-3xs: lr=0.001 3.1000 (2), lr=0.002 3.0500 (2) * (")
-               and line.endswith("lr=0.004 3.1960 (1/2) [1 diverged, 2 spikes]") for line in lines)
+               and line.endswith("lr=0.004 3.1960 (1/2) [1 diverged, 2 spikes, 4 grad-norm spikes]") for line in lines)
     assert "diff_v1-tiny-3xs - transformer-tiny-3xs, each at its best: -0.0500 nats" in r.stdout
 
 

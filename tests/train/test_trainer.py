@@ -63,7 +63,8 @@ def test_a_run_logs_what_a_researcher_needs(text_dataset, store_client, tmp_path
     config_yaml = store_client.download_artifacts(result.run_id, "config.yaml", str(tmp_path))
     assert load_config(config_yaml) == cfg  # the artifact reproduces the run's config
     assert [s for s, _ in history(store_client, result.run_id, "train/loss")] == list(range(1, 13))
-    for key in ("train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s", "train/loss_spikes"):
+    for key in ("train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s", "train/loss_spikes",
+                "train/grad_norm_spikes"):
         assert len(history(store_client, result.run_id, key)) == 12, key
     assert history(store_client, result.run_id, "train/tokens")[-1] == (12, 12 * 128)
     for key in ("val/loss", "val/loss_ar_hit", "val/loss_others", "val/ar_hit_fraction", "lambda/layer_01",
