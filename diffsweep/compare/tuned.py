@@ -94,8 +94,6 @@ def compare_cells(values: Mapping[str, Mapping[str, Sequence[float]]], baseline:
     includes the selection (module docstring). Without any candidate of two seeds the noise is
     unknown: winners and differences are given, with no CI. Raises
     ``ConfigError`` for an unknown baseline, an empty candidate or a non-finite value."""
-
-
     if baseline not in values:
         raise ConfigError("baseline", f"expected one of the cells [{', '.join(values)}], got {baseline!r}")
     confidence_level(level)
