@@ -168,6 +168,11 @@ CHECKS: dict[str, tuple] = {
     "diffsweep eval sweeps/table6-ablation.yaml --probe outliers --probe quantization":
         ("cheap", ["eval", "sweeps/table6-ablation.yaml", "--probe", "outliers", "--probe", "quantization", HELP],
          "it needs the sweep's trained 1.4B checkpoints; tests/eval/test_sweep_eval_section.py evaluates a launched tiny sweep"),
+    ("diffsweep train --set train.schedule=wsd --set train.max_steps=12000 --set train.decay_fraction=0.2 "
+     "--branch-from runs/PARENT/checkpoints/step_00009600"):
+        ("cheap", ["train", "--branch-from", "x", HELP],
+         ("runs/PARENT is the user's WSD run; tests/train/test_branch.py branches tiny runs from a parent's checkpoint "
+         "in process and on the command line")),
     "diffsweep compare sweeps/diff-v2-blog.yaml":
         ("cheap", ["compare", "sweeps/diff-v2-blog.yaml", HELP],
          ("it needs the sweep's trained 1.4B runs; tests/cli/test_compare_tuned_cli.py compares a tuned sweep's "

@@ -16,6 +16,11 @@ OutOpt = Annotated[Path, typer.Option("--out", help="Runs directory; the run's i
 ExperimentOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
 ResumeOpt = Annotated[Path | None, typer.Option("--resume", help="Resume from this checkpoint (a step_XXXXXXXX "
                                                 "directory; default: the run's newest, if any).", show_default=False)]
+BranchOpt = Annotated[Path | None, typer.Option("--branch-from", help="Start from this checkpoint of another run (a "
+                                                "cooldown branch: its config may differ only in the schedule's "
+                                                "length and cooldown, and the two learning rates must agree up to "
+                                                "the checkpoint's step); once the run has checkpoints of its own, it "
+                                                "resumes from them.", show_default=False)]
 
 
 @handle_errors(flags={"experiment": "--experiment", "out": "--out"})  # the store's field at fault, as the flag that sets it
@@ -27,6 +32,7 @@ def train(
     out: OutOpt = Path("runs"),
     experiment: ExperimentOpt = "diffsweep",
     resume: ResumeOpt = None,
+    branch_from: BranchOpt = None,
 ) -> None:
     """Train a model: picks up where the run directory's newest checkpoint left off.
 
@@ -38,6 +44,11 @@ def train(
     check_experiment_name(experiment)  # before the store (which the run creates) exists
     _check_out(out)
     cfg = cli_config(config, size, arch, set_)  # before importing torch: bad input fails in a blink
+    if resume is not None and branch_from is not None:
+        from diffsweep.config import ConfigError
+
+        raise ConfigError("--branch-from", "a run resumes from its own checkpoint (--resume) or starts from "
+                          "another run's (--branch-from), not both")
 
     from diffsweep.config.identity import run_name
     from diffsweep.startup import imports_frozen
@@ -53,7 +64,7 @@ def train(
     run_dir = out / run_name(cfg)
     typer.echo(f"run {run_dir.name} -> {run_dir}")
     try:
-        result = run_training(cfg, run_dir, experiment=experiment, resume_from=resume,
+        result = run_training(cfg, run_dir, experiment=experiment, resume_from=resume, branch_from=branch_from,
                               echo=lambda line: typer.echo(line))
     except Diverged as exc:
         typer.echo(f"error: diverged: {exc} (run marked FAILED; last good checkpoint kept)", err=True)

@@ -33,6 +33,7 @@ from diffsweep.tracking.logger import MlflowTracker, Tracker
 from diffsweep.tracking.store import check_tracking
 from diffsweep.train import checkpoint as ckpt
 from diffsweep.train import distributed
+from diffsweep.train.branch import branch_tags, check_branch
 from diffsweep.train.distributed import World
 from diffsweep.train.metrics import SpikeCounter, peak_flops
 from diffsweep.train.optim import build_optimizer, lr_at
@@ -69,6 +70,7 @@ def train(
     *,
     experiment: str = "diffsweep",
     resume_from: Path | None = None,
+    branch_from: Path | None = None,
     callbacks: tuple[StepCallback, ...] = (),
     echo: Callable[[str], None] = print,
     tags: dict[str, str] | None = None,
@@ -76,8 +78,10 @@ def train(
     """Train ``config`` in ``run_dir`` (checkpoints in ``run_dir/checkpoints``).
 
     Resumes from ``resume_from``, else from the newest intact checkpoint in ``run_dir``; a run
-    that already reached its budget returns at once. ``callbacks`` get ``(step, metrics)`` after
-    every step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
+    that already reached its budget returns at once. ``branch_from``: a checkpoint of another run
+    to start from when ``run_dir`` has none of its own yet (a cooldown branch, ``train.branch``:
+    a new MLflow run tagged with its parent). ``callbacks`` get ``(step, metrics)`` after every
+    step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
     trains on its slice of every global batch; only rank 0 prints and tracks;
@@ -100,11 +104,11 @@ def train(
     lock = lockfile.hold(run_dir / TRAINER_LOCK, "train", str(run_dir), "another trainer is using this run "
                          "directory") if rank == 0 else nullcontext()
     with lock:
-        return _train(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags)
+        return _train(config, run_dir, world, dataset, experiment, (resume_from, branch_from), callbacks, echo, tags)
 
 
 def _train(config: ResolvedConfig, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
-           resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
+           start: tuple[Path | None, Path | None], callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
            tags: dict[str, str] | None) -> TrainResult:
     """``train`` once the input is checked and the run directory is this trainer's."""
     uri = run_tracking_uri(run_dir)
@@ -116,16 +120,22 @@ def _train(config: ResolvedConfig, run_dir: Path, world: World, dataset: TokenDa
         with distributed.process_group(world, device):
             # The model (DDP's reducer holds the group) is freed when this returns, before the
             # group is destroyed (see distributed.process_group).
-            return _train_in_group(config, run_dir, world, dataset, experiment, resume_from, callbacks, echo, tags,
+            return _train_in_group(config, run_dir, world, dataset, experiment, start, callbacks, echo, tags,
                                    uri, flag, device)
 
 
 def _train_in_group(config: ResolvedConfig, run_dir: Path, world: World, dataset: TokenDataset, experiment: str,
-                    resume_from: Path | None, callbacks: tuple[StepCallback, ...], echo: Callable[[str], None],
-                    tags: dict[str, str] | None, uri: str, flag: PreemptionFlag, device: torch.device) -> TrainResult:
-    """``_train`` inside the process group: resume, build, track and run the loop."""
+                    start: tuple[Path | None, Path | None], callbacks: tuple[StepCallback, ...],
+                    echo: Callable[[str], None], tags: dict[str, str] | None, uri: str, flag: PreemptionFlag,
+                    device: torch.device) -> TrainResult:
+    """``_train`` inside the process group: resume (or branch), build, track and run the loop."""
     rank, t = world.rank, config.train
+    resume_from, branch_from = start
     resume_path, state = _resume_point(resume_from, run_dir, config, dataset, world, echo)
+    branched = state is None and branch_from is not None
+    if branched:
+        assert branch_from is not None
+        resume_path, state = branch_from, _load_branch_state(branch_from, config, dataset, world)
     if state is not None and state["step"] >= t.total_steps:
         if rank == 0 and state["mlflow_run_id"]:
             MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
@@ -141,8 +151,13 @@ def _train_in_group(config: ResolvedConfig, run_dir: Path, world: World, dataset
     if state is not None:
         assert resume_path is not None  # a state is read from a checkpoint
         run.restore(state, resume_path)
-        echo(f"resuming {run_dir.name} at step {state['step']} of {t.total_steps}"
+        echo(f"{'branching' if branched else 'resuming'} {run_dir.name} at step {state['step']} of {t.total_steps}"
+             + (f" from {resume_path}" if branched else "")
              + (f" on {world.world_size} processes" if world.distributed else ""))
+    if branched:  # a run of its own: a new MLflow run, tagged with its parent
+        assert state is not None and resume_path is not None
+        tags = (tags or {}) | branch_tags(state, resume_path)
+        state = {**state, "mlflow_run_id": None}
     run.tracker = tracker = start_tracking(config, run_dir, uri, experiment, state, resume_path, world,
                                             tags or {})
     try:
@@ -446,6 +461,20 @@ def _load_resume_state(path: Path, config: ResolvedConfig, dataset: TokenDataset
     if world.distributed and _by_position(state):
         raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep (optimizer state "
                           "by position); resume it on one process")
+    return state
+
+
+def _load_branch_state(path: Path, config: ResolvedConfig, dataset: TokenDataset, world: World) -> dict:
+    """Another run's checkpoint to start a branch from, read and checked (``branch.check_branch``),
+    its shards' checksums verified; nothing in it is written."""
+    state = ckpt.load_checkpoint(path)
+    check_branch(state, config, path)
+    if state["data"]["fingerprint"] != dataset.meta.fingerprint:
+        raise ConfigError(str(path), f"written for a different dataset than {dataset.path}")
+    if world.distributed and _by_position(state):
+        raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep (optimizer state "
+                          "by position); branch from it on one process")
+    ckpt.verify_shards(path)
     return state
 
 
