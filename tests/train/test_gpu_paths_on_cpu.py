@@ -55,7 +55,7 @@ def _fake_cuda_run(step: int) -> SimpleNamespace:
     return SimpleNamespace(device=torch.device("cuda", 1), step=step, tokens_seen=128 * step,
                            t=SimpleNamespace(schedule=SimpleNamespace(value="cosine"), seed=0), total=12,
                            fingerprint="f" * 64, run_key="k", tracking=SimpleNamespace(run_id="r"),
-                           spikes=SpikeCounter(3.0), config=None)
+                           spikes=SpikeCounter(3.0), grad_spikes=SpikeCounter(3.0), config=None)
 
 
 def test_a_checkpoint_keeps_and_restores_the_cuda_rng_of_the_training_device(tmp_path, monkeypatch):
