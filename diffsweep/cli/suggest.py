@@ -124,9 +124,9 @@ def suggest(
         out["budget"]["extend_first"] = [c.label for c in first]
         out["budget"]["budget_gpu_hours"] = budget
         out["budget"]["spent_gpu_hours"] += sum(c.gpu_hours for c in first)
-    if launch:
-        assert choice is not None
-        out["launched"] = _launch(source, profile, [s.candidate.name for s in choice.steps
+    if launch:  # grid extensions are not in the sweep: listed, not launched (like extra sizes)
+        steps = choice.steps if choice is not None else []
+        out["launched"] = _launch(source, profile, [s.candidate.name for s in steps
                                                      if s.candidate.origin == "planned"], budget, json_out)
     if json_out:
         print_json(out)
@@ -203,7 +203,8 @@ def _render(out: dict, top: int) -> None:
         elif b["stopped"] == "max runs":
             typer.echo(f"  stopped at --max-runs ({len(b['runs'])}) with {left:,.1f} GPU-h left")
     if "launched" in out:
-        extras = [r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned"]
+        extras = [*(b or {}).get("extend_first", []),
+                  *(r["candidate"] for r in (b or {}).get("runs", []) if r["origin"] != "planned")]
         typer.echo(f"\nlaunched {len(out['launched'])} run(s): {', '.join(out['launched']) or 'none'}"
                    + (f"; not in the sweep, so not launched: {', '.join(extras)}" if extras else ""))
 

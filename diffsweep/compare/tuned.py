@@ -179,7 +179,7 @@ class TunedSweepComparison:
     # finished runs logged (None: not logged)}
     stability: dict[str, dict[str, dict]]
     kinds: dict[str, str]  # cell -> its attention kind
-    panels: dict[str, str]  # cell -> what it shares with the other kinds' cells it is compared beside (size, switches)
+    panels: dict[str, str]  # cell -> what it shares with the other kinds' cells beside it (size, switches)
     missing: tuple[str, ...]  # cells with no finished run
 
     @property
@@ -208,8 +208,9 @@ class TunedSweepComparison:
         return {"sweep": self.sweep, "experiment": self.experiment, "metric": self.metric, "tune": list(self.tune),
                 "baseline": c.baseline, "level": c.level, "pooled_sd": c.pooled_sd, "df": c.df, "draws": c.draws,
                 "noise": self.noise,
-                "cells": [{"cell": b.cell, "kind": self.kinds[b.cell], "panel": self.panels[b.cell], "winner": b.winner, "n": b.n, "mean": b.mean, "rivals": b.rivals,
-                           "bias": b.bias, "kept": b.kept, "delta": b.delta, "lo": b.lo, "hi": b.hi,
+                "cells": [{"cell": b.cell, "kind": self.kinds[b.cell], "panel": self.panels[b.cell],
+                           "winner": b.winner, "n": b.n, "mean": b.mean, "rivals": b.rivals, "bias": b.bias,
+                           "kept": b.kept, "delta": b.delta, "lo": b.lo, "hi": b.hi,
                            "verdict": b.verdict, "sentence": b.sentence, "edge": self.edges[b.cell],
                            "sensitivity": sensitivity(b, self.stability[b.cell], c.pooled_sd, self.unit),
                            "candidates": self._candidates(b)} for b in c.cells],

@@ -79,7 +79,7 @@ def train(
 
     Resumes from ``resume_from``, else from the newest intact checkpoint in ``run_dir``; a run
     that already reached its budget returns at once. ``branch_from``: a checkpoint of another run
-    to start from when ``run_dir`` has none of its own yet (a cooldown branch, ``train.branch``:
+    to start from when ``run_dir`` has none of its own yet (a cooldown branch, diffsweep.train.branch:
     a new MLflow run tagged with its parent). ``callbacks`` get ``(step, metrics)`` after every
     step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
@@ -135,7 +135,8 @@ def _train_in_group(config: ResolvedConfig, run_dir: Path, world: World, dataset
     branched = state is None and branch_from is not None
     if branched:
         assert branch_from is not None
-        resume_path, state = branch_from, _load_branch_state(branch_from, config, dataset, world)
+        resume_path, state = branch_from, _load_resume_state(branch_from, config, dataset, world, branch=True)
+        ckpt.verify_shards(branch_from)
     if state is not None and state["step"] >= t.total_steps:
         if rank == 0 and state["mlflow_run_id"]:
             MlflowTracker(uri, run_id=state["mlflow_run_id"]).ensure_finished()
@@ -451,30 +452,21 @@ def _resume_point(resume_from: Path | None, run_dir: Path, config: ResolvedConfi
     return None, None
 
 
-def _load_resume_state(path: Path, config: ResolvedConfig, dataset: TokenDataset, world: World) -> dict:
+def _load_resume_state(path: Path, config: ResolvedConfig, dataset: TokenDataset, world: World, *,
+                       branch: bool = False) -> dict:
+    """A checkpoint's training state, checked against this run: one of its own (the same run key),
+    or with ``branch`` another run's to start from (``branch.check_branch``). Nothing is written."""
     state = ckpt.load_checkpoint(path)
-    if state["run_key"] != run_key(config):
+    if branch:
+        check_branch(state, config, path)
+    elif state["run_key"] != run_key(config):
         raise ConfigError(str(path), f"written by a different config (run key {state['run_key']}, "
                           f"this config's is {run_key(config)})")
     if state["data"]["fingerprint"] != dataset.meta.fingerprint:
         raise ConfigError(str(path), f"written for a different dataset than {dataset.path}")
     if world.distributed and _by_position(state):
         raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep (optimizer state "
-                          "by position); resume it on one process")
-    return state
-
-
-def _load_branch_state(path: Path, config: ResolvedConfig, dataset: TokenDataset, world: World) -> dict:
-    """Another run's checkpoint to start a branch from, read and checked (``branch.check_branch``),
-    its shards' checksums verified; nothing in it is written."""
-    state = ckpt.load_checkpoint(path)
-    check_branch(state, config, path)
-    if state["data"]["fingerprint"] != dataset.meta.fingerprint:
-        raise ConfigError(str(path), f"written for a different dataset than {dataset.path}")
-    if world.distributed and _by_position(state):
-        raise ConfigError(str(path), f"step {state['step']} was written by an older diffsweep (optimizer state "
-                          "by position); branch from it on one process")
-    ckpt.verify_shards(path)
+                          f"by position); {'branch from' if branch else 'resume'} it on one process")
     return state
 
 

@@ -221,3 +221,10 @@ tune:
     r = cli("suggest", "f", "--boot", "100", "--draws", "8", "--no-seeds", "--sizes", "3M", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["extend"]) == 10  # a tuned fit folder is refitted tuned
+    # every run finished and no seeds or sizes asked for: the extensions alone; --launch submits none of them
+    # (they are not in the sweep) and says so
+    r = cli("suggest", str(sweep), "--boot", "100", "--draws", "8", "--no-seeds", "--budget", "1", "--launch",
+            cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert r.returncode == 0, r.stderr
+    assert "launched 0 run(s): none; not in the sweep, so not launched: transformer @ " in r.stdout
+    assert "first, extend the tuning grid: 10 cell(s)" in r.stdout
