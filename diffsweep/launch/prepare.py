@@ -406,7 +406,8 @@ def prepare_status(out: Path) -> PrepareStatus:
 
 
 def wait(out: Path, poll_s: float = 1.0, on_change: Callable[[PrepareStatus], None] | None = None) -> PrepareStatus:
-    """Follow the launched prepare until it is finished or none of its tasks is pending or running."""
+    """Follow the launched prepare until none of its tasks is pending or running: a finished dataset's last task
+    has exited too (it finishes the dataset just before it exits, so "finished" alone returned while it ran)."""
     seen = None
     while True:
         status = prepare_status(out)
@@ -414,7 +415,7 @@ def wait(out: Path, poll_s: float = 1.0, on_change: Callable[[PrepareStatus], No
         if on_change is not None and summary != seen:
             on_change(status)
         seen = summary
-        if status.finished or not status.active:
+        if not status.active:
             return status
         time.sleep(poll_s)
 

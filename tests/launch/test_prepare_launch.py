@@ -208,3 +208,26 @@ def test_slurm_pending_tasks_block_a_relaunch_and_cancel_stops_them(tmp_path, sl
     assert r.returncode == 0 and "launched 2 of 2 tasks" in r.stdout, r.stdout + r.stderr
     report = status("ds", tmp_path)
     assert report["finished"] and [t["attempts"] for t in report["tasks"]] == [2, 2]
+
+
+def test_wait_returns_only_once_the_task_that_finished_the_dataset_has_exited(monkeypatch):
+    """The last task writes ``finished.json`` just before it exits: a wait that returned on "finished" let a
+    status right after it show that task RUNNING (seen once in CI). Pure logic: the statuses are given."""
+    from diffsweep.launch import prepare
+
+    def task(state: str) -> prepare.TaskStatus:
+        return prepare.TaskStatus(task=0, shards=[0], written=1, attempts=1, executor="local", job_id="1",
+                                  state=state, error=None)
+
+    polls = iter([False, True, True, True])  # finished from the 2nd poll; the task exits at the 4th
+    states = iter(["RUNNING", "RUNNING", "RUNNING", "COMPLETED"])
+    seen: list[tuple[bool, str]] = []
+
+    def fake_status(out):
+        return prepare.PrepareStatus(out=out, folder=out, num_shards=1, written=1, finished=next(polls),
+                                     tasks=[task(next(states))])
+
+    monkeypatch.setattr(prepare, "prepare_status", fake_status)
+    done = prepare.wait(Path("ds"), poll_s=0, on_change=lambda s: seen.append((s.finished, s.tasks[0].state)))
+    assert done.finished and done.tasks[0].state == "COMPLETED"
+    assert seen == [(False, "RUNNING"), (True, "RUNNING"), (True, "COMPLETED")]
