@@ -31,6 +31,12 @@ JOB_FILE = "job.json"  # the launched job's last state (running, finished, preem
 LAUNCH_CONFIG = "launch_config.yaml"  # the resolved config a launched job trains
 LAUNCH_EVAL = "launch_eval.json"  # the probes a launched job runs once it has trained (the sweep's eval:)
 SNAPSHOT_FILE = "SNAPSHOT.json"  # in a launch's code snapshot: the commit and dirty flag it was made from
+CHECKPOINTS = "checkpoints"  # the run's checkpoints, one ``step_XXXXXXXX`` directory each (diffsweep.train.checkpoint)
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the run's checkpoint of ``step`` is once saved (what a cooldown branch starts from)."""
+    return run_dir / CHECKPOINTS / f"step_{step:08d}"
 
 
 @dataclass(frozen=True)

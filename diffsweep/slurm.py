@@ -183,6 +183,19 @@ def cancel(job_ids: list[str], wait_s: float = 15.0) -> tuple[dict[str, str], st
         time.sleep(1)
 
 
+def release(job_ids: list[str]) -> str:
+    """``scontrol release``: let held jobs start. Returns what scontrol said when it failed ("" if
+    it did not; a job released already or gone is no failure of the release)."""
+    try:
+        out = subprocess.run(["scontrol", "release", *job_ids], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"scontrol release failed ({exc})"
+    said = [line for line in out.stderr.strip().splitlines()
+            if line.strip() and "not held" not in line.lower() and "already completed" not in line.lower()
+            and "invalid job id" not in line.lower()]
+    return f"scontrol release: {said[0]}" if out.returncode != 0 and said else ""
+
+
 def sbatch_error(exc: BaseException) -> str:
     """What sbatch said when it refused a job (submitit raises with its whole output): the line
     that names the error, else the first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -85,6 +86,7 @@ def _row(r, status: bool) -> dict:
         "time_min": res.time_min, "mem_gb": res.mem_gb, "resources_source": "submitted" if submitted else "estimate",
         "submitted_profile": submitted[1] if submitted else None, "state": r.state.state,
         "detail": r.state.detail, "run_dir": str(r.run_dir), "origin": r.run.origin,
+        "branch": asdict(r.run.branch) if r.run.branch else None,
     } | _ids(r.ledger_entry, r.run_dir)
 
 
@@ -202,7 +204,7 @@ def plan(
     FLOPs/token, tokens, batch, lr schedule, seeds), with the setting that matches a difference.
     """
     from diffsweep.launch.api import audit_plan, check_launch_options, plan_sweep
-    from diffsweep.sweep import tune
+    from diffsweep.sweep import branches, tune
 
     check_launch_options(budget=budget, audit_threshold=audit_threshold)
     p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
@@ -220,6 +222,8 @@ def plan(
             typer.echo("--set in every run: " + ", ".join(f"{k}={v}" for k, v in p.spec.overrides.items()))
         _render(p, all_, status=False)
         for line in tune.describe(cells, p.spec.tune) if p.spec.tune else []:
+            typer.echo(line)
+        for line in branches.describe([r.run for r in p.runs], p.spec.branches) if p.spec.branches else []:
             typer.echo(line)
         for line in audit.lines():
             typer.echo(line)

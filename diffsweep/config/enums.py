@@ -58,7 +58,17 @@ class LRSchedule(StrEnum):
 
     LINEAR = "linear"  # linear decay to min_lr (paper)
     COSINE = "cosine"
-    WSD = "wsd"  # warmup-stable-decay
+    WSD = "wsd"  # warmup-stable-decay: constant, then a linear cooldown over the last decay_fraction
+    WSD_SQRT = "wsd_sqrt"  # the same with a 1 - sqrt cooldown (Hägele et al. 2024)
+    WSD_COSINE = "wsd_cosine"  # the same with a cosine cooldown
+
+    @property
+    def is_wsd(self) -> bool:
+        """Warmup-stable-decay: the learning rate until the cooldown does not depend on the run's length."""
+        return self in WSD_SCHEDULES
+
+
+WSD_SCHEDULES = frozenset({LRSchedule.WSD, LRSchedule.WSD_SQRT, LRSchedule.WSD_COSINE})
 
 
 class Precision(StrEnum):

@@ -21,6 +21,7 @@ NOT_IDENTITY = (
     "train.eval_tokens",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "train.checkpoint_at",
     "train.spike_threshold",
     "train.parallel",
     "train.activation_checkpointing",

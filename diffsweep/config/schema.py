@@ -101,7 +101,7 @@ class TrainConfig:
     weight_decay: float = 0.05
     warmup_steps: int = 375
     schedule: LRSchedule = LRSchedule.LINEAR
-    decay_fraction: float = 0.2  # wsd only: share of steps spent decaying
+    decay_fraction: float = 0.2  # wsd schedules only: share of steps spent decaying (the cooldown)
     grad_clip: float = 1.0
     precision: Precision = Precision.AUTO
     # Several processes (torchrun, or one Slurm task per GPU): how the model is spread over them,
@@ -113,6 +113,8 @@ class TrainConfig:
     log_every: int = 10  # steps between console lines (MLflow gets every step, batched)
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3  # newest k checkpoints kept; older ones are deleted
+    # Steps also checkpointed, and never deleted: a sweep's cooldown branches start from them.
+    checkpoint_at: tuple[int, ...] = ()
     # A loss spike: a step whose train loss exceeds the mean of the previous 100 steps by more
     # than this many of their standard deviations (counted, logged; the run goes on).
     spike_threshold: float = 6.0
@@ -125,6 +127,16 @@ class TrainConfig:
         if self.max_tokens is None:  # validation refuses a config with neither
             raise ConfigError("train.max_steps", "set exactly one of train.max_steps and train.max_tokens (got neither)")
         return -(-self.max_tokens // self.batch_tokens)
+
+    @property
+    def decay_start(self) -> int:
+        """The last step at the peak learning rate: the end of warmup, or with a wsd schedule the
+        end of the stable phase (the cooldown is the last ``decay_fraction`` of the steps, at
+        least one)."""
+        n = self.total_steps
+        if not self.schedule.is_wsd:
+            return self.warmup_steps
+        return max(self.warmup_steps, n - max(1, round(self.decay_fraction * n)))
 
 
 @dataclass(frozen=True, kw_only=True)

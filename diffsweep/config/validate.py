@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import warnings
 
-from diffsweep.config.enums import AttentionKind, LRSchedule
+from diffsweep.config.enums import AttentionKind
 from diffsweep.config.errors import ConfigError, ConfigWarning
 from diffsweep.config.kinds import kind_spec, kind_specs
 from diffsweep.config.lambda_init import LambdaInit
@@ -293,9 +293,12 @@ def _check_train(t: TrainConfig) -> None:
         budget = f"train.max_steps = {t.max_steps}" if t.max_steps is not None else (
             f"the {steps} steps of train.max_tokens = {t.max_tokens}")
         raise ConfigError(f"{key}.warmup_steps", f"{t.warmup_steps} is not below {budget}")
+    for i, at in enumerate(t.checkpoint_at):
+        if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at <= steps:
+            raise ConfigError(f"{key}.checkpoint_at[{i}]", f"expected a step from 1 to the run's {steps}, got {at!r}")
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"{key}.decay_fraction", f"expected a value in (0, 1], got {t.decay_fraction}")
-    if t.schedule is not LRSchedule.WSD and t.decay_fraction != TrainConfig().decay_fraction:
+    if not t.schedule.is_wsd and t.decay_fraction != TrainConfig().decay_fraction:
         warnings.warn(
             f"{key}.decay_fraction: {t.decay_fraction} has no effect with schedule {t.schedule.value!r} "
             "(only wsd uses it)",

@@ -31,6 +31,10 @@ class Attempt:
     queue_item: str | None = None  # local, queued: the pickle of the job the queue starts (then None)
     profile: str | None = None  # the profile it was submitted with (None: a ledger from before it was recorded)
     resources: dict[str, Any] | None = None  # what it asked for (``Resources`` fields), as submitted
+    # A cooldown branch: the parent's checkpoint it starts from. Its job is held until that exists
+    # (Slurm: submitted held, released by ``diffsweep.launch.gates``; local: the queue waits for it).
+    gate: str | None = None
+    released: str | None = None  # when its held job was released
 
 
 class AttemptStore(ABC):

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,18 @@ class TrainJob(submitit.helpers.Checkpointable):
     """Train one resolved config in its run directory; resumable and requeueable."""
 
     def __init__(self, config: dict[str, Any], run_dir: str, experiment: str, tracking_uri: str,
-                 tags: dict[str, str], evals: EvalRequest | None = None) -> None:
+                 tags: dict[str, str], evals: EvalRequest | None = None, branch_from: str | None = None,
+                 store: list[str] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.experiment = experiment
         self.tracking_uri = tracking_uri
         self.tags = tags
         self.evals = evals  # the sweep's eval: section, run once trained (``launch.submit.eval_request``)
+        self.branch_from = branch_from  # a cooldown branch: the parent's checkpoint it starts from
+        # a parent of cooldown branches: the sweep's ledger (``AttemptStore.spec``), whose held
+        # branches it releases once it has saved their branch points (``diffsweep.launch.gates``)
+        self.store = store
 
     def __call__(self) -> dict[str, Any]:
         from diffsweep.train.preemption import catch_early_sigterm
@@ -73,6 +79,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         try:
             config = config_from_dict(self.config)
             total = config.train.total_steps
+            release = self._releaser(config.train.checkpoint_at)
+            release(0, {})  # a requeued parent may have saved a branch point before it stopped
             first: list[tuple[int, float]] = []  # the first step this start trained, and when
             last = [0.0]
 
@@ -87,7 +95,9 @@ class TrainJob(submitit.helpers.Checkpointable):
                         pace["seconds_per_step"] = round((clock - clock0) / (step - step0), 6)
                     write_job_state(run_dir, "running", **running, step=step, total=total, **pace)
 
-            result = train(config, run_dir, experiment=self.experiment, tags=self.tags, callbacks=(report_step,))
+            branch_from = getattr(self, "branch_from", None)  # a job pickled before branches has none
+            result = train(config, run_dir, experiment=self.experiment, tags=self.tags,
+                           branch_from=Path(branch_from) if branch_from else None, callbacks=(report_step, release))
         except Diverged as exc:  # the same config diverges again: not retried (see launch.state)
             write_job_state(run_dir, "failed", **ident, reason=f"diverged: {exc}", retryable=False)
             raise
@@ -115,6 +125,30 @@ class TrainJob(submitit.helpers.Checkpointable):
             if callable(handler):
                 handler(signal.SIGUSR2, None)
         raise Preempted(reason)
+
+    def _releaser(self, steps: tuple[int, ...]) -> Callable[[int, dict[str, float]], None]:
+        """A step callback that releases the sweep's held cooldown branches once a checkpoint of
+        ``steps`` is saved (step 0: at the job's start). It never fails the run: a failed release
+        is printed, and the next branch point, a relaunch or the parent's next start retries it."""
+        spec = getattr(self, "store", None)
+        points = set(steps)
+
+        def release(step: int, metrics: dict[str, float]) -> None:
+            if spec is None or _global_rank() != 0 or (step and step not in points):
+                return
+            from diffsweep.launch.attempt import load_store
+            from diffsweep.launch.gates import release_ready
+
+            try:
+                released, errors = release_ready(load_store(spec))
+            except Exception as exc:  # noqa: BLE001 (training goes on; the release is retried)
+                errors, released = [f"{type(exc).__name__}: {exc}"], []
+            for line in errors:
+                print(f"could not release the cooldown branches: {line}", file=sys.stderr, flush=True)
+            if released:
+                print(f"released {len(released)} cooldown branch(es) at step {step}", flush=True)
+
+        return release
 
     def _evaluate(self, run_dir: Path, write_job_state: Any, running: dict[str, Any], step: int, total: int
                   ) -> dict[str, Any]:

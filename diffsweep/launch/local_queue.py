@@ -1,7 +1,8 @@
 """The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process that starts
 the queued jobs of one record (a sweep's ledger, a launched prepare's ``launch.json``: an
 ``AttemptStore``) through submitit's ``LocalExecutor``, at most N at a time, records each job there,
-and exits when all have ended. Usage (internal): ``python -m diffsweep.launch.local_queue
+and exits when all have ended. A job with a gate (a cooldown branch: its parent's checkpoint) starts
+once the gate exists; one whose gate no running job can write any more fails to start. Usage (internal): ``python -m diffsweep.launch.local_queue
 MODULE:STORE FOLDER N``.
 """
 
@@ -18,6 +19,7 @@ import submitit
 from diffsweep.launch.attempt import load_store
 from diffsweep.launch.local_scheduler import LOCAL_TIMEOUT_MIN, closed_marker
 from diffsweep.lockfile import proc_start
+from diffsweep.rundir import now
 
 POLL_S = 1.0
 
@@ -35,10 +37,19 @@ def main(spec: list[str], parallel: int) -> None:
         with store.locked():
             record = store.read()
             queued = [a for a in store.latest(record) if a.state == "queued" and a.queue_pid == me]
-            if not queued and not running:
+            # a cooldown branch waits for its parent's checkpoint (its gate) to exist
+            ready = [a for a in queued if a.gate is None or Path(a.gate).exists()]
+            if not ready and not running:
+                for a in queued:  # gated, and no job of this queue is left to write their gates
+                    a.state = "failed-to-start"
+                    print(f"could not start {Path(a.queue_item or '').stem}: the parent's checkpoint {a.gate} does "
+                          "not exist and no job of this queue is running to write it; launch again once the "
+                          "parent has trained past it", flush=True)
+                if queued:
+                    store.write(record)
                 closed_marker(store, me).touch()
                 return
-            for a in queued[: max(0, parallel - len(running))]:
+            for a in ready[: max(0, parallel - len(running))]:
                 item = Path(a.queue_item or "")
                 name = item.stem
                 os.environ["PYTHONPATH"] = os.pathsep.join([a.code_dir, *user_path])
@@ -58,6 +69,8 @@ def main(spec: list[str], parallel: int) -> None:
                     running[job.job_id] = job
                     item.unlink(missing_ok=True)  # submitit keeps its own pickle of the job
                     a.queue_item = None
+                    if a.gate is not None:
+                        a.released = now()  # held until its gate existed, as on Slurm
                     print(f"started {name} as local job {job.job_id}", flush=True)
                 store.write(record)  # at once: the job exists now
         time.sleep(POLL_S)

@@ -44,6 +44,8 @@ def waiting_state(attempt: Attempt) -> tuple[str, str] | None:
         return "FAILED", "the local queue could not start it (see its log, logs/queue-*.log)"
     if attempt.state == "queued":
         if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
+            if attempt.gate is not None and not Path(attempt.gate).exists():
+                return "PENDING", f"waits for {Path(attempt.gate).parent.parent.name} to checkpoint {Path(attempt.gate).name}"
             return "PENDING", "local queue"
         return "FAILED", "the local queue stopped before starting it"
     return None
@@ -82,7 +84,8 @@ class LocalScheduler(Scheduler):
             item = queued / f"{stamp}-{os.getpid()}-{i}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.pkl"
             item.write_bytes(pickle.dumps((name, call)))
             attempts.append(Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
-                                    folder=str(array.folder), state="queued", queue_item=str(item)))
+                                    folder=str(array.folder), state="queued", queue_item=str(item),
+                                    gate=array.gate(i)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (array.code_dir, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // parallel)))  # no oversubscription

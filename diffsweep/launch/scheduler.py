@@ -60,6 +60,12 @@ class JobArray:
     max_parallel: int | None = None  # jobs executing at once (None: the scheduler's default)
     noun: str = "jobs"  # what messages call them: "submitted 4 runs as Slurm array 17"
     echo: Callable[[str], None] = _quiet
+    # Each job's gate: a path (a parent run's checkpoint) it must not start before; jobs with gates
+    # are submitted held and released by ``release`` once it exists (none: every job may start).
+    gates: Sequence[str | None] = ()
+
+    def gate(self, index: int) -> str | None:
+        return self.gates[index] if self.gates else None
 
 
 class Scheduler(ABC):
@@ -142,6 +148,11 @@ class Scheduler(ABC):
     def cancel(self, attempts: list[Attempt]) -> tuple[dict[str, str], str]:
         """Stop the attempts' jobs (they save a checkpoint first). Returns the jobs still pending or
         running afterwards, by id with their states, and an error saying why ("" if none are)."""
+
+    def release(self, attempts: list[Attempt]) -> str:
+        """Let the held jobs of ``attempts`` start (their gates exist now). Returns what went wrong
+        ("" if nothing). Default: nothing to do (a scheduler whose queue waits for gates itself)."""
+        return ""
 
     def check_tasks(self, profile: Profile) -> None:
         """What ``data prepare --launch`` checks with the scheduler before anything is written

@@ -65,8 +65,11 @@ class SlurmScheduler(Scheduler):
         import submitit
 
         executor = submitit.SlurmExecutor(folder=array.folder / "%j", max_num_timeout=array.profile.max_num_timeout)
-        executor.update_parameters(**self.parameters(array.resources, array.profile, job_name=array.job_name,
-                                                     code_dir=array.code_dir, max_parallel=array.max_parallel))
+        params = self.parameters(array.resources, array.profile, job_name=array.job_name, code_dir=array.code_dir,
+                                 max_parallel=array.max_parallel)
+        if any(array.gates):  # held until released (``diffsweep.launch.gates``): one array of gated jobs
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), "hold": True}
+        executor.update_parameters(**params)
         attempts: list[Attempt] = []
         for part in chunks(len(array.calls), max_array_size(array.profile)):
             try:
@@ -77,7 +80,7 @@ class SlurmScheduler(Scheduler):
                 raise ConfigError("slurm", f"sbatch refused the job array: {slurm.sbatch_error(exc)}") from None
             new = [(j, Attempt(executor=self.name, submitted=now(), code_dir=array.code_dir,
                                folder=str(job.paths.folder), job_id=job.job_id, stdout=str(job.paths.stdout),
-                               stderr=str(job.paths.stderr))) for j, job in zip(part, handles)]
+                               stderr=str(job.paths.stderr), gate=array.gate(j))) for j, job in zip(part, handles)]
             with array.store.locked():
                 array.record(new)
             attempts += [a for _, a in new]
@@ -87,6 +90,10 @@ class SlurmScheduler(Scheduler):
 
     def states(self, attempts: list[Attempt]) -> dict[str, str]:
         return slurm.states([a.job_id for a in attempts if a.job_id is not None])
+
+    def release(self, attempts: list[Attempt]) -> str:
+        ids = [a.job_id for a in attempts if a.job_id is not None]
+        return slurm.release(ids) if ids else ""
 
     def cancel(self, attempts: list[Attempt]) -> tuple[dict[str, str], str]:
         ids = [a.job_id for a in attempts if a.job_id is not None]

@@ -20,11 +20,12 @@ from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.fsutil import empty_folder
 from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.gates import release_ready
 from diffsweep.launch.ledger import LAUNCH_LOCK, Entry, Ledger, SweepStore, ledger_path, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.resources import Resources
 from diffsweep.launch.scheduler import JobArray, get_scheduler
-from diffsweep.rundir import EvalRequest, write_launch_config, write_launch_eval
+from diffsweep.rundir import EvalRequest, checkpoint_dir, write_launch_config, write_launch_eval
 from diffsweep.sweep.spec import EvalSettings
 
 
@@ -112,14 +113,22 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     ensure_experiment(tracking_uri, plan.spec.experiment)
     code_dir = str(snapshot_code(plan.out))
     scheduler = get_scheduler(plan.profile.executor)
-    classes: dict[Resources, list[PlanRow]] = defaultdict(list)
+    store = SweepStore(plan.out)
+    starts = _branch_starts(plan)
+    # One array per resource class, shortest first; the cooldown branches whose parents have not
+    # saved their branch points yet after all others (held until they have: diffsweep.launch.gates).
+    classes: dict[tuple[bool, Resources], list[PlanRow]] = defaultdict(list)
     for r in sel.submit:
-        classes[r.estimate.resources].append(r)
+        start = starts.get(r.run.key)
+        classes[(start is not None and not start.exists(), r.estimate.resources)].append(r)
     submitted: list[tuple[PlanRow, Attempt]] = []  # as recorded in the ledger
-    for i, (resources, runs) in enumerate(sorted(classes.items(), key=lambda kv: kv[0].time_min)):
+    order = sorted(classes.items(), key=lambda kv: (kv[0][0], kv[0][1].time_min))
+    for i, ((gated, resources), runs) in enumerate(order):
         calls = [TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
                           {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
-                          evals=eval_request(plan.spec.eval)) for r in runs]
+                          evals=eval_request(plan.spec.eval),
+                          branch_from=str(starts[r.run.key]) if r.run.key in starts else None,
+                          store=store.spec() if r.run.config.train.checkpoint_at else None) for r in runs]
 
         def record(attempts: list[tuple[int, Attempt]], runs: list[PlanRow] = runs) -> None:
             pairs = [(runs[j], a) for j, a in attempts]
@@ -130,13 +139,27 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
             scheduler.submit(JobArray(
                 calls=calls, names=[r.run.name for r in runs], resources=resources, profile=plan.profile,
                 folder=plan.out / "jobs", job_name=f"{plan.spec.name}-{i}", code_dir=code_dir,
-                store=SweepStore(plan.out), record=record, max_parallel=max_parallel, noun="runs", echo=echo))
+                store=store, record=record, max_parallel=max_parallel, noun="runs", echo=echo,
+                gates=[str(starts[r.run.key]) for r in runs] if gated else ()))
         except ConfigError as exc:
             if not submitted:
                 raise
             raise ConfigError(exc.key, f"{exc.message} ({len(submitted)} runs were submitted before; launch again "
                               "after fixing it)") from None
+    if any(gated for gated, _ in classes):  # a parent may have saved a branch point meanwhile
+        released, errors = release_ready(store)
+        if released:
+            echo(f"released {len(released)} cooldown branch(es) whose parent checkpoint exists")
+        for line in errors:
+            echo(f"warning: {line}; the parents' jobs release them again at their next branch point")
     return submitted
+
+
+def _branch_starts(plan: SweepPlan) -> dict[str, Path]:
+    """The parent checkpoint each cooldown branch of the plan starts from, by the branch's key."""
+    dirs = {r.run.key: r.run_dir for r in plan.runs}
+    return {r.run.key: checkpoint_dir(dirs[r.run.branch.parent_key], r.run.branch.step)
+            for r in plan.runs if r.run.branch is not None}
 
 
 def eval_request(settings: EvalSettings) -> EvalRequest | None:

@@ -206,8 +206,10 @@ def records(runs: Iterable[Any], tuned: Sequence[str] = ()) -> list[ArmRecord]:
 
 def audit_runs(runs: Sequence[Any], threshold: float = DEFAULT_THRESHOLD, baseline: str | None = None,
                tuned: Sequence[str] = ()) -> Audit:
-    """The audit of a sweep's runs (``SweepRun``s, e.g. a plan's); ``tuned``: its tuning axes."""
-    return audit_records(records(runs, tuned), threshold, baseline, tuned)
+    """The audit of a sweep's runs (``SweepRun``s, e.g. a plan's); ``tuned``: its tuning axes.
+    Cooldown branches are their parents' shorter copies: the parents are audited."""
+    parents = [r for r in runs if getattr(r, "branch", None) is None]
+    return audit_records(records(parents, tuned), threshold, baseline, tuned)
 
 
 def audit_records(items: Sequence[ArmRecord], threshold: float = DEFAULT_THRESHOLD,

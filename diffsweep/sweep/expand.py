@@ -10,6 +10,7 @@ own rules and ``derive``); validation with the run config rules; duplicate check
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -34,6 +35,14 @@ from diffsweep.config.identity import flatten, run_key
 from diffsweep.config.kinds import NameToken, kind_spec, kind_specs
 from diffsweep.config.loading import copy_tree, read_yaml, set_dotted
 from diffsweep.model import counting
+from diffsweep.sweep.branches import (
+    Branch,
+    BranchSettings,
+    branch_config,
+    check_branch_of,
+    cooldown_flops,
+    with_checkpoints,
+)
 from diffsweep.sweep.derive import derive_value
 from diffsweep.sweep.spec import SweepSpec
 
@@ -91,7 +100,8 @@ class SweepRun:
     num_params: int
     num_non_embedding_params: int
     tokens: int
-    flops: float  # training FLOPs: train FLOPs/token x tokens (diffsweep.model.counting conventions)
+    flops: float  # training FLOPs: train FLOPs/token x tokens (diffsweep.model.counting conventions); a branch's cooldown's
+    branch: Branch | None = None  # a cooldown branch: its parent run and branch point (diffsweep.sweep.branches)
 
     @property
     def kind(self) -> str:
@@ -157,8 +167,42 @@ def expand(spec: SweepSpec) -> Expansion:
             num_non_embedding_params=counting.num_non_embedding_params(config.model), tokens=tokens,
             flops=float(counting.train_flops_per_token(config.model, config.train.seq_len)) * tokens,
         ))
+    if spec.branches is not None:
+        runs = _with_branches(runs, spec.branches, f"{spec.path}: branches.{spec.branches.unit}", seen)
     _unique_names(runs)
     return Expansion(runs=runs, warnings=list(messages))
+
+
+def _with_branches(parents: list[SweepRun], settings: BranchSettings, where: str, seen: dict[str, str]
+                   ) -> list[SweepRun]:
+    """Each run followed by its cooldown branches; the run checkpoints (and keeps) their branch points."""
+    out: list[SweepRun] = []
+    budget_key = "train.max_steps" if settings.steps else "train.max_tokens"
+    for parent in parents:
+        family: list[SweepRun] = []
+        points: set[int] = set()
+        for i, budget in enumerate(settings.budgets):
+            config = branch_config(parent.config, settings, budget, f"{where}[{i}]")
+            step = check_branch_of(parent.config, config, parent.name, f"{where}[{i}]")
+            points.add(step)
+            key = run_key(config)
+            origin = f"branches.{settings.unit}[{i}] of {parent.origin}"
+            if key in seen:
+                raise ConfigError(f"{where}[{i}]", f"duplicate run: {seen[key]} and {origin} resolve to the same "
+                                  f"config (key {key}); remove one of them")
+            seen[key] = origin
+            text = str(budget) if settings.steps else _human(budget)
+            family.append(SweepRun(
+                key=key, name=f"{parent.name}-branch_{text}", origin=origin, config=config,
+                values={**parent.values, budget_key: budget}, num_params=parent.num_params,
+                num_non_embedding_params=parent.num_non_embedding_params,
+                tokens=config.train.max_tokens or config.train.total_steps * config.train.batch_tokens,
+                flops=cooldown_flops(config, step),
+                branch=Branch(parent_key=parent.key, parent_name=parent.name, step=step, budget=budget,
+                              unit=settings.unit, cooldown=settings.cooldown, shape=settings.shape)))
+        out.append(dataclasses.replace(parent, config=with_checkpoints(parent.config, points)))
+        out += family
+    return out
 
 
 def _points(spec: SweepSpec) -> list[_Point]:

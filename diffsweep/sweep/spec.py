@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.decode import AtLeast, Check, decode, decode_value, did_you_mean, strict_string, unknown_key
 from diffsweep.config.loading import parse_override, read_yaml
+from diffsweep.sweep.branches import BranchSettings, check_settings
 from diffsweep.sweep.derive import check_rule
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -87,6 +88,7 @@ class SweepSpec:
         derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
         launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
         eval: {probes: [outliers, needle], settings: {needle: {samples: 10}}, steps: [2000]}   # after training
+        branches: {steps: [2000, 4000], cooldown: 0.2, shape: linear}   # cooldown branches; see sweep.branches
 
     A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
     ``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
@@ -113,11 +115,12 @@ class SweepSpec:
     derive: dict[str, dict[str, Any]] = field(default_factory=dict)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    branches: BranchSettings | None = None  # cooldown branches of every run (``diffsweep.sweep.branches``)
 
 
 TOP_KEYS = ("name", "experiment", "extends", "base", "set", "grid", "zip", "runs", "tune", "seeds", "include",
-            "exclude", "derive", "launch", "eval")
-MERGED_KEYS = ("set", "grid", "tune", "derive", "launch", "eval")  # merged key by key under ``extends``; others replace
+            "exclude", "derive", "launch", "eval", "branches")
+MERGED_KEYS = ("set", "grid", "tune", "derive", "launch", "eval", "branches")  # merged key by key under ``extends``; others replace
 OWN_KEYS = ("name", "experiment", "extends")  # never inherited (nor launch.output)
 
 
@@ -156,6 +159,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
         exclude=raw["exclude"], derive=raw["derive"], launch=launch,
         eval=EvalSettings(probes=tuple(raw["eval"].get("probes", ())), settings=raw["eval"].get("settings", {}),
                           steps=tuple(raw["eval"].get("steps", ()))),
+        branches=_branches(raw["branches"], where) if raw["branches"] is not None else None,
     )
     return dataclasses.replace(spec, overrides=_overrides(spec, overrides))
 
@@ -337,6 +341,14 @@ def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) ->
                    expected="a mapping")
     # only what it writes (a child's merge over its parent's), as plain data (checked again when merged)
     out["eval"] = {key: (list(v) if isinstance(v := getattr(evals, key), tuple) else v) for key in raw.get("eval") or {}}
+    out["branches"] = None
+    if raw.get("branches") is not None:  # only what it writes, as plain data (a child's merges over its parent's)
+        branches = _branches(raw["branches"], where, complete=False)
+        out["branches"] = {key: (list(v) if isinstance(v := getattr(branches, key), tuple) else v)
+                           for key in raw["branches"]}
+        if tune:
+            raise ConfigError(f"{where}: branches", "cooldown branches of a tuned sweep are not supported yet; "
+                              "expected a sweep with either tune or branches")
     _check_count(out, launch.get("max_runs", LaunchSettings().max_runs), where)
     if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds", f"repeats a seed: {seeds}")
@@ -357,7 +369,9 @@ def _check_count(sections: dict[str, Any], max_runs: int, where: str) -> None:
     seeds = sections["seeds"]
     factors["runs"] = len(sections["runs"])
     factors["seeds"] = seeds if isinstance(seeds, int) else len(seeds) if seeds is not None else 1
-    total = points * factors["seeds"]
+    branches = sections.get("branches") or {}
+    factors["branches"] = 1 + len(branches.get("steps") or branches.get("tokens") or ())  # each run and its branches
+    total = points * factors["seeds"] * factors["branches"]
     if total > max_runs:
         biggest = max(factors, key=lambda k: factors[k])
         count = f"{total:,}" if total < 10**15 else f"{total:.3g}"
@@ -392,6 +406,15 @@ def _overrides(spec: SweepSpec, items: Sequence[str]) -> dict[str, Any]:
             raise ConfigError("set", f"{key} is set by {owners[key]}; --set applies to every run, so it cannot "
                               "replace it (select runs with --only, or write a sweep that extends this one)")
     return out
+
+
+def _branches(raw: Any, where: str, *, complete: bool = True) -> BranchSettings:
+    """The ``branches:`` section, decoded; ``complete``: the whole of it (a merged chain's), whose
+    budgets are checked too."""
+    settings = decode(BranchSettings, raw, "branches", source=where, noun="branches setting", expected="a mapping")
+    if complete:
+        check_settings(settings, where)
+    return settings
 
 
 def _launch(raw: Any, directory: Path, where: str) -> dict[str, Any]:

@@ -5,8 +5,9 @@ optimizer state as ``torch.distributed.checkpoint`` (DCP) shards written by ever
 holds the whole model; a run saved on N processes resumes on M), ``train_state.pt`` (the rest,
 written by rank 0) and ``checksums.json`` (every other file's size and CRC-32, written last). It is
 written into ``.step_XXXXXXXX.tmp/`` and renamed into place by rank 0 once every process has written
-its shards; only the newest ``keep`` are kept. Loading never runs code from a checkpoint, and checks
-every file before training resumes from it (``load_checkpoint``, ``verify_shards``).
+its shards; only the newest ``keep`` are kept, and those of ``train.checkpoint_at``. Loading never runs
+code from a checkpoint, and checks every file before training resumes from it (``load_checkpoint``,
+``verify_shards``).
 
 See docs/training.md, 'Checkpoints, resume and preemption' (and the page it links for several processes).
 """
@@ -33,6 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import AtLeast, read_json_record
 from diffsweep.fsutil import publish
+from diffsweep.rundir import CHECKPOINTS, checkpoint_dir
 
 FORMAT = "diffsweep-checkpoint/3"
 UNVERIFIED_FORMAT = "diffsweep-checkpoint/2"  # sharded, without checksums.json (before checksums)
@@ -72,7 +74,7 @@ class CorruptCheckpoint(ConfigError):
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"step_{step:08d}"
+    return checkpoint_dir(directory.parent, step) if directory.name == CHECKPOINTS else directory / f"step_{step:08d}"
 
 
 def checkpoint_step(path: Path) -> int:
@@ -97,9 +99,11 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: (checkpoint_step(p), p.is_dir()))
 
 
-def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, Any], *, keep: int) -> Path:
+def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, Any], *, keep: int,
+                    pinned: frozenset[int] = frozenset()) -> Path:
     """Write the checkpoint of ``state["step"]``: ``tensors`` (state dicts of tensors, sharded
-    ones as DTensors) with DCP, ``state`` as ``train_state.pt``; keep the newest ``keep``.
+    ones as DTensors) with DCP, ``state`` as ``train_state.pt``; keep the newest ``keep`` and
+    those of the ``pinned`` steps (``train.checkpoint_at``: cooldown branches start from them).
 
     Collective: every process calls it with its own shards; rank 0 writes ``state`` (the others'
     is ignored) and renames the finished directory into place before anyone returns."""
@@ -147,7 +151,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], tensors: dict[str, A
     if rank == 0:
         # Keep the newest ``keep`` by step, and always the one just written (a run resumed from an
         # older checkpoint may share the directory with newer ones).
-        for old in list_checkpoints(directory)[:-keep]:
+        for old in [p for p in list_checkpoints(directory) if checkpoint_step(p) not in pinned][:-keep]:
             if old != path:
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
     if distributed:

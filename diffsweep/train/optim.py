@@ -40,25 +40,28 @@ def _cosine(progress: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _one_minus_sqrt(progress: float) -> float:
+    return 1.0 - math.sqrt(progress)
+
+
 # After warmup: the fraction of (lr - min_lr) left at ``progress`` in [0, 1] through the decay.
 DECAYS: dict[LRSchedule, Callable[[float], float]] = {
     LRSchedule.LINEAR: _linear,
     LRSchedule.COSINE: _cosine,
-    LRSchedule.WSD: _linear,  # linear decay over the last decay_fraction of steps
+    LRSchedule.WSD: _linear,  # the wsd schedules decay over the last decay_fraction of steps only
+    LRSchedule.WSD_SQRT: _one_minus_sqrt,
+    LRSchedule.WSD_COSINE: _cosine,
 }
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of step ``step`` (1-based): linear warmup over ``warmup_steps`` from lr/warmup
-    to lr, then decay to ``min_lr`` at the last step (wsd: constant until the last
-    ``decay_fraction`` of steps)."""
+    to lr, then decay to ``min_lr`` at the last step (the wsd schedules: constant until the last
+    ``decay_fraction`` of steps, then a linear, 1 - sqrt or cosine cooldown)."""
     n = cfg.total_steps
     if step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
-    decay_start = cfg.warmup_steps
-    if cfg.schedule is LRSchedule.WSD:
-        # At least one decay step, so the last step still reaches min_lr when decay_fraction * n < 0.5.
-        decay_start = max(cfg.warmup_steps, n - max(1, round(cfg.decay_fraction * n)))
+    decay_start = cfg.decay_start  # wsd: at least one decay step, so the last one still reaches min_lr
     if step <= decay_start:
         return cfg.lr
     progress = (step - decay_start) / max(1, n - decay_start)

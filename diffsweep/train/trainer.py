@@ -81,7 +81,7 @@ def train(
     that already reached its budget returns at once. ``branch_from``: a checkpoint of another run
     to start from when ``run_dir`` has none of its own yet (a cooldown branch, diffsweep.train.branch:
     a new MLflow run tagged with its parent). ``callbacks`` get ``(step, metrics)`` after every
-    step. ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
+    step (and its checkpoint, when it saved one). ``tags`` are added to a new MLflow run (e.g. the sweep that launched it).
 
     Under torchrun or a multi-task Slurm job every process calls this (``distributed``): each
     trains on its slice of every global batch; only rank 0 prints and tracks;
@@ -240,13 +240,13 @@ class _Run:
             if self.step % self.t.eval_every == 0 or self.step == self.total:
                 metrics |= self.evaluate()
             self.tracking.log(self.step, metrics)
-            for callback in callbacks:
-                callback(self.step, metrics)
             if self.step % self.t.log_every == 0 or self.step == self.total:
                 self.echo(_line(self.step, self.total, metrics))
-            if self.step % self.t.checkpoint_every == 0 or self.step == self.total:
+            if self.step % self.t.checkpoint_every == 0 or self.step == self.total or self.step in self.t.checkpoint_at:
                 self.save()
                 saved_at = self.step
+            for callback in callbacks:  # after the step's checkpoint: a callback may hand it on
+                callback(self.step, metrics)
             if self.step < self.total and self._stop(flag):
                 if saved_at != self.step:
                     self.save()
@@ -399,7 +399,8 @@ class _Run:
         if distributed.any_rank(bool(bad), self.world):
             raise Diverged(f"non-finite weights after step {self.step} ({bad[0] if bad else 'on another rank'}); "
                            "not checkpointed")
-        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(groups), tensors, keep=self.t.keep_checkpoints)
+        ckpt.save_checkpoint(self.run_dir / "checkpoints", self.state(groups), tensors, keep=self.t.keep_checkpoints,
+                             pinned=frozenset(self.t.checkpoint_at))
 
 
 def _line(step: int, total: int, m: dict[str, float]) -> str:

@@ -98,3 +98,20 @@ def test_train_branch_from_on_the_command_line(parent, text_dataset, tmp_path, s
             cwd=tmp_path, env=store)
     refused(r, "--branch-from: a run resumes from its own checkpoint (--resume) or starts from another run's")
     assert not (tmp_path / "other").exists()
+
+
+def test_checkpoint_at_steps_are_saved_never_pruned_and_seen_by_the_callbacks(text_dataset, tmp_path):
+    """``train.checkpoint_at``: the steps a sweep's branches start from are checkpointed whatever
+    ``checkpoint_every`` says and outlive ``keep_checkpoints``; a step's callbacks run after its
+    checkpoint is in place (a job hands it on to the branches waiting for it)."""
+    cfg = tiny(text_dataset, "train.max_steps=7", "train.checkpoint_every=3", "train.keep_checkpoints=1",
+               "train.checkpoint_at=[2,5]")
+    folder = tmp_path / "run" / "checkpoints"
+    seen: dict[int, list[int]] = {}
+
+    def watch(step: int, metrics: dict[str, float]) -> None:
+        seen[step] = [load_checkpoint(c)["step"] for c in list_checkpoints(folder)]
+
+    assert train(cfg, tmp_path / "run", experiment="pinned", callbacks=(watch,), echo=quiet).status == "finished"
+    assert seen[2] == [2] and seen[3] == [2, 3] and seen[5] == [2, 3, 5] and seen[6] == [2, 5, 6]
+    assert [load_checkpoint(c)["step"] for c in list_checkpoints(folder)] == [2, 5, 7]

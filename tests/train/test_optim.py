@@ -74,6 +74,18 @@ def test_wsd_constant_then_linear_decay():
     assert lrs[-1] == MIN_LR
 
 
+@pytest.mark.parametrize("schedule,shape", [("wsd_sqrt", lambda p: 1 - math.sqrt(p)),
+                                             ("wsd_cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p)))])
+def test_wsd_cooldown_shapes(schedule, shape):
+    """The 1 - sqrt and cosine cooldowns: the same stable phase as wsd, then min_lr + (lr - min_lr) *
+    shape(progress) over the last decay_fraction of steps."""
+    cfg = _train(f"train.schedule={schedule}", "train.decay_fraction=0.2")
+    assert _schedule(cfg)[:80] == _schedule(_train("train.schedule=wsd", "train.decay_fraction=0.2"))[:80]
+    for step in range(81, 101):
+        assert lr_at(step, cfg) == pytest.approx(MIN_LR + (LR - MIN_LR) * shape((step - 80) / 20), rel=1e-12)
+    assert lr_at(85, cfg) != pytest.approx(lr_at(85, _train("train.schedule=wsd")), rel=1e-3)
+
+
 def test_wsd_full_decay_fraction_is_linear():
     """decay_fraction 1.0: decay starts right after warmup, as the linear schedule."""
     wsd = _schedule(_train("train.schedule=wsd", "train.decay_fraction=1.0"))

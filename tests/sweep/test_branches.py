@@ -1,0 +1,128 @@
+"""Cooldown branches in a sweep (``branches:``): each run of a WSD sweep is a parent followed by its
+branches; a branch is the run of its budget (same key and config as that run written out in full),
+costs its cooldown's FLOPs only, and names its parent and branch point; the parent checkpoints and
+keeps its branch points; ``plan`` shows the families; bad branch specifications are one-line
+errors naming the key, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from diffsweep.sweep import expand, load_sweep
+from diffsweep.sweep.audit import audit_runs
+from tests.helpers.badinput import refused, tree_state
+from tests.helpers.cli import run as cli
+
+BASE = """
+    set:
+      data.path: nodata
+      train.max_steps: 600
+      train.warmup_steps: 60
+      train.schedule: wsd
+      train.decay_fraction: 0.2
+      train.checkpoint_every: 300
+    grid:
+      model.size: [tiny-3xs]
+      model.attention.kind: [transformer, diff_v2]
+    seeds: 2
+"""
+BRANCHED = BASE + """
+    branches:
+      steps: [200, 400]
+      cooldown: 0.25
+      shape: sqrt
+"""
+
+
+def sweep(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_branch_is_the_run_of_its_budget_at_the_cost_of_its_cooldown(tmp_path):
+    runs = expand(load_sweep(sweep(tmp_path, BRANCHED))).runs
+    assert len(runs) == 4 * 3
+    parent, b200, b400 = runs[:3]
+    assert parent.branch is None and parent.name == "transformer-tiny-3xs-s0"
+    assert [b200.name, b400.name] == ["transformer-tiny-3xs-s0-branch_200", "transformer-tiny-3xs-s0-branch_400"]
+    # the branch point: the start of each branch's own cooldown (the last 25% of its steps)
+    assert [b200.branch.step, b400.branch.step] == [150, 300]
+    assert parent.config.train.checkpoint_at == (150, 300)  # the parent saves and keeps them
+    assert {b.branch.parent_key for b in (b200, b400)} == {parent.key}
+    # the same run as one written out in full: same key, config and tokens
+    alone = expand(load_sweep(sweep(tmp_path, BASE.replace("train.max_steps: 600", "train.max_steps: 200").replace(
+        "train.decay_fraction: 0.2", "train.decay_fraction: 0.25").replace("schedule: wsd", "schedule: wsd_sqrt"),
+        "alone.yaml"))).runs[0]
+    assert (b200.key, b200.tokens) == (alone.key, alone.tokens)
+    assert b200.config.train.schedule.value == "wsd_sqrt" and b200.config.train.checkpoint_at == ()
+    assert b200.flops == pytest.approx(alone.flops * 50 / 200)  # its cooldown only: steps 151-200
+    # the parent's key does not depend on its branches (checkpoint_at is no part of a run's identity)
+    plain = expand(load_sweep(sweep(tmp_path, BASE, "plain.yaml"))).runs
+    assert [r.key for r in plain] == [r.key for r in runs if r.branch is None]
+
+
+def test_tokens_budgets_and_the_audit_of_the_parents(tmp_path):
+    budget = "train.max_steps: null\n      train.max_tokens: 614400\n      train.batch_tokens: 1024"
+    path = sweep(tmp_path, BASE.replace("train.max_steps: 600", budget) + "    branches: {tokens: [204800]}\n")
+    runs = expand(load_sweep(path)).runs
+    branch = runs[1]
+    assert branch.name.endswith("-branch_204.8K") and branch.config.train.max_tokens == 204800
+    assert branch.branch.unit == "tokens" and branch.branch.step == branch.config.train.total_steps * 8 // 10
+    audit = audit_runs(runs)
+    assert [len(p.baseline_runs) for p in audit.pairs] == [2]  # the parents only
+
+
+def test_plan_shows_each_family_and_its_branch_points(tmp_path):
+    path = sweep(tmp_path, BRANCHED)
+    r = cli("plan", str(path), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["runs"]
+    assert [row["branch"]["step"] if row["branch"] else None for row in rows[:3]] == [None, 150, 300]
+    assert rows[1]["branch"]["parent_key"] == rows[0]["key"] and rows[1]["branch"]["shape"] == "sqrt"
+    assert rows[1]["flops"] == pytest.approx(rows[0]["flops"] * 50 / 600)
+    r = cli("plan", str(path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "cooldown branches at 200, 400 steps, each decaying over its last 25% (sqrt): 8 branch(es) of 4 run(s)" in text
+    assert f"transformer-tiny-3xs-s0 ({rows[0]['key']}): branches 200, 400 from its steps 150, 300" in text
+    assert not (tmp_path / "runs").exists()  # plan writes nothing
+
+
+@pytest.mark.parametrize("change,needles", [
+    (("steps: [200, 400]", "steps: [200, 700]"), ("branches.steps[1]", "ends after run", "600 steps")),
+    (("train.schedule: wsd", "train.schedule: cosine"), ("branches.steps[0]", "train.schedule cosine",
+                                                          "warmup-stable-decay")),
+    (("steps: [200, 400]\n      cooldown: 0.25", "steps: [600]\n      cooldown: 0.1"),
+     ("branches.steps[0]", "step 540", "stable phase ends (step 480)")),
+    (("cooldown: 0.25", "cooldown: 1.5"), ("branches.cooldown", "longer", "(0, 1)")),
+    (("cooldown: 0.25\n      shape: sqrt", "cooldown: 0.2"), ("branches.steps[1]", "itself")),  # the parent's cooldown
+    (("shape: sqrt", "shape: cubic"), ("branches.shape", "linear, sqrt, cosine", "cubic")),
+    (("steps: [200, 400]", "steps: [200, 200]"), ("branches.steps", "repeats a budget")),
+    (("steps: [200, 400]", "steps: [50]"), ("branches.steps[0]", "warmup_steps")),
+    (("steps: [200, 400]", "steps: []"), ("branches.steps", "exactly one of steps and tokens")),
+    (("steps: [200, 400]", "steps: [200]\n      at: [3]"), ("branches", "at")),
+    (("seeds: 2", "seeds: 2\n    tune: {train.lr: [0.001, 0.002]}"), ("branches", "tune")),
+])
+def test_bad_branch_specifications_are_refused_at_plan_and_launch(tmp_path, change, needles):
+    text = BRANCHED.replace(*change)
+    if "itself" in needles:
+        text = text.replace("steps: [200, 400]", "steps: [200, 600]")
+    assert text != BRANCHED
+    path = sweep(tmp_path, text)
+    before = tree_state(tmp_path)
+    refused(cli("plan", str(path), cwd=tmp_path), str(path), *needles)
+    refused(cli("launch", str(path), "--executor", "local", cwd=tmp_path), *needles)
+    assert tree_state(tmp_path) == before  # nothing submitted, nothing written
+
+
+def test_branches_merge_under_extends(tmp_path):
+    sweep(tmp_path, BRANCHED, "parent.yaml")
+    child = sweep(tmp_path, "extends: parent.yaml\nbranches: {steps: [300]}\n", "child.yaml")
+    runs = expand(load_sweep(child)).runs
+    assert [r.name for r in runs[:2]] == ["transformer-tiny-3xs-s0", "transformer-tiny-3xs-s0-branch_300"]
+    assert runs[1].branch.cooldown == 0.25 and runs[1].branch.shape == "sqrt"  # the parent file's
