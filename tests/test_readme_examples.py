@@ -158,6 +158,11 @@ CHECKS: dict[str, tuple] = {
         ("cheap", ["plan", "sweeps/demo-tuned.yaml", "--executor", "local"],
          "minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
     "diffsweep fit sweeps/demo-tuned.yaml": ("fit", ["sweeps/demo-tuned.yaml"]),
+    "diffsweep launch sweeps/demo-branches.yaml --executor local --wait":
+        ("cheap", ["plan", "sweeps/demo-branches.yaml", "--executor", "local"],
+         ("minutes of CPU training on the demo data (the network): plan expands and validates the same runs; "
+          "tests/launch/test_branches_launch.py launches branches locally, test_slurm_branches.py on Slurm")),
+    "diffsweep fit sweeps/demo-branches.yaml": ("fit", ["sweeps/demo-branches.yaml"]),
     "diffsweep launch sweeps/demo-ladder.yaml --executor local --wait":
         ("cheap", ["plan", "sweeps/demo-ladder.yaml", "--executor", "local"],
          "about 10 minutes of CPU training on the demo data (the network): plan expands and validates the same runs"),
@@ -426,7 +431,7 @@ def fit_project(tmp_path_factory, store_template):
     shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
     shutil.copytree(ROOT / "sweeps", root / "sweeps")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder"):
+    for sweep in ("fig3a-size-scan", "fig3b-token-scan", "demo-ladder", "demo-branches"):
         log_runs(uri, root / "sweeps" / f"{sweep}.yaml", _loss)
     # the tuned demo: each kind's loss 1% higher per octave away from its own best learning rate
     best = {"transformer": 2e-3, "diff_v2": 4e-3}
@@ -463,6 +468,9 @@ def test_readme_fit_examples_run_as_written(fit_project):
     tuned = results["diffsweep fit sweeps/demo-tuned.yaml"]
     winners = {(c["arch"], c["winner"]) for c in tuned["tuning"]["cells"]}
     assert tuned["tuning"]["columns"] == ["lr"] and winners == {("transformer", "lr=0.002"), ("diff_v2", "lr=0.004")}
+    branches = results["diffsweep fit sweeps/demo-branches.yaml"]
+    assert branches["axis"] == "D" and branches["token_points"] == "branches" and branches["points_used"] == 16
+    assert branches["resampling"]["unit"] == "run"  # a parent and its branches share one run offset
     demo = results["diffsweep fit sweeps/demo-ladder.yaml --holdout largest"]
     assert demo["candidates"] == ["diff_v1", "diff_v2"] and not demo["paper_reading"]["available"]
 

@@ -9,6 +9,10 @@ Designs (noise in log loss, i.e. multiplicative on the loss):
                 sd 0.005 shared by its evaluations plus sd 0.001 per evaluation; L(D) =
                 2.0 + 410.7 D^-0.28 and the candidate at D/0.637, so truth rho_D = 0.637 everywhere.
                 Read at 251B (--at), as the paper does.
+  branches-Rruns the same scan read from cooldown branches (#34): every D the final evaluation of a
+                run of its own, the eight shorter ones branches of the 360B run (``parent``), each
+                sharing its offset (sd 0.005) with its own cooldown's noise (sd 0.002).
+                "-naive": the same points without ``parent`` (every branch read as a run of its own).
 For each design: coverage of the 95% CI of each reference and the median CI width.
 Usage (the library on PYTHONPATH decides which code is measured):
 
@@ -42,16 +46,22 @@ def ladder(rng: np.random.Generator, seeds: int, sd: float = 0.005) -> pd.DataFr
     return _complete(pd.DataFrame(rows))
 
 
-def token_scan(rng: np.random.Generator, runs: int, run_sd: float = 0.005, eval_sd: float = 0.001) -> pd.DataFrame:
+def token_scan(rng: np.random.Generator, runs: int, run_sd: float = 0.005, eval_sd: float = 0.001,
+               branches: bool = False) -> pd.DataFrame:
     rows = []
     for arch, rho in (("transformer", 1.0), ("diff_v1", RHO_D)):
         for seed in range(runs):
             offset = run_sd * rng.standard_normal()
             for k, d in enumerate(TOKENS):
                 loss = (2.0 + 410.7 * (d / rho) ** -0.28) * np.exp(offset + eval_sd * rng.standard_normal())
-                rows.append({"arch": arch, "num_params": 3e9, "tokens": d, "loss": loss, "seed": seed,
-                             "run_id": f"{arch}-s{seed}", "step": (k + 1) * 10_000, "warmup_steps": 1000,
-                             "point": "final" if k == len(TOKENS) - 1 else "checkpoint"})
+                last = k == len(TOKENS) - 1
+                row = {"arch": arch, "num_params": 3e9, "tokens": d, "loss": loss, "seed": seed,
+                       "run_id": f"{arch}-s{seed}", "step": (k + 1) * 10_000, "warmup_steps": 1000,
+                       "point": "final" if last else "checkpoint"}
+                if branches:
+                    row |= {"run_id": f"{arch}-s{seed}-{k}", "run_key": f"{arch}-s{seed}" + ("" if last else f"-{k}"),
+                            "parent": "" if last else f"{arch}-s{seed}", "point": "final"}
+                rows.append(row)
     return _complete(pd.DataFrame(rows))
 
 
@@ -69,6 +79,11 @@ def design(name: str):
         if name.endswith("-known-run-sd"):
             extra["run_sd"] = 0.005
         return (lambda rng: token_scan(rng, runs)), extra, RHO_D
+    if name.startswith("branches-"):
+        runs = int(name.split("-")[1].removesuffix("runs").removesuffix("run"))
+        naive = name.endswith("-naive")
+        return (lambda rng: token_scan(rng, runs, eval_sd=0.002, branches=True).assign(
+            **({"parent": ""} if naive else {}))), {"at": (251e9,)}, RHO_D
     raise SystemExit(f"unknown design {name}")
 
 
@@ -98,7 +113,8 @@ def measure(name: str, experiments: int, boot: int, seed: int = 2026) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--designs", default="ladder-1seed,ladder-1seed-known-sd,ladder-3seeds,tokens-1run,"
-                    "tokens-1run-known-run-sd,tokens-2runs,tokens-3runs")
+                    "tokens-1run-known-run-sd,tokens-2runs,tokens-3runs,branches-2runs,branches-3runs,"
+                    "branches-2runs-naive")
     ap.add_argument("--experiments", type=int, default=200)
     ap.add_argument("--boot", type=int, default=250)
     args = ap.parse_args()

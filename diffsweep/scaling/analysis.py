@@ -188,6 +188,7 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
         per_point=multipliers,
         paper_reading=paper,
         points_used=int(used["used"].sum()),
+        token_points=_token_points(used) if x_axis == "D" and not form.joint_nd else None,
         pure_law_fits=pure_fits,
         holdout=holdout,
         compute_optimal=compute,
@@ -196,6 +197,14 @@ def _analyse(points: pd.DataFrame, req: FitRequest) -> FitResult:
         points=used,
         curves=curves,
     )
+
+
+def _token_points(points: pd.DataFrame) -> str:
+    """What a token scan's D points are: intermediate evaluations, cooldown branches, or separate runs."""
+    used = points[points["used"]]
+    if (used["point"] != "final").any():
+        return "checkpoints"
+    return "branches" if (used["parent"].astype(str) != "").any() else "runs"
 
 
 def _tuning_choice(used: pd.DataFrame, axis: Axis, req: FitRequest) -> tuning.Choice:

@@ -144,11 +144,17 @@ def run_index(rows: pd.DataFrame) -> np.ndarray:
     """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
 
     A point's run is its MLflow ``run_id``, else its ``run_key``, else its ``run_name`` (not the
-    table's ``row N`` placeholder for a CSV without names). A CSV with none of them: the
+    table's ``row N`` placeholder for a CSV without names). A cooldown branch (``parent``: its
+    parent's run key) is its parent's run: it trained the parent's steps up to its branch point, so
+    the two share the run's offset (seed, data order). A CSV with none of them: the
     evaluations of a token scan read from checkpoints (``point`` = checkpoint rows among them) are
     one run per (arch, num_params, seed) (a CSV without ``seed`` has seed 0: one run per
     architecture and size), and every other row (a final evaluation) is a run of its own."""
     ids = rows["run_id"].astype(str).where(rows["run_id"].astype(str) != "", rows["run_key"].astype(str))
+    parents = rows["parent"].astype(str) if "parent" in rows.columns else pd.Series("", index=rows.index)
+    if (parents != "").any():  # families: a branch and its parent are one run (named by the parent's key)
+        keys = rows["run_key"].astype(str)
+        ids = parents.where(parents != "", keys.where(keys != "", ids))
     names = rows["run_name"].astype(str)
     ids = ids.where(ids != "", names.where(~names.str.fullmatch(r"row \d+"), ""))
     if (rows["point"] != "final").any():

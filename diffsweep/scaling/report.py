@@ -107,6 +107,16 @@ def _references(r: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(row["at_label"] for row in r["ratios"]))
 
 
+_TOKEN_POINTS = {
+    "checkpoints": ("intermediate checkpoints of each run (the paper's Fig. 3b reading); with a decaying learning "
+                    "rate they overstate the loss of a run trained to that D (Hägele et al. 2024)"),
+    "branches": ("annealed cooldown branches: each D is a run decayed to its own end, trained from its parent's "
+                 "checkpoint (and the parents' own final evaluations); a parent and its branches share one run "
+                 "offset"),
+    "runs": "the final evaluations of separate runs, one per D",
+}
+
+
 def first_paragraph(r: dict[str, Any]) -> list[str]:
     """The report's opening, in plain words: law, references, noise, resampling, extrapolation,
     the fit's own caveats, and the takeaway."""
@@ -119,6 +129,8 @@ def first_paragraph(r: dict[str, Any]) -> list[str]:
                      f"{_NOUN.get(axis, 'parameters')}" + _paper_clause(r) + ".")
     else:
         lines.append("- **Reference**: one architecture only, so the law is reported and no ratio is computed.")
+    if r.get("token_points"):
+        lines.append(f"- **D points**: {_TOKEN_POINTS[r['token_points']]}.")
     lines.append(f"- **Noise**: {noise_words(r)}.")
     if r.get("tuning"):
         lines.append(f"- **Tuning**: {tuning_words(r)}")

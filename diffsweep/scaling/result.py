@@ -53,6 +53,9 @@ class FitResult:
     compute_optimal: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
     shift_model: dict[str, dict[str, Any]] | None = field(default=None, metadata=_OPTIONAL)
     tuning: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)  # best-of-grid: each cell's winner
+    # a token scan's D points: "checkpoints" (intermediate evaluations), "branches" (annealed cooldown
+    # branches and their parents' final evaluations) or "runs" (one separate run per D)
+    token_points: str | None = field(default=None, metadata=_OPTIONAL)
     warnings: list[str] = field(default_factory=list)
     points: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_MEMORY)
     curves: dict[str, Curve] = field(default_factory=dict, repr=False, compare=False, metadata=_MEMORY)

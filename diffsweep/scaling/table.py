@@ -21,9 +21,9 @@ import pandas as pd
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
 from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
-from diffsweep.tracking.store import COMPARISON_KIND, EVAL_KIND, all_runs, mlflow_client
+from diffsweep.tracking.store import BRANCH_PARENT_KEY, COMPARISON_KIND, EVAL_KIND, all_runs, mlflow_client
 
-COLUMNS = ("run_id", "run_name", "run_key", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
+COLUMNS = ("run_id", "run_name", "run_key", "parent", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
            "schedule", "warmup_steps", "lr", "min_lr", "batch_tokens")
 REQUIRED_CSV = ("arch", "loss", "num_params", "tokens")
@@ -161,7 +161,7 @@ def _check_counts(rows: pd.DataFrame, path: Path) -> None:
 
 def _complete(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
-    defaults = {"run_id": "", "run_key": "", "sweep": "", "size": "", "seed": 0, "lambda_init": "", "head_norm": "",
+    defaults = {"run_id": "", "run_key": "", "parent": "", "sweep": "", "size": "", "seed": 0, "lambda_init": "", "head_norm": "",
                 "v2_pairing": "", "v2_lambda": "", "flops": np.nan, "step": np.nan, "point": "final", "schedule": "",
                 "warmup_steps": np.nan,  # step / warmup unknown: no evaluation is taken for one in warmup
                 "lr": np.nan, "min_lr": np.nan, "batch_tokens": np.nan}  # unknown: not compared by the arm audit
@@ -175,7 +175,7 @@ def _complete(table: pd.DataFrame) -> pd.DataFrame:
     if "used" in table.columns:  # a frozen table: refit exactly the rows it used (and a tuned fit's candidates)
         lost = table["tuned"].astype(str) == "lost" if "tuned" in table.columns else False
         table = table[table["used"].astype(bool) | lost].drop(columns=["used", "reason"], errors="ignore")
-    for col in ("run_id", "run_name", "run_key", "sweep", "arch", "size", "lambda_init", "head_norm", "v2_pairing",
+    for col in ("run_id", "run_name", "run_key", "parent", "sweep", "arch", "size", "lambda_init", "head_norm", "v2_pairing",
                 "v2_lambda", "schedule"):
         table[col] = table[col].astype(object).fillna("").astype(str)  # an all-empty column reads as float
     table["point"] = table["point"].astype(object).fillna("final").astype(str)  # checked by from_csv
@@ -293,6 +293,7 @@ def _rows(client, run, checkpoints: bool) -> list[dict]:
         return value
 
     base = {"run_id": run.info.run_id, "run_name": run.info.run_name, "run_key": tags.get("diffsweep.run_key", ""),
+            "parent": tags.get(BRANCH_PARENT_KEY, ""),  # a cooldown branch: its parent's run key (they share its offset)
             "sweep": tags.get("diffsweep.sweep", ""), "arch": tags["diffsweep.arch"], "size": tags.get("diffsweep.size", ""),
             "num_params": count("tag diffsweep.params", tags["diffsweep.params"], 1),
             "num_non_embedding_params": count("tag diffsweep.non_embedding_params",

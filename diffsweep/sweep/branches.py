@@ -161,6 +161,7 @@ def describe(runs: Sequence[Any], settings: BranchSettings) -> list[str]:
                        for r in family)
         points = ", ".join(f"{r.branch.budget:,}" if settings.steps else human(r.branch.budget) for r in family)
         steps = ", ".join(str(r.branch.step) for r in family)
-        out.append(f"  {parent.name} ({key}): branches {points} from its steps {steps}; cooldowns "
-                   f"{cost / separate:.0%} of the FLOPs of separate runs")
+        out.append(f"  {parent.name} ({key}): branches {points} from its steps {steps}; the family costs "
+                   f"{(parent.flops + cost) / parent.flops:.2g}x its parent's FLOPs ({(parent.flops + separate) / parent.flops:.2g}x "
+                   "as separate runs)")
     return out

@@ -42,6 +42,9 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite dat
 _OUT_OF_DATE = re.compile(r"found version (\S+), but expected (\S+)\)")
 _READY: set[str] = set()  # stores this process has opened (``init_store``)
 EVAL_KIND = "eval"  # tag diffsweep.kind of an evaluation run (diffsweep.eval): never a training run
+# A cooldown branch's tags (diffsweep.train.branch): its parent's run key, the step and checkpoint it started from.
+BRANCH_PARENT_KEY, BRANCH_STEP, BRANCH_CHECKPOINT = ("diffsweep.branch.parent_run_key", "diffsweep.branch.step",
+                                                     "diffsweep.branch.checkpoint")
 COMPARISON_KIND = "comparison"  # tag diffsweep.kind of a comparison of a sweep's evaluations: never an input
 
 

@@ -39,10 +39,12 @@ TRUE_TOKEN_RATIO = 0.637  # the paper's 160B-vs-251B reading
 
 
 def token_scan(runs: int = 2, run_sd: float = 0.005, eval_sd: float = 0.001, rng: np.random.Generator | None = None,
-               run_ids: bool = True) -> pd.DataFrame:
+               run_ids: bool = True, branches: bool = False) -> pd.DataFrame:
     """One 3B model per run evaluated at SCAN_TOKENS; each run has an offset (sd ``run_sd`` of log
     loss) shared by its evaluations plus noise per evaluation; L(D) = 2.0 + 410.7·D^-0.28 and the
-    candidate at D/0.637 (so ρ_D = 0.637 everywhere)."""
+    candidate at D/0.637 (so ρ_D = 0.637 everywhere). ``branches``: the points before the last are
+    cooldown branches of the run (final evaluations of runs of their own, ``parent`` the run's key),
+    each sharing the run's offset, with ``eval_sd`` its own cooldown's noise."""
     rng = rng or np.random.default_rng(0)
     rows = []
     for arch, ratio in (("transformer", 1.0), ("diff_v1", TRUE_TOKEN_RATIO)):
@@ -50,9 +52,14 @@ def token_scan(runs: int = 2, run_sd: float = 0.005, eval_sd: float = 0.001, rng
             offset = run_sd * rng.standard_normal()
             for k, d in enumerate(SCAN_TOKENS):
                 loss = (2.0 + 410.7 * (d / ratio) ** -0.28) * np.exp(offset + eval_sd * rng.standard_normal())
-                rows.append({"arch": arch, "num_params": 3e9, "tokens": d, "loss": loss, "seed": seed,
-                             "run_id": f"{arch}-s{seed}" if run_ids else "", "step": (k + 1) * 10_000,
-                             "warmup_steps": 1000, "point": "final" if k == len(SCAN_TOKENS) - 1 else "checkpoint"})
+                last = k == len(SCAN_TOKENS) - 1
+                row = {"arch": arch, "num_params": 3e9, "tokens": d, "loss": loss, "seed": seed,
+                       "run_id": f"{arch}-s{seed}" if run_ids else "", "step": (k + 1) * 10_000,
+                       "warmup_steps": 1000, "point": "final" if last else "checkpoint"}
+                if branches:  # every point a run's final evaluation; the branches name their parent
+                    row |= {"run_id": f"{arch}-s{seed}-{k}", "run_key": f"{arch}-s{seed}" + ("" if last else f"-{k}"),
+                            "parent": "" if last else f"{arch}-s{seed}", "point": "final"}
+                rows.append(row)
     from diffsweep.scaling.table import _complete
 
     return _complete(pd.DataFrame(rows))
@@ -71,7 +78,7 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
     from diffsweep.config.loading import to_dict
     from diffsweep.model import counting
     from diffsweep.sweep import expand, load_sweep
-    from diffsweep.tracking.store import ensure_experiment
+    from diffsweep.tracking.store import BRANCH_PARENT_KEY, BRANCH_STEP, ensure_experiment
 
     spec = load_sweep(sweep, ())
     client = MlflowClient(uri)
@@ -83,10 +90,13 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
                 "diffsweep.non_embedding_params": str(run.num_non_embedding_params),
                 "diffsweep.flops_per_token": str(counting.train_flops_per_token(c.model, c.train.seq_len)),
                 "diffsweep.run_key": run.key, "diffsweep.sweep": spec.name}
+        if run.branch is not None:  # a cooldown branch's tags, as the trainer sets them
+            tags |= {BRANCH_PARENT_KEY: run.branch.parent_key, BRANCH_STEP: str(run.branch.step)}
         mlflow_run = client.create_run(exp_id, run_name=run.name, tags=tags)
         params = [Param(k, str(v)) for k, v in flatten(to_dict(c)).items()]
         steps = c.train.max_steps or -(-run.tokens // c.train.batch_tokens)
-        evals = list(range(c.train.eval_every, steps + 1, c.train.eval_every)) or [steps]
+        first = run.branch.step if run.branch is not None else 0  # a branch evaluates its cooldown only
+        evals = [s for s in range(c.train.eval_every, steps + 1, c.train.eval_every) if s > first] or [steps]
         evals = sorted(set(evals) | {steps})
         metrics = []
         for step in evals:

@@ -89,7 +89,8 @@ def test_plan_shows_each_family_and_its_branch_points(tmp_path):
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
     assert "cooldown branches at 200, 400 steps, each decaying over its last 25% (sqrt): 8 branch(es) of 4 run(s)" in text
-    assert f"transformer-tiny-3xs-s0 ({rows[0]['key']}): branches 200, 400 from its steps 150, 300" in text
+    assert (f"transformer-tiny-3xs-s0 ({rows[0]['key']}): branches 200, 400 from its steps 150, 300; the family costs "
+            "1.2x its parent's FLOPs (2x as separate runs)") in text
     assert not (tmp_path / "runs").exists()  # plan writes nothing
 
 

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 EXPECTED_RUNS = {"table6-ablation": 21, "fig3a-size-scan": 10, "fig3b-token-scan": 2, "diff-versions": 9,
-                 "diff-v2-blog": 16, "lambda-init": 30, "demo-ladder": 15, "demo-tuned": 24}
+                 "diff-v2-blog": 16, "lambda-init": 30, "demo-ladder": 15, "demo-tuned": 24, "fig3b-token-wsd": 18,
+                 "demo-branches": 16}
 
 
 def test_every_shipped_sweep_is_known():
@@ -73,6 +74,25 @@ def test_token_scan_and_3b_preset_agree():
         assert (t.max_steps, t.max_tokens, t.batch_tokens) == (preset.max_steps, None, preset.batch_tokens)
         assert t.eval_every == t.checkpoint_every == 10_000 and t.max_steps // t.eval_every == 9
         assert r.tokens == 90_000 * 4_194_304  # 377.5B: the paper's "360B" counts 4M as 4e6
+
+
+def test_fig3b_in_the_wsd_reading_branches_the_papers_runs_every_10k_steps():
+    """fig3b-token-wsd.yaml: the paper's two 3B runs with a WSD schedule (nothing else changed), each
+    the parent of eight branches of 10K-80K steps, each decaying over its last 20% from a step of the
+    parent's stable phase (which ends at step 72,000)."""
+    linear = {r.name: r for r in expand(load_sweep(REPO / "sweeps/fig3b-token-scan.yaml")).runs}
+    runs = expand(load_sweep(REPO / "sweeps/fig3b-token-wsd.yaml")).runs
+    parents = [r for r in runs if r.branch is None]
+    assert sorted(r.name for r in parents) == sorted(linear)
+    for parent in parents:
+        twin = linear[parent.name].config.train
+        assert dataclasses.replace(parent.config.train, schedule=twin.schedule, checkpoint_at=()) == twin
+        assert parent.config.train.decay_start == 72_000
+        family = [r for r in runs if r.branch is not None and r.branch.parent_key == parent.key]
+        assert [r.config.train.max_steps for r in family] == list(range(10_000, 90_000, 10_000))
+        assert [r.branch.step for r in family] == list(range(8_000, 72_000, 8_000))
+        assert parent.config.train.checkpoint_at == tuple(range(8_000, 72_000, 8_000))
+        assert sum(r.flops for r in family) == pytest.approx(0.8 * parent.flops)  # 1.8x the parent in all
 
 
 def test_diff_versions_are_parameter_matched():
