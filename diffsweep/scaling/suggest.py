@@ -6,8 +6,8 @@ from M paired bootstrap draws of the current fit, the laws are refitted, and the
 (delta-method) CI width is read with and without it (``expected_reduction``, ``half_width``).
 ``choose_within`` picks runs within a GPU-hour budget greedily (not the optimal set). Scope: one law
 per architecture (not ``--shared-e``), one point per run (size ladders, final points of token runs,
-Chinchilla grids); token scans read from one run's checkpoints are refused (their shared run offset
-is not simulated). See docs/fits.md, 'Which run next: `diffsweep suggest`'.
+Chinchilla grids); token scans read from one run's checkpoints or from cooldown branches are refused
+(their shared run offset is not simulated). See docs/fits.md, 'Which run next: `diffsweep suggest`'.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
     if cand not in result.candidates:
         raise ConfigError("candidates", f"'{cand}' is not among the fitted candidates ({', '.join(result.candidates)})")
     if result.noise.get("run_sd") or result.resampling.get("unit") == "run":
-        raise ConfigError("points", "runs that give several points (a token scan of checkpoints) share a per-run "
-                          "offset that suggest does not simulate yet")
+        raise ConfigError("points", "runs that give several points (a token scan of checkpoints, or a run and its "
+                          "cooldown branches) share a per-run offset that suggest does not simulate yet")
     assert result.points is not None
     axis = Axis.N if result.axis in ("N", "N,D") else Axis.D
     archs = architectures(result.points, axis, request)
