@@ -50,6 +50,12 @@ class SweepPlan:
     warnings: list[str] = field(default_factory=list)
     orphans: list[Orphan] = field(default_factory=list)
 
+    def run_dir(self, key: str, name: str) -> Path:
+        """Where the sweep's run ``key`` (named ``name``) trains: its ledger entry's directory once
+        launched (kept if a later edit renames it), else ``<out>/runs/<name>-<key>``."""
+        entry = self.ledger.entries.get(key) if self.ledger else None
+        return Path(entry.run_dir) if entry else run_dir_of(self.out, key, name)
+
     @property
     def gpu_hours(self) -> float:
         return sum(r.estimate.gpu_hours for r in self.runs)
@@ -59,6 +65,11 @@ class SweepPlan:
         for r in self.runs:
             out[r.state.state] = out.get(r.state.state, 0) + 1
         return out
+
+
+def run_dir_of(out: Path, key: str, name: str) -> Path:
+    """A run's directory before it is launched: ``<out>/runs/<name>-<key>``."""
+    return out / "runs" / f"{name}-{key}"
 
 
 def submitted_resources(entry: Entry | None) -> tuple[Resources, str] | None:

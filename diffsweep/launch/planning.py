@@ -12,7 +12,7 @@ from diffsweep import lockfile
 from diffsweep.config import ConfigError
 from diffsweep.fsutil import is_temporary
 from diffsweep.launch.ledger import LAUNCH_LOCK, LEDGER_FILE, LOCK_FILE, read_ledger
-from diffsweep.launch.plan import Orphan, PlanRow, SweepPlan
+from diffsweep.launch.plan import Orphan, PlanRow, SweepPlan, run_dir_of
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import estimate_resources
 from diffsweep.launch.scheduler import get_scheduler
@@ -98,7 +98,7 @@ def make_plan(spec: SweepSpec, profile: Profile, out: Path, only: str | None = N
     for r in runs:
         entry = ledger.entries.get(r.key) if ledger else None
         # A launched run keeps its directory even if a later edit of the sweep renames it.
-        run_dir = Path(entry.run_dir) if entry else runs_dir / f"{r.name}-{r.key}"
+        run_dir = Path(entry.run_dir) if entry else run_dir_of(out, r.key, r.name)
         known = entry is not None or run_dir.name in existing
         attempts = sum(a.state != "cancelled" for a in entry.attempts) if entry else 0
         plans.append(PlanRow(run=r, estimate=estimate_resources(r, profile, spec.launch.gpus_per_run, reserves=reserves), run_dir=run_dir, attempts=attempts,

@@ -59,6 +59,7 @@ def check_launch(plan: SweepPlan, sel: Selection, budget: float | None) -> None:
         raise ConfigError("budget", f"launching {len(sel.submit)} runs needs about {cost:,.1f} GPU-hours, over "
                           f"the budget of {budget:,.1f}")
     get_scheduler(plan.profile.executor).check_launch(plan)
+    _check_parents(plan, sel)
     if not sel.submit:
         return
     from diffsweep.data.dataset import META_FILE, check_compatible, read_meta
@@ -155,10 +156,24 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     return submitted
 
 
+def _check_parents(plan: SweepPlan, sel: Selection) -> None:
+    """A cooldown branch is launched with its parent, or after it: refuse one whose parent is
+    neither submitted now nor launched before (it would wait for a checkpoint nothing writes)."""
+    submitting = {r.run.key for r in sel.submit}
+    launched = set(plan.ledger.entries) if plan.ledger else set()
+    for r in sel.submit:
+        b = r.run.branch
+        if b is not None and b.parent_key not in submitting | launched and not plan.run_dir(
+                b.parent_key, b.parent_name).joinpath("checkpoints").is_dir():
+            raise ConfigError("only", f"{r.run.name} is a cooldown branch of {b.parent_name}, which is neither "
+                              "launched nor selected; select both (e.g. --only with a pattern matching the parent's "
+                              "name) or launch the parent first")
+
+
 def _branch_starts(plan: SweepPlan) -> dict[str, Path]:
     """The parent checkpoint each cooldown branch of the plan starts from, by the branch's key."""
-    dirs = {r.run.key: r.run_dir for r in plan.runs}
-    return {r.run.key: checkpoint_dir(dirs[r.run.branch.parent_key], r.run.branch.step)
+    return {r.run.key: checkpoint_dir(plan.run_dir(r.run.branch.parent_key, r.run.branch.parent_name),
+                                      r.run.branch.step)
             for r in plan.runs if r.run.branch is not None}
 
 

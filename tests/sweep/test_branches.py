@@ -127,3 +127,12 @@ def test_branches_merge_under_extends(tmp_path):
     runs = expand(load_sweep(child)).runs
     assert [r.name for r in runs[:2]] == ["transformer-tiny-3xs-s0", "transformer-tiny-3xs-s0-branch_300"]
     assert runs[1].branch.cooldown == 0.25 and runs[1].branch.shape == "sqrt"  # the parent file's
+
+
+def test_a_branch_selected_without_its_never_launched_parent_is_refused_at_launch(tmp_path):
+    path = sweep(tmp_path, BRANCHED)
+    before = tree_state(tmp_path)
+    refused(cli("launch", str(path), "--executor", "local", "--only", "s0-branch_200", cwd=tmp_path),
+            "only", "transformer-tiny-3xs-s0-branch_200 is a cooldown branch of transformer-tiny-3xs-s0",
+            "neither launched nor selected")
+    assert tree_state(tmp_path) == before
