@@ -7,8 +7,6 @@ errors naming the key, exit 2, nothing written."""
 from __future__ import annotations
 
 import json
-import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +14,7 @@ from diffsweep.sweep import expand, load_sweep
 from diffsweep.sweep.audit import audit_runs
 from tests.helpers.badinput import refused, tree_state
 from tests.helpers.cli import run as cli
+from tests.sweep.test_tune import sweep
 
 BASE = """
     set:
@@ -36,12 +35,6 @@ BRANCHED = BASE + """
       cooldown: 0.25
       shape: sqrt
 """
-
-
-def sweep(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 def test_a_branch_is_the_run_of_its_budget_at_the_cost_of_its_cooldown(tmp_path):
