@@ -2,8 +2,8 @@
 the queued jobs of one record (a sweep's ledger, a launched prepare's ``launch.json``: an
 ``AttemptStore``) through submitit's ``LocalExecutor``, at most N at a time, records each job there,
 and exits when all have ended. A job with a gate (a cooldown branch: its parent's checkpoint) starts
-once the gate exists; one whose gate no running job can write any more fails to start. Usage (internal): ``python -m diffsweep.launch.local_queue
-MODULE:STORE FOLDER N``.
+once the gate exists; one whose gate no running job can write any more fails to start. Usage
+(internal): ``python -m diffsweep.launch.local_queue MODULE:STORE FOLDER N``.
 """
 
 from __future__ import annotations

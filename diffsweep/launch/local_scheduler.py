@@ -44,8 +44,9 @@ def waiting_state(attempt: Attempt) -> tuple[str, str] | None:
         return "FAILED", "the local queue could not start it (see its log, logs/queue-*.log)"
     if attempt.state == "queued":
         if attempt.queue_pid is not None and pid_alive(attempt.queue_pid, attempt.queue_start):
-            if attempt.gate is not None and not Path(attempt.gate).exists():
-                return "PENDING", f"waits for {Path(attempt.gate).parent.parent.name} to checkpoint {Path(attempt.gate).name}"
+            gate = Path(attempt.gate) if attempt.gate is not None else None
+            if gate is not None and not gate.exists():  # a cooldown branch: its parent's checkpoint
+                return "PENDING", f"waits for {gate.parent.parent.name} to checkpoint {gate.name}"
             return "PENDING", "local queue"
         return "FAILED", "the local queue stopped before starting it"
     return None
