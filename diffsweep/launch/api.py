@@ -264,11 +264,29 @@ def launch_sweep(target: SweepTarget, *, dry_run: bool = False, max_parallel: in
                               where=scheduler.label, audit=audit)
         if on_selected is not None:
             on_selected(report)
-        if dry_run or not selection.submit:
+        if dry_run:
             return report
-        report.submitted = submit(plan, selection, max_parallel=max_parallel or plan.spec.launch.max_parallel,
-                                  tracking_uri=tracking_uri, echo=echo)
+        if selection.submit:
+            report.submitted = submit(plan, selection, max_parallel=max_parallel or plan.spec.launch.max_parallel,
+                                      tracking_uri=tracking_uri, echo=echo)
+        if any(r.run.branch is not None for r in plan.runs):  # held branches whose parent has saved their start
+            release_branches(plan, echo)
     return report
+
+
+def release_branches(plan: SweepPlan, echo: Callable[[str], None]) -> None:
+    """Release the sweep's held cooldown branches whose parent checkpoint exists (a release their
+    parent's job could not make is retried by every launch)."""
+    from diffsweep.launch.gates import release_ready
+    from diffsweep.launch.ledger import SweepStore
+
+    if plan.ledger is None and not (plan.out / "ledger.json").is_file():
+        return
+    released, errors = release_ready(SweepStore(plan.out))
+    if released:
+        echo(f"released {len(released)} held cooldown branch(es) whose parent checkpoint exists")
+    for line in errors:
+        echo(f"warning: {line}; launch again to retry")
 
 
 def cancel_sweep(target: SweepTarget) -> CancelReport:

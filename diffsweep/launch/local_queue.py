@@ -40,8 +40,8 @@ def main(spec: list[str], parallel: int) -> None:
             # a cooldown branch waits for its parent's checkpoint (its gate) to exist
             ready = [a for a in queued if a.gate is None or Path(a.gate).exists()]
             if not ready and not running:
-                for a in queued:  # gated, and no job of this queue is left to write their gates
-                    a.state = "failed-to-start"
+                for a in queued:  # gated, and no job of this queue is left to write their gates: not
+                    a.state = "cancelled"  # a failure of theirs (no retry spent); launching again resubmits them
                     print(f"could not start {Path(a.queue_item or '').stem}: the parent's checkpoint {a.gate} does "
                           "not exist and no job of this queue is running to write it; launch again once the "
                           "parent has trained past it", flush=True)

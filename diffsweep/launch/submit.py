@@ -20,10 +20,10 @@ from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.fsutil import empty_folder
 from diffsweep.launch.attempt import Attempt
-from diffsweep.launch.gates import release_ready
 from diffsweep.launch.ledger import LAUNCH_LOCK, Entry, Ledger, SweepStore, ledger_path, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.resources import Resources
+from diffsweep.launch.run_state import ACTIVE_STATES
 from diffsweep.launch.scheduler import JobArray, get_scheduler
 from diffsweep.rundir import EvalRequest, checkpoint_dir, write_launch_config, write_launch_eval
 from diffsweep.sweep.spec import EvalSettings
@@ -147,27 +147,48 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
                 raise
             raise ConfigError(exc.key, f"{exc.message} ({len(submitted)} runs were submitted before; launch again "
                               "after fixing it)") from None
-    if any(gated for gated, _ in classes):  # a parent may have saved a branch point meanwhile
-        released, errors = release_ready(store)
-        if released:
-            echo(f"released {len(released)} cooldown branch(es) whose parent checkpoint exists")
-        for line in errors:
-            echo(f"warning: {line}; the parents' jobs release them again at their next branch point")
     return submitted
 
 
 def _check_parents(plan: SweepPlan, sel: Selection) -> None:
-    """A cooldown branch is launched with its parent, or after it: refuse one whose parent is
-    neither submitted now nor launched before (it would wait for a checkpoint nothing writes)."""
+    """A cooldown branch is launched with its parent, or once the parent's checkpoint it starts from
+    exists, or while the parent trains towards that checkpoint and keeps it: refuse one that would
+    wait for a checkpoint nothing writes."""
     submitting = {r.run.key for r in sel.submit}
-    launched = set(plan.ledger.entries) if plan.ledger else set()
+    rows = {r.run.key: r for r in plan.runs}
     for r in sel.submit:
         b = r.run.branch
-        if b is not None and b.parent_key not in submitting | launched and not plan.run_dir(
-                b.parent_key, b.parent_name).joinpath("checkpoints").is_dir():
+        if b is None or b.parent_key in submitting:
+            continue
+        parent_dir = plan.run_dir(b.parent_key, b.parent_name)
+        if checkpoint_dir(parent_dir, b.step).exists():
+            continue
+        entry = plan.ledger.entries.get(b.parent_key) if plan.ledger else None
+        if entry is None:
             raise ConfigError("only", f"{r.run.name} is a cooldown branch of {b.parent_name}, which is neither "
                               "launched nor selected; select both (e.g. --only with a pattern matching the parent's "
                               "name) or launch the parent first")
+        pins = _launched_pins(parent_dir)
+        parent = rows.get(b.parent_key)
+        active = parent is None or parent.state.state in ACTIVE_STATES
+        if b.step not in pins or not active:
+            why = ("was launched before this branch was declared, so it neither keeps nor hands on its checkpoint "
+                   f"at step {b.step}" if b.step not in pins else
+                   f"is {parent.state.state if parent else 'not running'} without its checkpoint at step {b.step}")
+            raise ConfigError(f"{plan.spec.path}: branches", f"{r.run.name} starts from {b.parent_name}'s checkpoint "
+                              f"at step {b.step}, and {b.parent_name} {why}; relaunch the parent (cancel it first if it "
+                              "runs) or remove the branch")
+
+
+def _launched_pins(run_dir: Path) -> tuple[int, ...]:
+    """The ``train.checkpoint_at`` steps the run's launched job keeps (none if unknown)."""
+    from diffsweep.rundir import read_launch_config
+
+    try:
+        pins = read_launch_config(run_dir).get("train", {}).get("checkpoint_at") or ()
+    except (ConfigError, OSError, AttributeError):
+        return ()
+    return tuple(pins)
 
 
 def _branch_starts(plan: SweepPlan) -> dict[str, Path]:

@@ -53,7 +53,7 @@ def from_csv(path: Path) -> pd.DataFrame:
     if path.is_dir():
         raise ConfigError(str(path), "is a directory; expected a CSV file (e.g. fits/<name>/points.csv)")
     try:
-        table = pd.read_csv(path)
+        table = pd.read_csv(path, dtype={c: str for c in ("run_id", "run_name", "run_key", "parent")})
         # the cells as written: pandas renames a repeated column (loss, loss.1) and reads an empty
         # cell as NaN, and both must be told apart from what the file says
         raw = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, na_filter=False)

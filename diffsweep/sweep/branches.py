@@ -110,7 +110,8 @@ def branch_config(parent: ResolvedConfig, settings: BranchSettings, budget: int,
 
 def with_checkpoints(config: ResolvedConfig, steps: set[int]) -> ResolvedConfig:
     """``config`` that also checkpoints (and keeps) ``steps``: a parent's branch points."""
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, checkpoint_at=tuple(sorted(steps))))
+    pins = tuple(sorted(steps | set(config.train.checkpoint_at)))  # and those the run's config asks for
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, checkpoint_at=pins))
 
 
 def check_branch_of(parent: ResolvedConfig, branch: ResolvedConfig, parent_name: str, where: str) -> int:

@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError, LRSchedule, ResolvedConfig, to_dict
-from diffsweep.config.identity import flatten
+from diffsweep.config.identity import NOT_IDENTITY, flatten
 from diffsweep.tracking.store import BRANCH_CHECKPOINT, BRANCH_PARENT_KEY, BRANCH_STEP
 from diffsweep.train.optim import lr_at
 
 # What a branch may set otherwise than its parent: its length, its cooldown and how often it
 # evaluates, logs and checkpoints. Everything else decides the steps they share.
+# And whatever is no part of a run's identity (cadences, kernels, how processes share the work).
 FREE = ("train.max_steps", "train.max_tokens", "train.decay_fraction", "train.min_lr", "train.schedule",
-        "train.eval_every", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.checkpoint_at")
+        *NOT_IDENTITY)
 PARENT_KEY, PARENT_STEP, PARENT_CHECKPOINT = BRANCH_PARENT_KEY, BRANCH_STEP, BRANCH_CHECKPOINT
 
 

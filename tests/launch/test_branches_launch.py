@@ -71,3 +71,22 @@ def test_local_launch_starts_each_branch_from_its_parents_checkpoint(tmp_path, t
     r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "nothing to submit (3 done)" in r.stdout, r.stdout + r.stderr
     assert attempts(out) == before
+
+
+def test_branches_added_to_a_launched_sweep_whose_parent_kept_no_branch_point_are_refused(tmp_path, text_dataset,
+                                                                                         store):
+    """A parent launched before its sweep declared branches neither keeps nor hands on their
+    checkpoints (its key is unchanged: it is not trained again): launch refuses the branches,
+    naming the parent and the step, instead of holding them for ever; nothing is submitted."""
+    sweep = branched_sweep(tmp_path / "b.yaml", text_dataset, 60, "40")
+    text = sweep.read_text()
+    sweep.write_text(text[:text.index("branches:")])
+    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "runs" / "t"
+    before = attempts(out)
+    sweep.write_text(text)
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    assert r.returncode == 2 and "branches:" in r.stderr and "transformer-tiny-xs-s0-branch_40 starts from" in r.stderr
+    assert "checkpoint at step 30" in r.stderr and "launched before this branch was declared" in r.stderr, r.stderr
+    assert attempts(out) == before

@@ -128,3 +128,17 @@ def test_a_bad_run_sd_is_one_line_exit_2(tmp_path, value, expected):
     r = run("fit", "--csv", "scan.csv", "--no-log", "--run-sd", value, "--out", "out", cwd=tmp_path)
     refused(r, "--run-sd", expected)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_csv_of_branches_keeps_families_whose_keys_read_as_numbers(tmp_path):
+    """A run key of digits (or digits and one e) reads as a number: the parent column must still
+    match its parent's run_key when points.csv is read back (it is read as text)."""
+    from diffsweep.scaling.points import run_index
+    from diffsweep.scaling.table import from_csv
+
+    points = token_scan(runs=1, rng=np.random.default_rng(2), branches=True).head(3)
+    points = points.assign(run_key=["123456789012", "223456789012", "323456789012"],
+                           parent=["323456789012", "323456789012", ""])
+    points.to_csv(tmp_path / "points.csv", index=False)
+    table = from_csv(tmp_path / "points.csv")
+    assert list(run_index(table)) == [0, 0, 0]
