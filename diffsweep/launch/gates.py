@@ -5,8 +5,8 @@ starts as soon as that checkpoint is saved, not when the parent ends.
 On Slurm the branch's array is submitted held (``sbatch --hold``) and ``release_ready`` runs
 ``scontrol release`` for each held job whose gate exists. It is called by the parent's job after
 it saves a checkpoint of ``train.checkpoint_at`` and when it starts (a requeued parent may have
-saved it before it was preempted), and by ``launch`` after submitting (a parent that saved it
-earlier). The local queue waits for gates itself (``diffsweep.launch.local_queue``).
+saved it before it was preempted), and by every ``launch`` of the sweep (a parent that saved it
+earlier, or a release that failed). The local queue waits for gates itself (``diffsweep.launch.local_queue``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.resources import Resources
 from diffsweep.launch.run_state import ACTIVE_STATES
 from diffsweep.launch.scheduler import JobArray, get_scheduler
-from diffsweep.rundir import EvalRequest, checkpoint_dir, write_launch_config, write_launch_eval
+from diffsweep.rundir import EvalRequest, checkpoint_dir, read_launch_config, write_launch_config, write_launch_eval
 from diffsweep.sweep.spec import EvalSettings
 
 
@@ -182,8 +182,6 @@ def _check_parents(plan: SweepPlan, sel: Selection) -> None:
 
 def _launched_pins(run_dir: Path) -> tuple[int, ...]:
     """The ``train.checkpoint_at`` steps the run's launched job keeps (none if unknown)."""
-    from diffsweep.rundir import read_launch_config
-
     try:
         pins = read_launch_config(run_dir).get("train", {}).get("checkpoint_at") or ()
     except (ConfigError, OSError, AttributeError):
