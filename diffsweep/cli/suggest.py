@@ -35,7 +35,11 @@ def suggest(
                                                     "consider for both architectures, e.g. 20B (repeatable, or "
                                                     "comma-separated).", show_default=False)] = None,
     no_seeds: Annotated[bool, typer.Option("--no-seeds", help="Do not consider another seed of a measured "
-                                           "point.")] = False,
+                                           "point (or run family).")] = False,
+    cooldown: Annotated[float | None, typer.Option("--cooldown", help="A new cooldown branch's decay, as a fraction "
+                                                   "of its tokens, to price it (default: the sweep's branches: "
+                                                   "cooldown or cooldown_length, else 0.2).",
+                                                   show_default=False)] = None,
     budget: Annotated[float | None, typer.Option("--budget", help="GPU-hours: pick the best set of runs within it "
                                                  "(greedy).", show_default=False)] = None,
     max_runs: Annotated[int, typer.Option("--max-runs", help="With --budget: pick at most this many runs.")] = 64,
@@ -73,6 +77,8 @@ def suggest(
         raise ConfigError("--max-runs", f"expected at least 1 run, got {max_runs}")
     if top < 1:
         raise ConfigError("--top", f"expected at least 1 row, got {top}")
+    if cooldown is not None and not (0 < cooldown <= 1):  # NaN fails it
+        raise ConfigError("--cooldown", f"expected a fraction of the branch's tokens in (0, 1], got {cooldown}")
     if launch and budget is None:
         raise ConfigError("--launch", "submits the runs chosen within a budget; give --budget GPU-hours")
     if launch and source.suffix.lower() not in (".yaml", ".yml"):
@@ -81,7 +87,7 @@ def suggest(
     extra_sizes = [parse_amount(s, "--sizes") for part in sizes or () for s in part.split(",") if s.strip()]
     flags = FLAGS | ({} if experiment else {"experiment": str(source)}) | {"sweep": str(source)}
     with flag_keys(flags):
-        points, request, label, planned_runs, rate = _inputs(source, boot, seed, experiment, profile)
+        points, request, label, planned_runs, rate, sweep_cooldown = _inputs(source, boot, seed, experiment, profile)
     with flag_keys(FLAGS):
         if ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
             request = replace(request, at=(ref,))
@@ -90,7 +96,8 @@ def suggest(
         design, result = sg.design_from_points(points, request, candidate, ref, draws)
         assert result.points is not None
         pool = list(planned_runs(design, rate))
-        pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds)
+        pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds,
+                                    cooldown=cooldown or sweep_cooldown or sg.DEFAULT_COOLDOWN)
         extend = sg.beyond_edges(result.tuning, result.points, design, x_column(request), rate)
         if not pool and not extend:
             raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
@@ -113,6 +120,7 @@ def suggest(
                    "log ratio (t quantile) with and without the candidate at the refitted laws, median over the "
                    "draws of the difference"),
         "noise_sd": design.sd,
+        "run_sd": design.run_sd,
         "extend": [{"candidate": c.label, "arch": c.arch, "origin": c.origin, "num_params": c.num_params,
                     "tokens": c.tokens, "gpu_hours": c.gpu_hours} for c in extend],
         "candidates": [s.to_dict() for s in ranked],
@@ -187,6 +195,13 @@ def _render(out: dict, top: int) -> None:
                    f"{_per(r['reduction_per_gpu_hour']):>16}")
     if len(out["candidates"]) > top:
         typer.echo(f"... {len(out['candidates']) - top} more (--top, --json)")
+    if out["run_sd"] > 0:
+        typer.echo(f"\nthe points of a run and its cooldown branches (or checkpoints) share the run's offset (sd "
+                   f"{out['run_sd']:.2g} of log loss): a new branch of a run adds a point at that offset for its "
+                   "cooldown's cost; another seed of a run is a new run with its own offset and all of its points")
+    if any(r["origin"] == "branch" for r in out["candidates"]):
+        typer.echo("a new branch starts from its run's checkpoint at its branch point: add its budget to the sweep's "
+                   "branches: before the run passes that point (a finished run kept no checkpoint there)")
     b = out.get("budget")
     if b is not None:
         typer.echo(f"\nwithin {b['budget_gpu_hours']:,.1f} GPU-hours (greedy: best reduction per GPU-hour given the "
@@ -225,7 +240,7 @@ def _per(v: float | None) -> str:
 
 def _inputs(source: Path, boot: int, seed: int, experiment: str | None, profile: str | None):
     """The points, the fit request, a label, the planned-run candidates (a function of the design
-    and the GPU rate) and the FLOPs one GPU-hour buys."""
+    and the GPU rate), the FLOPs one GPU-hour buys and a sweep's branch cooldown (None: no branches)."""
     from diffsweep.scaling.analysis import FitRequest
     from diffsweep.scaling.folder import read_fit
     from diffsweep.scaling.table import from_csv
@@ -233,11 +248,11 @@ def _inputs(source: Path, boot: int, seed: int, experiment: str | None, profile:
     rate = _rate(profile)
     if source.is_dir():  # every field read back is checked (diffsweep/scaling/folder.py)
         points, saved = read_fit(source)
-        return points, saved.request(boot, seed), str(source), _no_planned, rate
+        return points, saved.request(boot, seed), str(source), _no_planned, rate, None
     if not source.exists():
         raise ConfigError("SWEEP_OR_FIT", f"{source}: no such file or folder")
     if source.suffix.lower() == ".csv":
-        return from_csv(source), FitRequest(n_boot=boot, seed=seed), str(source), _no_planned, rate
+        return from_csv(source), FitRequest(n_boot=boot, seed=seed), str(source), _no_planned, rate, None
     if source.suffix.lower() in (".yaml", ".yml"):
         return _sweep_inputs(source, boot, seed, experiment, profile)
     raise ConfigError("SWEEP_OR_FIT", f"{source}: expected a fit folder, a CSV or a sweep YAML")
@@ -267,7 +282,7 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     from diffsweep.launch.plan import SUBMITTABLE
     from diffsweep.scaling.analysis import FitRequest
     from diffsweep.scaling.pipeline import load_points
-    from diffsweep.scaling.suggest import FLOPS_PER_TOKEN_PER_PARAM, Candidate
+    from diffsweep.scaling.suggest import Candidate
     from diffsweep.sweep import load_sweep
 
     request = FitRequest(n_boot=boot, seed=seed, tune=_sweep_tune(sweep, None))  # a tuned sweep: its winners
@@ -276,7 +291,8 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     # A run finished in MLflow is measured, not a candidate, even where launch has no record of it
     # (logged from another machine, its run directory gone): its key is among the points.
     measured = set(points["run_key"].astype(str)) if "run_key" in points else set()
-    plan = plan_sweep(SweepTarget(load_sweep(sweep, ()), profile=profile))
+    spec = load_sweep(sweep, ())
+    plan = plan_sweep(SweepTarget(spec, profile=profile))
     gpu = plan.profile.gpu
     rate = gpu.peak_tflops * 1e12 * gpu.mfu * 3600 if plan.profile.gpus_per_node > 0 else _rate(None)
 
@@ -287,10 +303,27 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
                     or r.run.kind not in (design.baseline, design.candidate)):
                 continue
             x = float(r.run.num_params) if design.axis == "N" else float(r.run.tokens)
-            cost = r.estimate.gpu_hours or FLOPS_PER_TOKEN_PER_PARAM * r.run.num_params * r.run.tokens / rate_
+            branch = r.run.branch
+            cost = r.estimate.gpu_hours or r.run.flops / rate_  # the planner's FLOPs: a branch's cooldown only
             out.append(Candidate(r.run.kind, x, float(cost), float(r.run.num_params), float(r.run.tokens),
                                  other=float(r.run.tokens) if design.other_ref is not None else 0.0,
-                                 name=r.run.name, origin="planned"))
+                                 name=r.run.name, origin="planned",
+                                 family=branch.parent_key if branch is not None else r.run.key))
         return out
 
-    return points, request, str(sweep), planned, rate
+    return points, request, str(sweep), planned, rate, _cooldown(spec.branches, plan.runs)
+
+
+def _cooldown(settings: Any, runs: list) -> Any:
+    """How a sweep's branches decay, for pricing a new branch: their share, or the tokens of their
+    cooldown length (in steps: at the runs' median batch); None without branches."""
+    import numpy as np
+
+    if settings is None:
+        return None
+    if not settings.cooldown_length:
+        return settings.cooldown
+    length = float(settings.cooldown_length)
+    if settings.steps:
+        length *= float(np.median([r.run.config.train.batch_tokens for r in runs]))
+    return lambda tokens: min(length, tokens)

@@ -141,6 +141,12 @@ def architectures(points: pd.DataFrame, axis: Axis, req: FitRequest) -> dict[str
 
 
 def run_index(rows: pd.DataFrame) -> np.ndarray:
+    """Which run each point comes from (the unit of noise: a run's evaluations share its offset), as
+    indices 0..k-1 of ``run_ids``."""
+    return np.unique(run_ids(rows), return_inverse=True)[1].ravel()
+
+
+def run_ids(rows: pd.DataFrame) -> np.ndarray:
     """Which run each point comes from (the unit of noise: a run's evaluations share its offset).
 
     A point's run is its MLflow ``run_id``, else its ``run_key``, else its ``run_name`` (not the
@@ -161,5 +167,4 @@ def run_index(rows: pd.DataFrame) -> np.ndarray:
         fallback = rows["arch"].astype(str) + "|" + rows["num_params"].astype(str) + "|" + rows["seed"].astype(str)
     else:
         fallback = pd.Series([f"row {i}" for i in range(len(rows))], index=rows.index)
-    ids = ids.where(ids != "", fallback)
-    return np.unique(ids.to_numpy(str), return_inverse=True)[1].ravel()
+    return ids.where(ids != "", fallback).to_numpy(str)

@@ -5,14 +5,18 @@ the chosen reference is expected to be once it has finished, per GPU-hour. Its o
 from M paired bootstrap draws of the current fit, the laws are refitted, and the linearised
 (delta-method) CI width is read with and without it (``expected_reduction``, ``half_width``).
 ``choose_within`` picks runs within a GPU-hour budget greedily (not the optimal set). Scope: one law
-per architecture (not ``--shared-e``), one point per run (size ladders, final points of token runs,
-Chinchilla grids); token scans read from one run's checkpoints or from cooldown branches are refused
-(their shared run offset is not simulated). See docs/fits.md, 'Which run next: `diffsweep suggest`'.
+per architecture (not ``--shared-e``). Where runs give several points (a token scan read from one
+run's checkpoints, or a run and its cooldown branches: a run *family*), the points of a family share
+its offset, as in the fit's hierarchical bootstrap: the width is the sandwich covariance of the fit
+under that correlation, a new cooldown branch of a measured run is simulated with that run's offset
+(as the data estimate it) and priced at its cooldown only, and another seed of a family is a new run
+with its own offset giving all of the family's points. See docs/fits.md, 'Which run next:
+`diffsweep suggest`'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +29,7 @@ from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.choices import Axis
 from diffsweep.scaling.fit import LawFit, fit_law
 from diffsweep.scaling.optimize import Data
-from diffsweep.scaling.points import architectures
+from diffsweep.scaling.points import architectures, run_ids
 from diffsweep.scaling.result import FitResult
 
 FD_STEP = 1e-5  # central-difference step on the (log-space) parameters for ∂ log ρ / ∂θ
@@ -48,10 +52,25 @@ class Candidate:
     # tuning value beyond the end of its grid, where a cell's best is: ``beyond_edges``)
     origin: str = "extra"
     repeatable: bool = False  # an extra can be chosen more than once (more seeds); a planned run once
+    # The run family whose offset it shares: a measured family's id (a new cooldown branch of that
+    # run), a planned parent's key (it and its planned branches); "": a run of its own.
+    family: str = ""
+    more: tuple[tuple[float, float], ...] = ()  # the further (x, other) points the same new run gives
+    like: str = ""  # another seed of this measured family (``more``: the family's other points)
+
+    @property
+    def points(self) -> tuple[tuple[float, float], ...]:
+        return ((self.x, self.other), *self.more)
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.arch} @ {_human(self.x)}" + (" (another seed)" if self.origin == "seed" else "")
+        if self.name:
+            return self.name
+        if self.like:
+            return f"{self.arch}: another seed of {self.like} ({len(self.points)} points)"
+        if self.origin == "branch":
+            return f"{self.arch} @ {_human(self.x)}: a new branch of {self.family}"
+        return f"{self.arch} @ {_human(self.x)}" + (" (another seed)" if self.origin == "seed" else "")
 
 
 @dataclass(frozen=True)
@@ -66,11 +85,14 @@ class Design:
     ref: float
     axis: str  # N | D (the ratio's axis)
     other_ref: float | None  # a joint law's fixed D for ρ_N
-    sd: float  # per-run noise sd of log loss (evaluation and size-level components combined)
+    sd: float  # per-point noise sd of log loss (evaluation and size-level components combined)
     dof: float  # the noise estimate's degrees of freedom (inf: given)
     noise_source: str  # given | seeds | residuals
     level: float
     measured: dict[str, np.ndarray] = field(default_factory=dict)  # distinct x per architecture
+    families: dict[str, np.ndarray] = field(default_factory=dict)  # run family id of each data row per architecture
+    run_sd: float = 0.0  # sd of a family's offset, shared by its points (0: runs give one point, or not measured)
+    run_dof: float = np.inf
 
     def log_ratio(self, theta_base: np.ndarray, theta_cand: np.ndarray) -> np.ndarray:
         """log ρ at the reference for each row of the two (B, p) parameter arrays: (B,)."""
@@ -93,18 +115,18 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
     cand = candidate or result.candidates[0]
     if cand not in result.candidates:
         raise ConfigError("candidates", f"'{cand}' is not among the fitted candidates ({', '.join(result.candidates)})")
-    if result.noise.get("run_sd") or result.resampling.get("unit") == "run":
-        raise ConfigError("points", "runs that give several points (a token scan of checkpoints, or a run and its "
-                          "cooldown branches) share a per-run offset that suggest does not simulate yet")
     assert result.points is not None
     axis = Axis.N if result.axis in ("N", "N,D") else Axis.D
     archs = architectures(result.points, axis, request)
     fits: dict[str, LawFit] = {}
     draws: dict[str, np.ndarray] = {}
     measured: dict[str, np.ndarray] = {}
+    families: dict[str, np.ndarray] = {}
+    used = result.points[result.points["used"]]
     m = min(num_draws, result.n_boot)
     for name in (request.baseline, cand):
         arch = archs[name]
+        families[name] = run_ids(used[used["arch"] == name])
         data = Data(u=np.log(arch.x), y=np.log(arch.loss), v=np.log(np.maximum(arch.other, 1e-300)))
         fits[name] = fit_law(result.curves[name].law, data, request.resolved_objective)
         draws[name] = result.curves[name].draws[:m]
@@ -112,32 +134,46 @@ def design_from_points(points: pd.DataFrame, request: FitRequest, candidate: str
     noise = result.noise
     sd = float(np.hypot(noise["sd"], noise.get("between_sd") or 0.0))
     dof = float(noise["dof"]) if noise.get("dof") is not None else np.inf
+    hierarchical = result.resampling.get("unit") == "run"
+    run_sd = float(noise.get("run_sd") or 0.0) if hierarchical else 0.0
+    run_dof = float(noise["run_dof"]) if hierarchical and noise.get("run_dof") is not None else np.inf
     at = float(ref) if ref is not None else float(measured[request.baseline].max())
     design = Design(fits=fits, draws=draws, baseline=request.baseline, candidate=cand, ref=at,
                     axis="D" if result.axis == "D" else "N", other_ref=result.other_ref, sd=sd, dof=dof,
-                    noise_source=noise["source"], level=request.level, measured=measured)
+                    noise_source=noise["source"], level=request.level, measured=measured, families=families,
+                    run_sd=run_sd, run_dof=run_dof)
     return design, result
 
 
-def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarray], dof: float) -> np.ndarray:
+Dof = tuple[float, float]  # degrees of freedom of the per-point sd and of the run offsets' sd (inf: given)
+
+
+def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarray], dof: Dof,
+               families: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The linearised (delta-method) CI half-width of log ρ, t·se, for each row of ``theta`` (B, p
     per architecture) fitted to ``data``: (B,), +inf where ρ is undefined.
 
     Linearised, not bootstrapped: a full bootstrap per simulated outcome per candidate would be
-    M × B refits. The delta method on log ρ, with the Gauss-Newton covariance σ²(JᵀJ)⁻¹ of each
-    architecture's fit and the Student t quantile for the noise's degrees of freedom (the
-    bootstrap's ν/χ²_ν noise mixture gives exactly t_ν for a quantity linear in the noise;
-    bootstrap.py); ``_width`` turns it into a width of ρ:
+    M × B refits. The delta method on log ρ, with each architecture's least-squares covariance and
+    the Student t quantile for the noise's degrees of freedom (the bootstrap's ν/χ²_ν noise mixture
+    gives exactly t_ν for a quantity linear in the noise; bootstrap.py); ``_width`` turns it into a
+    width of ρ:
 
-        width = ρ̂ (exp(t·se) − exp(−t·se)),  se² = Σ_arch g_archᵀ Cov_arch g_arch,  g = ∂ log ρ / ∂θ,
+        width = ρ̂ (exp(t·se) − exp(−t·se)),  se² = Σ_arch g_archᵀ Cov_arch g_arch,  g = ∂ log ρ / ∂θ.
 
-    with ρ̂ the current estimate (so the median over draws of the width is that of t·se, transformed).
-    It is checked against the full bootstrap width on the synthetic ladder (tests/scaling/test_suggest.py).
-    """
+    Points independent, Cov = σ²(JᵀJ)⁻¹ (Gauss-Newton). Where the points of a run family
+    (``families``: the id of each row's family, default the design's) share an offset of sd τ, the
+    fit is still least squares, so Cov is its sandwich (JᵀJ)⁻¹ Jᵀ(σ²I + τ²ZZᵀ)J (JᵀJ)⁻¹ (Z: rows ×
+    families), and t's degrees of freedom are Satterthwaite's for the two variance components.
+    ρ̂ is the current estimate (so the median over draws of the width is that of t·se, transformed).
+    It is checked against the full bootstrap width on the synthetic ladder and on branch scans
+    (tests/scaling/test_suggest.py)."""
     base, cand = design.baseline, design.candidate
     tb, tc = theta[base], theta[cand]
+    families = design.families if families is None else families
     log_rho = design.log_ratio(tb, tc)
-    var = np.zeros(len(tb))
+    var_e = np.zeros(len(tb))
+    var_r = np.zeros(len(tb))
     for name, t in ((base, tb), (cand, tc)):
         grad = np.empty_like(t)
         for j in range(t.shape[1]):
@@ -150,11 +186,19 @@ def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarra
             grad[:, j] = (up - down) / (2 * FD_STEP)
         fit = design.fits[name]
         _, jac = data[name].predict(fit.law, t)  # (B, n, p)
-        info = np.einsum("bni,bnj->bij", jac, jac)
-        cov = design.sd ** 2 * np.linalg.pinv(info)
-        var += np.einsum("bi,bij,bj->b", grad, cov, grad)
+        info_inv = np.linalg.pinv(np.einsum("bni,bnj->bij", jac, jac))
+        var_e += design.sd ** 2 * np.einsum("bi,bij,bj->b", grad, info_inv, grad)
+        if design.run_sd > 0:
+            z = np.eye(len(np.unique(families[name])))[np.unique(families[name], return_inverse=True)[1].ravel()]
+            per_family = np.einsum("nf,bni->bfi", z, jac) @ np.einsum("bij,bj->bi", info_inv, grad)[:, :, None]
+            var_r += design.run_sd ** 2 * (per_family[:, :, 0] ** 2).sum(axis=1)
+    var = var_e + var_r
     q = (1 + design.level) / 2
-    quantile = float(t_dist.ppf(q, dof)) if np.isfinite(dof) else float(norm.ppf(q))
+    e_dof, r_dof = dof
+    with np.errstate(all="ignore"):  # Satterthwaite: (Σ v)² / Σ v²/ν, a given sd's ν infinite
+        denominator = var_e ** 2 / e_dof + var_r ** 2 / r_dof
+        nu = np.where(denominator > 0, var ** 2 / denominator, np.inf)
+    quantile = np.where(np.isfinite(nu), t_dist.ppf(q, np.where(np.isfinite(nu), nu, 1.0)), norm.ppf(q))
     se = np.sqrt(np.maximum(var, 0.0))
     se = np.where(np.isfinite(log_rho) & np.isfinite(se), se, np.inf)
     return quantile * se
@@ -179,57 +223,132 @@ def current_width(design: Design) -> float:
     """The linearised CI width of ρ now, at the estimate."""
     data = {a: f.data for a, f in design.fits.items()}
     theta = {a: f.theta[None, :] for a, f in design.fits.items()}
-    return _width(design, float(half_width(design, data, theta, design.dof)[0]))
+    return _width(design, float(half_width(design, data, theta, (design.dof, design.run_dof))[0]))
 
 
-def _dof_after(design: Design, added: Sequence[Candidate]) -> float:
-    """Degrees of freedom of the noise estimate once ``added`` are in: a residual estimate gains one
-    per run, a seed estimate one per repeat of a measured point, a given sd stays known."""
+def _dof_after(design: Design, added: Sequence[Candidate]) -> Dof:
+    """Degrees of freedom of the noise estimates once ``added`` are in. Points independent: a
+    residual estimate gains one per point, a seed estimate one per repeat of a measured point.
+    Families sharing offsets: what the fit's two-way (cell × run) decomposition gains
+    (``_two_way_dof``): a new branch at a measured token count one per-point degree of freedom, a
+    new run with a point at a measured cell one run degree of freedom, a point at a new cell
+    nothing. A given sd stays known."""
+    if design.run_sd > 0:
+        e_dof, r_dof = design.dof, design.run_dof
+        for name, fit in design.fits.items():
+            fam = design.families[name]
+            rows = [(x, other, _family_of(c, i)) for i, c in enumerate(added) if c.arch == name for x, other in c.points]
+            if not rows:
+                continue
+            e0, r0 = _two_way_dof(fit.data.u, fit.data.v, fam)
+            e1, r1 = _two_way_dof(np.concatenate([fit.data.u, np.log([x for x, _, _ in rows])]),
+                                  None if fit.data.v is None else np.concatenate(
+                                      [fit.data.v, np.log(np.maximum([o for _, o, _ in rows], 1e-300))]),
+                                  np.concatenate([fam, [f for *_, f in rows]]))
+            e_dof, r_dof = e_dof + e1 - e0, r_dof + r1 - r0
+        return e_dof, r_dof
+    points = [(c.arch, x) for c in added for x, _ in c.points]
     if not np.isfinite(design.dof):
-        return design.dof
+        return design.dof, design.run_dof
     if design.noise_source == "residuals":
-        return design.dof + len(added)
-    repeats = sum(1 for c in added if np.isclose(design.measured[c.arch], c.x, rtol=1e-9).any())
-    return design.dof + repeats
+        return design.dof + len(points), design.run_dof
+    repeats = sum(1 for arch, x in points if np.isclose(design.measured[arch], x, rtol=1e-9).any())
+    return design.dof + repeats, design.run_dof
 
 
-def _simulated(design: Design, added: Sequence[Candidate], seed: int) -> tuple[dict[str, Data], dict[str, np.ndarray]]:
-    """Each architecture's data plus the runs ``added`` and its laws refitted for each of the design's
-    M draws: that draw's curves at the added runs plus noise (sd ``design.sd``) are the outcomes,
-    refitted as ``LawFit.refit`` refits a bootstrap draw (warm start plus the form's extra starts).
-    The noise of the i-th added run is the i-th column of one seeded (M, k) normal matrix (common
-    random numbers: candidates compared at one step see the same noise). An architecture's added
-    rows follow its measured ones, in the order of ``added``."""
+def _two_way_dof(u: np.ndarray, v: np.ndarray | None, families: np.ndarray) -> tuple[int, int]:
+    """The per-point and run degrees of freedom of one architecture's rows in the fit's two-way
+    (cell × run) decomposition (bootstrap._multi_point): n − rank[X Z] and rank[X Z] − rank X."""
+    key = np.column_stack([np.round(u, 9), np.zeros_like(u) if v is None else np.round(v, 9)])
+    x = np.eye(len(np.unique(key, axis=0)))[np.unique(key, axis=0, return_inverse=True)[1].ravel()]
+    z = np.eye(len(np.unique(families)))[np.unique(families, return_inverse=True)[1].ravel()]
+    rank_xz, rank_x = np.linalg.matrix_rank(np.hstack([x, z])), np.linalg.matrix_rank(x)
+    return len(u) - rank_xz, rank_xz - rank_x
+
+
+def _family_of(c: Candidate, i: int) -> str:
+    return c.family or f"new run {i}"
+
+
+def _simulated(design: Design, added: Sequence[Candidate], seed: int
+               ) -> tuple[dict[str, Data], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each architecture's data plus the points of the runs ``added``, its laws refitted for each of
+    the design's M draws, and the family of every row: that draw's curves at the added points plus
+    noise are the outcomes, refitted as ``LawFit.refit`` refits a bootstrap draw (warm start plus
+    the form's extra starts). Noise: per point sd ``design.sd``; where families share offsets
+    (``design.run_sd``), each added family's offset too: a new run's drawn afresh (sd τ), a
+    measured run's (a new cooldown branch of it) drawn from what its points say of it in that draw
+    (their mean residual shrunk by τ²/(τ² + σ²/n), with the rest of τ² left). Common random
+    numbers: the first point of the i-th added run has the i-th column of one seeded (M, k) normal
+    matrix, its other points and its family's offset streams seeded by (seed, i), so candidates
+    compared at one step see the same noise. An architecture's added rows follow its measured ones,
+    in the order of ``added``."""
     m = len(design.draws[design.baseline])
     z = np.random.default_rng(seed).standard_normal((m, len(added)))
     data: dict[str, Data] = {}
     theta: dict[str, np.ndarray] = {}
+    families: dict[str, np.ndarray] = {}
     for name, fit in design.fits.items():
         cols = [i for i, c in enumerate(added) if c.arch == name]
         d = fit.data
+        fam = design.families.get(name, np.array([f"row {k}" for k in range(len(d.y))]))
+        families[name] = fam
         if not cols:
             data[name], theta[name] = d, np.repeat(fit.theta[None, :], m, axis=0)
             continue
-        u_new = np.log([added[i].x for i in cols])
-        v_new = np.log(np.maximum([added[i].other for i in cols], 1e-300))
+        rows = [(i, j, x, other) for i in cols for j, (x, other) in enumerate(added[i].points)]
+        u_new = np.log([x for _, _, x, _ in rows])
+        v_new = np.log(np.maximum([o for *_, o in rows], 1e-300))
         mean, _ = fit.law.predict(design.draws[name], u_new, v_new)  # (M, k) the draw's curve there
-        outcome = mean + design.sd * z[:, cols]
+        eps = np.column_stack([z[:, i] if j == 0 else
+                               np.random.default_rng([seed, i]).standard_normal((m, len(added[i].points)))[:, j]
+                               for i, j, _, _ in rows])
+        outcome = mean + design.sd * eps
+        new_fam = np.array([_family_of(added[i], i) for i, *_ in rows])
+        if design.run_sd > 0:
+            outcome += _offsets(design, name, fam, new_fam, [i for i, *_ in rows], seed)
         aug = Data(u=np.concatenate([d.u, u_new]), y=np.concatenate([d.y, outcome[0]]),  # y: one draw's; refit uses targets
                    v=None if d.v is None else np.concatenate([d.v, v_new]))
         targets = np.concatenate([np.repeat(d.y[None, :], m, axis=0), outcome], axis=1)
         with np.errstate(all="ignore"):
             theta[name] = LawFit(fit.law, aug, fit.objective, fit.solution).refit(targets)
         data[name] = aug
-    return data, theta
+        families[name] = np.concatenate([fam, new_fam])
+    return data, theta, families
+
+
+def _offsets(design: Design, name: str, fam: np.ndarray, new_fam: np.ndarray, owner: list[int],
+             seed: int) -> np.ndarray:
+    """Each added row's family offset (M, k): drawn once per family, from the stream of the first
+    added run in it; a measured family's conditional on its points in each draw (``_simulated``)."""
+    fit = design.fits[name]
+    m = len(design.draws[name])
+    tau2, sigma2 = design.run_sd ** 2, design.sd ** 2
+    residuals = None
+    out = np.zeros((m, len(new_fam)))
+    for f in dict.fromkeys(new_fam):
+        where = new_fam == f
+        z = np.random.default_rng([seed, owner[int(np.argmax(where))], 1]).standard_normal(m)
+        measured = fam == f
+        if not measured.any():
+            out[:, where] = (np.sqrt(tau2) * z)[:, None]
+            continue
+        if residuals is None:
+            curve, _ = fit.law.predict(design.draws[name], fit.data.u, fit.data.v)
+            residuals = fit.data.y[None, :] - curve  # (M, n) the data around each draw's curve
+        n = int(measured.sum())
+        shrink = tau2 / (tau2 + sigma2 / n)
+        out[:, where] = (shrink * residuals[:, measured].mean(axis=1) + np.sqrt(shrink * sigma2 / n) * z)[:, None]
+    return out
 
 
 def expected_ci_width(design: Design, added: Sequence[Candidate], seed: int = 0) -> float:
     """The median linearised CI width of ρ after the runs ``added`` finish, over the design's M draws:
     the laws refitted to the data plus each draw's simulated outcomes (``_simulated``), the width
     read at the refitted laws."""
-    data, theta = _simulated(design, added, seed)
+    data, theta, families = _simulated(design, added, seed)
     with np.errstate(all="ignore"):
-        half = half_width(design, data, theta, _dof_after(design, added))
+        half = half_width(design, data, theta, _dof_after(design, added), families)
     return _width(design, float(np.median(half)))
 
 
@@ -238,7 +357,7 @@ def expected_reduction(design: Design, chosen: Sequence[Candidate], candidate: C
 
     Paired per draw: the laws are refitted to the data plus ``chosen`` and the candidate's simulated
     outcomes, and at those refitted laws the linearised width is read twice, with and without the
-    candidate's run (its information, and its degree of freedom). The median over the M draws of
+    candidate's run (its information, and its degrees of freedom). The median over the M draws of
     the difference is the expected reduction. Reading both widths at the same laws cancels what
     the refits add to both (the estimate moving with the simulated outcomes), which otherwise
     swamps the small narrowing one cheap run brings: unpaired, the widths after two different
@@ -246,14 +365,15 @@ def expected_reduction(design: Design, chosen: Sequence[Candidate], candidate: C
     The median is robust to the few draws whose candidate never reaches the baseline's loss, or
     whose refit is near-singular, where the linearised width explodes."""
     added = [*chosen, candidate]
-    data, theta = _simulated(design, added, seed)
-    before = dict(data)
-    d = data[candidate.arch]  # the candidate is the last added row of its architecture
-    before[candidate.arch] = Data(u=d.u[:-1], y=d.y[:-1], v=None if d.v is None else d.v[:-1])
+    data, theta, families = _simulated(design, added, seed)
+    before, before_families = dict(data), dict(families)
+    d, k = data[candidate.arch], len(candidate.points)  # the candidate's rows are the last of its architecture
+    before[candidate.arch] = Data(u=d.u[:-k], y=d.y[:-k], v=None if d.v is None else d.v[:-k])
+    before_families[candidate.arch] = families[candidate.arch][:-k]
     rho = _rho(design)
     with np.errstate(all="ignore"):
-        after = rho * 2.0 * np.sinh(half_width(design, data, theta, _dof_after(design, added)))
-        prior = rho * 2.0 * np.sinh(half_width(design, before, theta, _dof_after(design, chosen)))
+        after = rho * 2.0 * np.sinh(half_width(design, data, theta, _dof_after(design, added), families))
+        prior = rho * 2.0 * np.sinh(half_width(design, before, theta, _dof_after(design, chosen), before_families))
         gain = prior - after
     gain = gain[np.isfinite(gain)]
     return float(np.median(gain)) if len(gain) * 2 > len(after) else -np.inf  # ρ undefined in most draws
@@ -272,6 +392,7 @@ class Scored:
         c = self.candidate
         return {"candidate": c.label, "name": c.name or None, "arch": c.arch, "origin": c.origin,
                 "num_params": c.num_params, "tokens": c.tokens, "gpu_hours": c.gpu_hours,
+                "family": c.family or c.like or None, "points": len(c.points),
                 "expected_width_after": _finite(self.width_after), "reduction": _finite(self.reduction),
                 "reduction_per_gpu_hour": _finite(self.per_gpu_hour)}
 
@@ -349,22 +470,34 @@ def choose_within(design: Design, candidates: Sequence[Candidate], budget: float
 FLOPS_PER_TOKEN_PER_PARAM = 6.0  # training FLOPs ≈ 6·N·D (Kaplan et al. 2020, §2.1)
 
 
+DEFAULT_COOLDOWN = 0.2  # a new cooldown branch's decay, as a fraction of its tokens, where nothing says otherwise
+
+
 def extra_candidates(points: pd.DataFrame, design: Design, x_column: str, flops_per_gpu_hour: float,
-                     sizes: Sequence[float] = (), seeds: bool = True) -> list[Candidate]:
+                     sizes: Sequence[float] = (), seeds: bool = True,
+                     cooldown: float | Callable[[float], float] = DEFAULT_COOLDOWN) -> list[Candidate]:
     """Candidates besides planned runs, for both architectures of the ratio: another seed of every
     measured point (``seeds``), and a run at each of ``sizes`` (N on a size ladder, tokens on a token
     axis). Tokens of a new size follow the ladder: the same tokens per parameter if the runs scale
     them together, else the tokens of the nearest measured size. Cost: 6·N·D FLOPs at
-    ``flops_per_gpu_hour``."""
+    ``flops_per_gpu_hour``. Where runs give several points (run families: ``_family_candidates``),
+    another seed is another run of a family, and a token count of ``sizes`` is also a new cooldown
+    branch of each measured run that trained past it; ``cooldown``: a branch's share that decays,
+    or the tokens its cooldown trains as a function of its tokens."""
     used = points[points["used"]]
     out: list[Candidate] = []
     for name in (design.baseline, design.candidate):
         rows = used[used["arch"] == name]
-        cells = rows.drop_duplicates(subset=[x_column, "tokens"] if design.axis == "N" else ["tokens"])
         def cost(n: float, d: float) -> float:
             return FLOPS_PER_TOKEN_PER_PARAM * n * d / flops_per_gpu_hour
 
-        if seeds:
+        families = design.families.get(name, np.array([]))
+        multi = len(families) > 0 and np.unique(families, return_counts=True)[1].max() > 1
+        if multi:
+            trains = cooldown if callable(cooldown) else (lambda d, share=cooldown: share * d)
+            out += _family_candidates(rows, families, design, name, x_column, cost, sizes, seeds, trains)
+        cells = rows.drop_duplicates(subset=[x_column, "tokens"] if design.axis == "N" else ["tokens"])
+        if seeds and not multi:
             for _, r in cells.iterrows():
                 n, d = float(r["num_params"]), float(r["tokens"])
                 x = float(r[x_column]) if design.axis == "N" else d
@@ -388,6 +521,47 @@ def extra_candidates(points: pd.DataFrame, design: Design, x_column: str, flops_
             other = d if design.other_ref is not None else 0.0
             x = n if design.axis == "N" else d
             out.append(Candidate(name, x, cost(n, d), n, d, other=other, origin="extra", repeatable=True))
+    return out
+
+
+def _family_candidates(rows: pd.DataFrame, families: np.ndarray, design: Design, name: str, x_column: str,
+                       cost: Callable[[float, float], float], sizes: Sequence[float], seeds: bool,
+                       cooldown: Callable[[float], float]) -> list[Candidate]:
+    """Where runs give several points: another seed of each measured family (one per distinct set of
+    points: a new run with its own offset giving them all, at the cost of its run, its cooldown
+    branches' cooldowns (``cooldown``: the tokens a branch of D tokens trains), its checkpoints
+    free), and, on a token axis, a new cooldown branch at each token count of ``sizes`` of every
+    family with branches whose run trained past it (the family's offset, its cooldown to pay; it needs the run's
+    checkpoint at its branch point: a sweep's ``branches`` pin it before the run passes it)."""
+    out: list[Candidate] = []
+    parent = rows["parent"].astype(str) if "parent" in rows.columns else pd.Series("", index=rows.index)
+    point = rows["point"].astype(str)
+    shapes: set[tuple] = set()
+    for f in dict.fromkeys(families):
+        fam = rows[families == f]
+        n = float(fam["num_params"].median())
+        is_branch, is_final = (parent[families == f] != "").to_numpy(), (point[families == f] == "final").to_numpy()
+        tokens = fam["tokens"].to_numpy(float)
+        xs = (fam[x_column].to_numpy(float) if design.axis == "N" else tokens)
+        others = tokens if design.other_ref is not None else np.zeros(len(fam))
+        pts = tuple(sorted(zip(xs.tolist(), others.tolist(), strict=True)))
+        run_tokens = float(tokens[~is_branch].max()) if (~is_branch).any() else float(tokens.max())
+        if seeds and (key := tuple(np.round(np.log(np.maximum(pts, 1e-300)), 9).ravel())) not in shapes:
+            shapes.add(key)
+            spent = (cost(n, float(tokens[~is_branch & is_final].sum()))
+                     + cost(n, float(sum(cooldown(float(d)) for d in tokens[is_branch]))))
+            if not (~is_branch & is_final).any():  # the run itself not measured: it trains to its longest point
+                spent += cost(n, run_tokens)
+            out.append(Candidate(name, pts[0][0], spent, n, run_tokens, other=pts[0][1], origin="seed",
+                                 repeatable=True, more=pts[1:], like=str(f)))
+        if design.axis != "D" or not is_branch.any():
+            continue
+        for size in sizes:
+            if size >= run_tokens or np.isclose(tokens, size, rtol=1e-6).any():
+                continue
+            out.append(Candidate(name, float(size), cost(n, cooldown(float(size))), n, float(size),
+                                 other=float(size) if design.other_ref is not None else 0.0, origin="branch",
+                                 family=str(f)))
     return out
 
 

@@ -2,16 +2,17 @@
 
 A sweep's ``branches:`` section turns every run of the sweep (a *parent*, which must use a wsd
 schedule) into a family: the parent itself, and one branch per budget in ``steps`` (or
-``tokens``). A branch is the WSD run of that budget whose last ``cooldown`` share of steps decays
-to ``min_lr`` with the given ``shape``; up to the start of its cooldown it follows the parent step
+``tokens``). A branch is the WSD run of that budget whose last ``cooldown`` share of steps (or
+last ``cooldown_length`` steps or tokens, the budgets' unit) decays to ``min_lr`` with the given
+``shape``; up to the start of its cooldown it follows the parent step
 for step, so it is trained from the parent's checkpoint at that step (its *branch point*) and costs
 only its cooldown (``diffsweep.train.branch``). Its config, key and results are those of that run
 trained from scratch; it records its parent and branch point. The parent checkpoints every branch
 point and keeps those checkpoints (``train.checkpoint_at``).
 
 Refused here, naming the key: a parent that is not wsd, a budget past the parent's end, a branch
-point after the parent's stable phase, a cooldown that is not a share of the budget in (0, 1), a
-branch that is the parent itself. Pure: builds runs from runs. See docs/sweeps.md, 'Cooldown
+point after the parent's stable phase, a cooldown that is not a share of the budget in (0, 1) (or a
+length not shorter than a budget, or both ways in one file), a branch that is the parent itself. Pure: builds runs from runs. See docs/sweeps.md, 'Cooldown
 branches'.
 """
 
@@ -54,7 +55,8 @@ class BranchSettings:
 
     steps: tuple[Annotated[int, AtLeast(1)], ...] = ()  # each branch's budget in steps ...
     tokens: tuple[Annotated[int, AtLeast(1)], ...] = ()  # ... or in tokens (exactly one of the two)
-    cooldown: Annotated[float, Check(_share)] = 0.2  # the share of each branch's budget that decays
+    cooldown: Annotated[float, Check(_share)] = 0.2  # the share of each branch's budget that decays ...
+    cooldown_length: Annotated[int, AtLeast(0)] = 0  # ... or its length, in the budgets' unit (0: the share)
     shape: Annotated[str, Check(_shape)] = "linear"  # linear | sqrt (1 - sqrt) | cosine
 
     @property
@@ -65,15 +67,41 @@ class BranchSettings:
     def budgets(self) -> tuple[int, ...]:
         return self.steps or self.tokens
 
+    def share(self, budget: int) -> float:
+        """The share of the branch of ``budget`` that decays: ``cooldown``, or ``cooldown_length`` of it."""
+        return self.cooldown_length / budget if self.cooldown_length else self.cooldown
+
+    @property
+    def described(self) -> str:
+        """``its last 20%`` or ``its last 2,000 steps``."""
+        if self.cooldown_length:
+            length = f"{self.cooldown_length:,}" if self.steps else human(self.cooldown_length)
+            return f"its last {length} {self.unit}"
+        return f"its last {self.cooldown:.0%}"
+
 
 def check_settings(settings: BranchSettings, where: str) -> None:
-    """What the section alone must satisfy: one kind of budget, no budget twice."""
+    """What the section alone must satisfy: one kind of budget, no budget twice, a cooldown length
+    shorter than every budget."""
     if bool(settings.steps) == bool(settings.tokens):
         raise ConfigError(f"{where}: branches.steps", "expected exactly one of steps and tokens: each branch's "
                           "budget, e.g. steps: [2000, 4000]")
     budgets = settings.budgets
     if len(set(budgets)) != len(budgets):
         raise ConfigError(f"{where}: branches.{settings.unit}", f"repeats a budget: {list(budgets)}")
+    length = settings.cooldown_length
+    for i, budget in enumerate(budgets):
+        if length and length >= budget:
+            raise ConfigError(f"{where}: branches.cooldown_length", f"a cooldown of {length:,} {settings.unit} is as "
+                              f"long as the branch of {budget:,} (branches.{settings.unit}[{i}]) or longer; expected a "
+                              "length shorter than every budget, or a share: cooldown: 0.2")
+
+
+def check_written(raw: Any, where: str) -> None:
+    """One file's ``branches:`` gives its cooldown one way: a share or a length, not both."""
+    if isinstance(raw, dict) and "cooldown" in raw and "cooldown_length" in raw:
+        raise ConfigError(f"{where}: branches.cooldown_length", "sets the cooldown's length and branches.cooldown its "
+                          "share; expected one of the two")
 
 
 @dataclass(frozen=True)
@@ -99,7 +127,7 @@ def branch_config(parent: ResolvedConfig, settings: BranchSettings, budget: int,
     a ``ConfigError`` on ``where`` if it is no valid run (a budget within the warmup)."""
     raw = to_dict(parent)
     raw["train"] |= {"max_steps": budget if settings.steps else None, "max_tokens": budget if settings.tokens else None,
-                     "decay_fraction": settings.cooldown, "schedule": SHAPES[settings.shape].value,
+                     "decay_fraction": settings.share(budget), "schedule": SHAPES[settings.shape].value,
                      "checkpoint_at": []}
     try:
         return config_from_dict(raw)
@@ -150,7 +178,7 @@ def describe(runs: Sequence[Any], settings: BranchSettings) -> list[str]:
     branches = [r for r in runs if r.branch is not None]
     parents = {r.key: r for r in runs if r.branch is None}
     shown = ", ".join(f"{b:,}" if settings.steps else human(b) for b in settings.budgets)
-    out = [(f"cooldown branches at {shown} {settings.unit}, each decaying over its last {settings.cooldown:.0%} "
+    out = [(f"cooldown branches at {shown} {settings.unit}, each decaying over {settings.described} "
            f"({settings.shape}): {len(branches)} branch(es) of {len(parents)} run(s); a branch starts from its "
            "parent's checkpoint at its branch point once the parent has saved it, and trains only its cooldown")]
     for key, parent in parents.items():

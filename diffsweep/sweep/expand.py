@@ -199,7 +199,7 @@ def _with_branches(parents: list[SweepRun], settings: BranchSettings, where: str
                 tokens=config.train.max_tokens or config.train.total_steps * config.train.batch_tokens,
                 flops=cooldown_flops(config, step),
                 branch=Branch(parent_key=parent.key, parent_name=parent.name, step=step, budget=budget,
-                              unit=settings.unit, cooldown=settings.cooldown, shape=settings.shape)))
+                              unit=settings.unit, cooldown=settings.share(budget), shape=settings.shape)))
         out.append(dataclasses.replace(parent, config=with_checkpoints(parent.config, points)))
         out += family
     return out

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from diffsweep.config import Config, ConfigError
 from diffsweep.config.decode import AtLeast, Check, decode, decode_value, did_you_mean, strict_string, unknown_key
 from diffsweep.config.loading import parse_override, read_yaml
-from diffsweep.sweep.branches import BranchSettings, check_settings
+from diffsweep.sweep.branches import BranchSettings, check_settings, check_written
 from diffsweep.sweep.derive import check_rule
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -88,7 +88,7 @@ class SweepSpec:
         derive: {train.max_tokens: {rule: tokens_per_param, ratio: 20}}     # see sweep.derive
         launch: {profile: localhost, max_retries: 2, max_parallel: 4, output: ../runs/table6, max_runs: 100000}
         eval: {probes: [outliers, needle], settings: {needle: {samples: 10}}, steps: [2000]}   # after training
-        branches: {steps: [2000, 4000], cooldown: 0.2, shape: linear}   # cooldown branches; see sweep.branches
+        branches: {steps: [2000, 4000], cooldown: 0.2, shape: linear}   # or cooldown_length: 500; see sweep.branches
 
     A value in grid, zip or runs may be a derive rule computed for that point alone, e.g.
     ``model.attention.head_dim: {rule: scale, factor: 2}``: twice the head dim of the run's size.
@@ -214,10 +214,21 @@ def _layers(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], Path]:
         if value is None:
             continue  # a key written with no value keeps the parent's
         below = merged.get(key)
+        if key == "branches" and isinstance(below, dict) and isinstance(value, dict):
+            below = _without_other_cooldown(below, value)
         merged[key] = {**below, **value} if key in MERGED_KEYS and isinstance(below, dict) and isinstance(
             value, dict) else value
     names_base = raw.get("base") is not None or parent["base"] is None
     return merged, directory if names_base else parent_root
+
+
+def _without_other_cooldown(below: dict[str, Any], written: dict[str, Any]) -> dict[str, Any]:
+    """An inherited ``branches:`` less the cooldown's other form where a file gives one (a share
+    replaces an inherited length, a length an inherited share)."""
+    for mine, other in (("cooldown", "cooldown_length"), ("cooldown_length", "cooldown")):
+        if mine in written:
+            below = {k: v for k, v in below.items() if k != other}
+    return below
 
 
 def _check(raw: dict[str, Any], where: str, directory: Path, *, parent: bool) -> dict[str, Any]:
@@ -414,6 +425,8 @@ def _branches(raw: Any, where: str, *, complete: bool = True) -> BranchSettings:
     settings = decode(BranchSettings, raw, "branches", source=where, noun="branches setting", expected="a mapping")
     if complete:
         check_settings(settings, where)
+    else:
+        check_written(raw, where)
     return settings
 
 

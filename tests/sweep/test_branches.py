@@ -87,7 +87,45 @@ def test_plan_shows_each_family_and_its_branch_points(tmp_path):
     assert not (tmp_path / "runs").exists()  # plan writes nothing
 
 
+def test_a_cooldown_of_a_fixed_length_decays_the_same_steps_in_every_branch(tmp_path):
+    """``cooldown_length`` (the budgets' unit) instead of a share: every branch decays over those
+    last steps, so its branch point is its budget less them, and it is the run of that budget whose
+    decay_fraction is that share of it."""
+    runs = expand(load_sweep(sweep(tmp_path, BRANCHED.replace("cooldown: 0.25", "cooldown_length: 100")))).runs
+    parent, b200, b400 = runs[:3]
+    assert [b200.branch.step, b400.branch.step] == [100, 300]
+    assert [b200.branch.cooldown, b400.branch.cooldown] == [0.5, 0.25]
+    assert [b.config.train.decay_fraction for b in (b200, b400)] == [0.5, 0.25]
+    assert parent.config.train.checkpoint_at == (100, 300)
+    alone = expand(load_sweep(sweep(tmp_path, BASE.replace("train.max_steps: 600", "train.max_steps: 400").replace(
+        "train.decay_fraction: 0.2", "train.decay_fraction: 0.25").replace("schedule: wsd", "schedule: wsd_sqrt"),
+        "alone.yaml"))).runs[0]
+    assert b400.key == alone.key and b400.flops == pytest.approx(alone.flops * 100 / 400)
+    r = cli("plan", str(tmp_path / "s.yaml"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "each decaying over its last 100 steps (sqrt)" in " ".join(r.stdout.split())
+    # in tokens: the same length of tokens in every branch
+    budget = "train.max_steps: null\n      train.max_tokens: 614400\n      train.batch_tokens: 1024"
+    tokens = sweep(tmp_path, BASE.replace("train.max_steps: 600", budget)
+                   + "    branches: {tokens: [204800, 409600], cooldown_length: 102400}\n", "tokens.yaml")
+    t200, t400 = expand(load_sweep(tokens)).runs[1:3]
+    assert [t200.branch.step, t400.branch.step] == [100, 300]  # each decays over its last 100 steps of 1,024 tokens
+
+
+def test_a_child_sweep_gives_its_cooldown_as_a_share_or_a_length_over_its_parents(tmp_path):
+    sweep(tmp_path, BRANCHED.replace("cooldown: 0.25", "cooldown_length: 100"), "parent.yaml")
+    share = sweep(tmp_path, "extends: parent.yaml\nbranches: {cooldown: 0.5}\n", "share.yaml")
+    assert [r.branch.step for r in expand(load_sweep(share)).runs[1:3]] == [100, 200]  # its share, not the length
+    sweep(tmp_path, BRANCHED, "shared.yaml")
+    length = sweep(tmp_path, "extends: shared.yaml\nbranches: {cooldown_length: 50}\n", "length.yaml")
+    assert [r.branch.step for r in expand(load_sweep(length)).runs[1:3]] == [150, 350]
+
+
 @pytest.mark.parametrize("change,needles", [
+    (("cooldown: 0.25", "cooldown_length: 200"), ("branches.cooldown_length", "as long as the branch of 200",
+                                                  "branches.steps[0]")),
+    (("cooldown: 0.25", "cooldown: 0.25\n      cooldown_length: 50"), ("branches.cooldown_length", "one of the two")),
+    (("cooldown: 0.25", "cooldown_length: -5"), ("branches.cooldown_length",)),
     (("steps: [200, 400]", "steps: [200, 700]"), ("branches.steps[1]", "ends after run", "600 steps")),
     (("train.schedule: wsd", "train.schedule: cosine"), ("branches.steps[0]", "train.schedule cosine",
                                                           "warmup-stable-decay")),
