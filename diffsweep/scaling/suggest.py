@@ -164,7 +164,8 @@ def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarra
     Points independent, Cov = σ²(JᵀJ)⁻¹ (Gauss-Newton). Where the points of a run family
     (``families``: the id of each row's family, default the design's) share an offset of sd τ, the
     fit is still least squares, so Cov is its sandwich (JᵀJ)⁻¹ Jᵀ(σ²I + τ²ZZᵀ)J (JᵀJ)⁻¹ (Z: rows ×
-    families), and t's degrees of freedom are Satterthwaite's for the two variance components.
+    families), split into its σ² and τ² parts, and the quantile is that of the two components each
+    scaled for its own degrees of freedom, as the bootstrap draws them (``_mixture_quantile``).
     ρ̂ is the current estimate (so the median over draws of the width is that of t·se, transformed).
     It is checked against the full bootstrap width on the synthetic ladder and on branch scans
     (tests/scaling/test_suggest.py)."""
@@ -192,16 +193,36 @@ def half_width(design: Design, data: dict[str, Data], theta: dict[str, np.ndarra
             z = np.eye(len(np.unique(families[name])))[np.unique(families[name], return_inverse=True)[1].ravel()]
             per_family = np.einsum("nf,bni->bfi", z, jac) @ np.einsum("bij,bj->bi", info_inv, grad)[:, :, None]
             var_r += design.run_sd ** 2 * (per_family[:, :, 0] ** 2).sum(axis=1)
-    var = var_e + var_r
-    q = (1 + design.level) / 2
     e_dof, r_dof = dof
-    with np.errstate(all="ignore"):  # Satterthwaite: (Σ v)² / Σ v²/ν, a given sd's ν infinite
-        denominator = var_e ** 2 / e_dof + var_r ** 2 / r_dof
-        nu = np.where(denominator > 0, var ** 2 / denominator, np.inf)
-    quantile = np.where(np.isfinite(nu), t_dist.ppf(q, np.where(np.isfinite(nu), nu, 1.0)), norm.ppf(q))
-    se = np.sqrt(np.maximum(var, 0.0))
-    se = np.where(np.isfinite(log_rho) & np.isfinite(se), se, np.inf)
-    return quantile * se
+    if design.run_sd > 0:
+        half = _mixture_quantile(var_e, var_r, e_dof, r_dof, design.level)
+    else:
+        q = (1 + design.level) / 2
+        quantile = float(t_dist.ppf(q, e_dof)) if np.isfinite(e_dof) else float(norm.ppf(q))
+        half = quantile * np.sqrt(np.maximum(var_e, 0.0))
+    return np.where(np.isfinite(log_rho) & np.isfinite(half), half, np.inf)
+
+
+MIXTURE_SAMPLES = 4000  # fixed draws of the two-component t mixture (the same in every call)
+
+
+def _mixture_quantile(var_e: np.ndarray, var_r: np.ndarray, e_dof: float, r_dof: float, level: float) -> np.ndarray:
+    """The ``level`` two-sided quantile of Z·√(v_e·ν_e/χ²_{ν_e} + v_r·ν_r/χ²_{ν_r}) for each row: what
+    the fit's bootstrap draws for a quantity linear in the noise (each sd scaled by its own ν/χ²_ν,
+    bootstrap.scale_draws). With one component it is t_ν's; with two, neither Satterthwaite's t
+    (it understates a component with few degrees of freedom: 2 run offsets' t_2 tail) nor a sum of
+    quantiles. Monte Carlo over fixed draws (``MIXTURE_SAMPLES``, one seeded stream), so the
+    comparison of candidates is smooth."""
+    rng = np.random.default_rng(20241205)
+    z = np.abs(rng.standard_normal(MIXTURE_SAMPLES))
+
+    def scale(dof: float) -> np.ndarray:
+        return np.ones(MIXTURE_SAMPLES) if not np.isfinite(dof) else dof / rng.chisquare(max(dof, 1e-9), MIXTURE_SAMPLES)
+
+    w_e, w_r = scale(e_dof), scale(r_dof)
+    spread = np.sqrt(np.maximum(var_e, 0.0)[:, None] * w_e + np.maximum(var_r, 0.0)[:, None] * w_r) * z
+    with np.errstate(invalid="ignore"):
+        return np.quantile(spread, level, axis=1)
 
 
 def _rho(design: Design) -> float:

@@ -24,8 +24,8 @@ RATE = 989e12 * 0.40 * 3600  # FLOPs per GPU-hour, as the CLI's default
 N = 3e9  # token_scan's model size
 
 
-def _design(run_sd: float, eval_sd: float, seed: int = 3, boot: int = 200):
-    points = token_scan(runs=2, run_sd=run_sd, eval_sd=eval_sd, rng=np.random.default_rng(seed), branches=True)
+def _design(run_sd: float, eval_sd: float, seed: int = 3, boot: int = 200, runs: int = 2):
+    points = token_scan(runs=runs, run_sd=run_sd, eval_sd=eval_sd, rng=np.random.default_rng(seed), branches=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return sg.design_from_points(points, FitRequest(n_boot=boot, seed=seed), num_draws=24)
@@ -68,14 +68,17 @@ def test_a_new_branch_is_priced_at_its_cooldown_and_another_seed_at_its_run_and_
     assert {c.arch for c in pool if c.origin == "extra" and c.x == 500e9} == {"transformer", "diff_v1"}
 
 
-@pytest.mark.parametrize("noise, first", [((0.005, 0.0005), "seed"), ((0.0005, 0.006), "branch")])
-def test_where_the_noise_is_decides_between_a_new_branch_and_another_seed(noise, first):
-    """Offsets dominating (run sd 0.005, per point 0.0005): a new branch adds a point at an offset the
-    data already pin, so another run narrows the CI most per GPU-hour; per-point noise dominating:
-    a branch's point at a twentieth of a run's cost does. Read as independent points (no shared
-    offset), a new branch would come first in both."""
-    design, result = _design(*noise)
-    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[60e9, 150e9, 300e9])
+@pytest.mark.parametrize("runs, noise, cooldown, first", [(2, (0.005, 0.0005), 0.2, "seed"),
+                                                          (4, (0.0005, 0.006), 0.05, "branch")])
+def test_where_the_noise_is_decides_between_a_new_branch_and_another_seed(runs, noise, cooldown, first):
+    """Offsets dominating (run sd 0.005, per point 0.0005; 2 runs per architecture): a new branch adds a
+    point at an offset the data already pin, so another run narrows the CI most per GPU-hour (and
+    read as independent points, with no shared offset, a branch's cheap point would come first).
+    Per-point noise dominating (0.006, offsets 0.0005; 4 runs, 5% cooldowns): a branch's point at a
+    fraction of a run's cost does."""
+    design, result = _design(*noise, runs=runs)
+    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[60e9, 150e9, 300e9],
+                               cooldown=cooldown)
     pool = [c for c in pool if c.origin in ("seed", "branch")]
     _, ranked = sg.rank(design, pool)
     assert ranked[0].candidate.origin == first, [(s.candidate.label, s.per_gpu_hour) for s in ranked]
