@@ -68,6 +68,24 @@ def test_a_new_branch_is_priced_at_its_cooldown_and_another_seed_at_its_run_and_
     assert {c.arch for c in pool if c.origin == "extra" and c.x == 500e9} == {"transformer", "diff_v1"}
 
 
+def test_a_scan_of_one_runs_checkpoints_is_a_family_too():
+    """A token scan read from each run's checkpoints (no branches): its points share the run's offset;
+    another seed is a new run giving all of them at the cost of the run alone (checkpoints are free),
+    and there is no branch to add."""
+    points = token_scan(runs=2, rng=np.random.default_rng(5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        design, result = sg.design_from_points(points, FitRequest(n_boot=200, seed=5), num_draws=24)
+    assert design.run_sd > 0
+    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[150e9])
+    seeds = [c for c in pool if c.origin == "seed"]
+    assert len(seeds) == 2 and not [c for c in pool if c.origin == "branch"]
+    assert all(len(c.points) == len(SCAN_TOKENS) and c.gpu_hours == pytest.approx(6 * N * SCAN_TOKENS[-1] / RATE)
+               for c in seeds), seeds
+    now, ranked = sg.rank(design, seeds)
+    assert all(s.width_after < now for s in ranked)
+
+
 @pytest.mark.parametrize("runs, noise, cooldown, first", [(2, (0.005, 0.0005), 0.2, "seed"),
                                                           (4, (0.0005, 0.006), 0.05, "branch")])
 def test_where_the_noise_is_decides_between_a_new_branch_and_another_seed(runs, noise, cooldown, first):
