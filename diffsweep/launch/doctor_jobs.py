@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,9 +42,15 @@ def forget_submitted() -> None:
 
 
 def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``executor.submit(fn, *args)``, its job id kept for ``cancel_submitted``."""
-    job = executor.submit(fn, *args)
-    _submitted.append(job.job_id)
+    """``executor.submit(fn, *args)``, its job id kept for ``cancel_submitted``. Ctrl-C waits until
+    the id is kept (SIGINT blocked meanwhile, for sbatch too): one arriving after sbatch submitted
+    the job but before its id was kept left the job running, unnamed and uncancelled."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        job = executor.submit(fn, *args)
+        _submitted.append(job.job_id)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return job
 
 

@@ -24,6 +24,7 @@ from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from diffsweep.train.trainer import train
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run, run_process
+from tests.helpers.held import StepHold
 from tests.helpers.tracking import mlflow_client
 from tests.helpers.training import quiet, tiny
 
@@ -33,25 +34,6 @@ from ..conftest import TINY_RUN
 def train_args(dataset: Path, *extra: str) -> list[str]:
     """``diffsweep train`` arguments of the tiny run on ``dataset`` with ``extra`` ``a.b=c`` overrides."""
     return ["train", *[f"--set={s}" for s in [*TINY_RUN, f"data.path={dataset}", *extra]]]
-
-
-def launch(dataset: Path, cwd: Path, store: dict[str, str], *extra: str) -> subprocess.Popen:
-    """``python -m diffsweep train`` of the tiny run in a real process, its output readable as it trains."""
-    return subprocess.Popen([sys.executable, "-m", "diffsweep", *train_args(dataset, *extra)], cwd=cwd,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **store}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def signal_at(proc: subprocess.Popen, step: int, sig: signal.Signals) -> tuple[str, str]:
-    """Send ``sig`` to ``proc`` once it printed step ``step``; what it printed in all."""
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(f"step {step}/"):
-            proc.send_signal(sig)
-            break
-    out, err = proc.communicate(timeout=600)  # ends a hang only
-    return "".join(seen) + out, err
 
 
 def reference(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: dict[str, str],
@@ -78,9 +60,28 @@ def one_line(result: subprocess.CompletedProcess) -> None:
     assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
 
 
-# Long enough that a signal sent when step 30 is printed arrives well before the end, even when the
-# test process is descheduled for a while on a loaded machine.
-LONG = ("train.max_steps=80", "train.eval_every=40", "train.checkpoint_every=100")
+def signalled(dataset: Path, cwd: Path, store: dict[str, str], step: int, sig: signal.Signals,
+              *extra: str) -> tuple[subprocess.Popen, str, str]:
+    """``python -m diffsweep train`` of the tiny run in a real process, sent ``sig`` while it is
+    held at step ``step`` (tests/helpers/held.py); the process, once ended, and what it printed."""
+    hold = StepHold(cwd / "hold", step)
+    proc = subprocess.Popen([sys.executable, "-m", "diffsweep", *train_args(dataset, *extra)], cwd=cwd,
+                            env={**os.environ, **store, **hold.env()}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    (pid,) = hold.wait(alive=[proc])
+    os.kill(pid, sig)
+    hold.release()
+    out, err = proc.communicate(timeout=600)  # ends a hang only
+    return proc, out, err
+
+
+def _sigint_default() -> None:
+    """Ctrl-C as in a terminal, even where the tests run in the background (SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# Signals land while the process is held at a step, so the run need not outlast a slow reader.
+LONG = ("train.max_steps=36", "train.eval_every=12", "train.checkpoint_every=100")
 
 
 def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(text_dataset, tmp_path, store,
@@ -90,17 +91,15 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
     resumes and finishes; the MLflow history equals an uninterrupted run's."""
     target = random.Random().randint(3, 30)
     extra = ("model.attention.kind=diff_v1", *LONG)
-    proc = launch(text_dataset, tmp_path, store, *extra)
-    out, err = signal_at(proc, target, signal.SIGUSR2)
+    proc, out, err = signalled(text_dataset, tmp_path, store, target, signal.SIGUSR2, *extra)
     assert proc.returncode == 75, f"signalled at step {target}: {err}"
-    assert "preempted by SIGUSR2" in out
+    assert f"preempted by SIGUSR2 at step {target}" in out, out
     run_dir = next((tmp_path / "runs").iterdir())
-    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])
-    assert target <= saved < 80
+    assert checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]) == target
 
     resumed = run(*train_args(text_dataset, *extra), cwd=tmp_path, env=store)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"step {saved + 1}/80" in resumed.stdout and "step 1/80" not in resumed.stdout
+    assert f"step {target + 1}/36" in resumed.stdout and "step 1/36" not in resumed.stdout
 
     uri = store["MLFLOW_TRACKING_URI"]
     assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "FINISHED"
@@ -111,16 +110,15 @@ def test_sigusr2_at_a_random_step_then_relaunch_matches_an_uninterrupted_run(tex
 def test_ctrl_c_marks_the_run_killed_without_a_traceback_and_the_command_resumes(text_dataset, tmp_path, store):
     """In a real process: Ctrl-C (SIGINT) and the exit code 130 are the point."""
     extra = (*LONG, "train.checkpoint_every=20")
-    proc = launch(text_dataset, tmp_path, store, *extra)
-    _, err = signal_at(proc, 30, signal.SIGINT)  # past the step-20 checkpoint
+    proc, _, err = signalled(text_dataset, tmp_path, store, 30, signal.SIGINT, *extra)  # past the step-20 checkpoint
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
     run_dir = next((tmp_path / "runs").iterdir())
     uri = store["MLFLOW_TRACKING_URI"]
     assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "KILLED"
-    saved = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1])  # 20, unless it ran on
+    assert checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]) == 20  # nothing saved on Ctrl-C
     resumed = run(*train_args(text_dataset, *extra), cwd=tmp_path, env=store)
-    assert resumed.returncode == 0 and f"step {saved + 1}/80" in resumed.stdout, resumed.stderr
+    assert resumed.returncode == 0 and "step 21/36" in resumed.stdout, resumed.stderr
     assert mlflow_client(uri).get_run(run_id_of(run_dir)).info.status == "FINISHED"
 
 

@@ -26,10 +26,10 @@ def billion_laughs(levels: int = 9) -> str:
 
 
 def _refused(path, match: str) -> ConfigError:
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: what the machine's load does not change
     with pytest.raises(ConfigError, match=match) as info:
         read_yaml(path)
-    assert time.perf_counter() - start < 1.0  # refused while composing, before any value is built
+    assert time.process_time() - start < 5.0  # refused while composing, before any value is built (minutes)
     return info.value
 
 
@@ -86,10 +86,10 @@ def test_the_size_estimate_matches_the_parameter_table():
     ("model.attention.num_heads=1000000", "model.attention.num_heads"),
 ])
 def test_absurd_dimensions_are_refused_with_the_size(override, key):
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 5.0  # nothing allocated: a model that size would take minutes
     assert info.value.key == key and "is over the limit of" in str(info.value)
     assert "parameters" in str(info.value) and "of fp32 weights" in str(info.value)
 

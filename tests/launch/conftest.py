@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from diffsweep.rundir import read_job_state
+from tests.helpers.held import StepHold
 
 # A tiny-xs model on the 512-token BPE test dataset (see tests/conftest.py), a few steps.
 TINY_SET = {
@@ -127,6 +128,18 @@ def held(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+@contextmanager
+def held_at(hold: StepHold) -> Iterator[int]:
+    """The pid of the one job that waits at step ``hold.step`` (``tests.helpers.held``), held (SIGSTOP,
+    see ``held``) for the block; after it, the job goes on, handling what the block sent it."""
+    (pid,) = hold.wait()
+    try:
+        with held(pid):
+            yield pid
+    finally:
+        hold.release()
 
 
 def training(run_dir: Path, starts: int | None = None) -> dict | None:

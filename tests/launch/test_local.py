@@ -2,8 +2,9 @@
 status, logs, preemption with SIGUSR2 (requeued, same MLflow run, contiguous steps), cancel, Ctrl-C.
 
 The CLI runs in this process (``tests.helpers.cli.run``); the queue and the jobs it starts are
-processes of their own, as for a user. A test that signals a job holds it with SIGSTOP until the
-signal is pending (``held``), so it stops mid-run whatever the machine's speed."""
+processes of their own, as for a user. A test that signals a job has it wait at a step
+(``tests.helpers.held.StepHold``), then holds it with SIGSTOP until the signal is pending (``held``),
+so it stops mid-run whatever the machine's speed."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import attempts, held, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
+from tests.helpers.held import StepHold
+from tests.launch.conftest import attempts, held_at, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
 
-# Long enough to stop mid-run: a signal is sent while the job is held (``held``) a few steps in.
-STEPS = 40
+# A signal is sent while the job waits at step HOLD_AT; the run goes on past it.
+STEPS, HOLD_AT = 12, 4
 
 
 def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_not_resubmitted(tmp_path, text_dataset,
@@ -33,14 +34,15 @@ def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_no
     logs say done. The queue and jobs are processes that outlive each (in-process) launch."""
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, kinds=("transformer",), extra="launch: {max_parallel: 1}\n")
     out = tmp_path / "runs" / "t"
-    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    hold = StepHold(tmp_path / "hold", 2)
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env())
     assert r.returncode == 0 and "launched 1 runs on the local queue" in r.stdout, r.stdout + r.stderr
-    job_file = wait_for(lambda: next((out / "runs").glob("*/job.json"), None), 120, "the job to start", poll=0.05)
-    with held(json.loads(job_file.read_text())["pid"]):  # the queue stays alive while the second launch hands it a run
-        sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1]"))
-        r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "skip transformer-tiny-xs-s0: running" in r.stdout and "launched 1 runs on the local queue" in r.stdout
+    (pid,) = hold.wait()  # the queue stays alive while the second launch hands it a run
+    sweep.write_text(sweep.read_text().replace("[transformer]", "[transformer, diff_v1]"))
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    hold.release()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "skip transformer-tiny-xs-s0: running" in r.stdout and "launched 1 runs on the local queue" in r.stdout
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("] 2 done"), r.stdout + r.stderr
     entries = ledger(out)["entries"].values()
@@ -74,26 +76,21 @@ def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_no
     assert r.returncode == 0 and "finished 8 steps" in r.stdout
 
 
-def trained_and_held(run_dir: Path):
-    """Once the run has two checkpoints: its job process, held (see ``held``)."""
-    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 120, "a checkpoint", poll=0.05)
-    return held(json.loads((run_dir / "job.json").read_text())["pid"])
-
-
 def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, text_dataset, store):
     """SIGUSR2 (held until it arrives): the job saves, requeues itself and trains on in the same
     MLflow run, each step logged once; a launch meanwhile leaves it alone; ``logs --follow`` (a
     process of its own, following the job as it runs) ends by itself when the job has ended."""
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("diff_v1",))
     out = tmp_path / "runs" / "t"
-    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+    hold = StepHold(tmp_path / "hold", HOLD_AT)
+    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env())
     assert r.returncode == 0, r.stderr
     run_dir = next((out / "runs").iterdir())
-    with trained_and_held(run_dir):
+    with held_at(hold) as pid:
         run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
         follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
                                   cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
-        os.kill(json.loads((run_dir / "job.json").read_text())["pid"], signal.SIGUSR2)  # Slurm's before preemption
+        os.kill(pid, signal.SIGUSR2)  # Slurm's before preemption
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -101,7 +98,8 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))  # each step once
     log = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store).stdout
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log and f"finished {STEPS} steps" in log
+    assert f"preempted by SIGUSR2 at step {HOLD_AT}" in log and "Requeued job" in log
+    assert f"finished {STEPS} steps" in log
     followed, _ = follow.communicate(timeout=60)  # --follow ends by itself once the job has ended
     assert follow.returncode == 0 and "Requeued job" in followed and f"finished {STEPS} steps" in followed
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
@@ -110,12 +108,12 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
 def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    hold = StepHold(tmp_path / "hold", HOLD_AT)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
     run_dir = next((out / "runs").iterdir())
-    with trained_and_held(run_dir):
+    with held_at(hold) as pid:
         r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
         assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
-        pid = json.loads((run_dir / "job.json").read_text())["pid"]
         wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
 
     def counts():
@@ -128,8 +126,7 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
-    stopped_at = max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id))
-    assert 2 <= stopped_at < STEPS
+    assert max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) == HOLD_AT
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -140,14 +137,15 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
 def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, store):
     # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
     # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, kinds=("transformer",))
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
-    job_file = wait_for(lambda: next((out / "runs").glob("*/job.json"), None), 120, "the job to start", poll=0.005)
-    pid = json.loads(job_file.read_text())["pid"]  # written as the job starts, before the trainer sets up
-    os.kill(pid, signal.SIGSTOP)  # hold it at that point while the signal is sent
+    hold = StepHold(tmp_path / "hold", 0)  # as the job calls the trainer, before its handlers are up
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    (pid,) = hold.wait()
     os.kill(pid, signal.SIGTERM)
-    os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not pending(pid, signal.SIGTERM), 60, "the SIGTERM to be handled", poll=0.005)
+    hold.release()
+    job_file = next((out / "runs").glob("*/job.json"))
     wait_for(lambda: json.loads(job_file.read_text())["state"] != "running", 120, "the job to stop")
     job = json.loads(job_file.read_text())
     assert job["state"] == "preempted" and job["step"] == 0, job
@@ -160,7 +158,7 @@ def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, stor
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = json.loads((job_file.parent / "run.json").read_text())["run_id"]
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, 41))
+    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
 
 
 def _sigint_default() -> None:
@@ -177,21 +175,19 @@ def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resume
     130, no traceback; status says cancelled at once; launching again resumes the run (each step once)."""
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, extra="launch: {max_parallel: 1}\n")
     out = tmp_path / "runs" / "t"
+    hold = StepHold(tmp_path / "hold", HOLD_AT)
     proc = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--executor", "local",
-                             "--wait"], cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE,
+                             "--wait"], cwd=tmp_path, env={**os.environ, **store, **hold.env()}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     try:
-        def checkpointed() -> Path | None:
-            assert proc.poll() is None, f"launch exited {proc.returncode} before a run trained: {proc.communicate()}"
-            return next((d for d in out.glob("runs/*") if len(list_checkpoints(d / "checkpoints")) >= 2), None)
-
-        run_dir = wait_for(checkpointed, 120, "a run's second checkpoint", poll=0.05)
-        with held(json.loads((run_dir / "job.json").read_text())["pid"]):
+        (pid,) = hold.wait(alive=[proc])
+        run_dir = next(d for d in out.glob("runs/*")
+                       if (d / "job.json").exists() and json.loads((d / "job.json").read_text())["pid"] == pid)
+        with held_at(hold):
             proc.send_signal(signal.SIGINT)
             # launch ignores SIGINT once it is stopping the runs: a second Ctrl-C then must not cut that short
             wait_for(lambda: in_mask(proc.pid, signal.SIGINT, "SigIgn"), 60, "launch to start stopping", poll=0.05)
             proc.send_signal(signal.SIGINT)
-            pid = json.loads((run_dir / "job.json").read_text())["pid"]
             wait_for(lambda: pending(pid, signal.SIGTERM), 60, "launch's SIGTERM to reach the job", poll=0.05)
         _, err = proc.communicate(timeout=90)
     finally:
@@ -208,7 +204,7 @@ def test_ctrl_c_during_wait_stops_the_runs_at_a_checkpoint_and_a_relaunch_resume
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
-    assert 2 <= max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) < STEPS
+    assert max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) == HOLD_AT
 
     r = cli("launch", str(sweep), "--executor", "local", "--wait", "--max-parallel", "2", cwd=tmp_path, env=store)
     assert r.returncode == 0 and "launched 2 runs" in r.stdout and "2 done" in r.stdout, r.stdout + r.stderr

@@ -118,7 +118,7 @@ def test_an_unreadable_lock_file_is_refused(tmp_path):
                 pass
 
 
-def _contend(path: str, barrier, results) -> None:
+def _contend(path: str, barrier, results, done) -> None:
     gone = lockfile._gone
     # A slow check (squeue takes tens of ms) widens the window between finding a lock stale and
     # taking it over, in which another process may already have taken it.
@@ -127,7 +127,7 @@ def _contend(path: str, barrier, results) -> None:
     try:
         with hold(Path(path), "launch", "--out", "busy", warn=lambda line: None):
             results.put(("won", time.monotonic()))
-            time.sleep(1.0)
+            done.wait(120)  # held until every contender has reported: a loser cannot come late
     except LockBusy:
         results.put(("refused", time.monotonic()))
 
@@ -139,13 +139,14 @@ def test_processes_taking_over_one_stale_lock_at_once_end_with_one_holder(tmp_pa
     ctx = multiprocessing.get_context("fork")
     for _ in range(3):
         write_lock(path, pid=dead.pid, start=1)
-        barrier, results = ctx.Barrier(6), ctx.Queue()
-        procs = [ctx.Process(target=_contend, args=(str(path), barrier, results)) for _ in range(6)]
+        barrier, results, done = ctx.Barrier(6), ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_contend, args=(str(path), barrier, results, done)) for _ in range(6)]
         for p in procs:
             p.start()
+        outcomes = sorted(results.get(timeout=120)[0] for _ in procs)  # the timeouts only end a hang
+        done.set()
         for p in procs:
-            p.join(30)
-        outcomes = sorted(results.get(timeout=5)[0] for _ in procs)
+            p.join(120)
         assert outcomes == ["refused"] * 5 + ["won"], outcomes
         assert not path.exists() and not path.with_name(".x.lock.break").exists()
 

@@ -46,6 +46,7 @@ from diffsweep.tracking.filesystems import (
     shared_store_warning,
 )
 from diffsweep.tracking.server import TrackingServer, allowed_hosts, data_dir
+from tests.browser import free_port, port_free
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import ledger, metric_steps, write_sweep
@@ -194,22 +195,6 @@ def test_the_server_command_serves_artifacts_and_accepts_its_host_name(tmp_path,
 
 START_TIMEOUT = 120.0  # a new SQLite store's schema takes ~5-10 s; a loaded 2-core machine, more
 EXPORT = re.compile(r"export MLFLOW_TRACKING_URI=(http://\S+)$")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def server_env(data: Path) -> dict[str, str]:

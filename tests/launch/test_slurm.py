@@ -20,6 +20,7 @@ import pytest
 
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from tests.helpers.cli import run as cli
+from tests.helpers.held import StepHold
 from tests.launch.conftest import (
     attempts,
     held,
@@ -249,15 +250,17 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     assert r.returncode == 0, r.stderr
     (planned,) = json.loads(r.stdout)["runs"]
     assert planned["gpus"] == 2 and planned["nodes"] == 1
-    r = launch(sweep, tmp_path, store)
+    hold = StepHold(tmp_path / "hold", 20)  # both tasks wait at step 20 (two checkpoints) for the signal
+    r = launch(sweep, tmp_path, store | hold.env())
     assert r.returncode == 0, r.stdout + r.stderr
     (entry,) = ledger(out)["entries"].values()
     job_id = entry["attempts"][0]["job_id"]
-    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
-    wait_for(lambda: len(list_checkpoints(run_dir / "checkpoints")) >= 2, 300, "checkpoints")
+    tasks = hold.wait(2)
     (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}  # submitit's sbatch script
     assert "--kill-on-bad-exit=1" in script  # one task dying ends the other
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # what Slurm does on preemption
+    wait_for(lambda: all(hold.signalled(pid) for pid in tasks), 120, "both tasks to handle USR2", poll=0.05)
+    hold.release()
 
     wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 1}, 600, "the requeued run to finish")
     from mlflow.tracking import MlflowClient
@@ -269,7 +272,7 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     assert run.data.metrics["train/tokens"] == steps * 128  # the sweep's global batch, not twice it
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, steps + 1))
     log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
-    assert "preempted by SIGUSR2" in log and "Requeued job" in log, log
+    assert "preempted by SIGUSR2 at step 20" in log and "Requeued job" in log, log
     assert any(line.startswith("resuming") and "on 2 processes" in line for line in log.splitlines()), log
     assert len(ledger(out)["entries"][entry["key"]]["attempts"]) == 1  # requeued by Slurm, not resubmitted
     sacct = subprocess.run(["sacct", "-n", "-P", "--format=JobID,NTasks", "-j", job_id.split("_")[0]],

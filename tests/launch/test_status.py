@@ -17,10 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import TINY_SET, held, ledger, pending, require_slurm, training, wait_for, write_sweep
+from tests.helpers.held import StepHold
+from tests.launch.conftest import (
+    TINY_SET,
+    held,
+    held_at,
+    ledger,
+    pending,
+    require_slurm,
+    training,
+    wait_for,
+    write_sweep,
+)
 
 
 @pytest.fixture
@@ -204,14 +214,12 @@ def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_p
     status show it with what to do, launch says it leaves it alone, and cancel --only KEY stops it
     while it runs (held: see tests/launch/test_local.py). A name found in two sweeps makes logs ask
     for --sweep."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, kinds=("transformer",))
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=12, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
+    hold = StepHold(tmp_path / "hold", 2)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
     (old,) = ledger(out)["entries"].values()
-    run_dir = Path(old["run_dir"])  # a SIGTERM before the trainer's handler is up would be lost: let it train
-    job = wait_for(lambda: (j := read_job_state(run_dir)) is not None and j.step is not None and j, 300, "the run to train",
-                   poll=0.05)
-    with held(job.pid):
+    with held_at(hold) as pid:
         sweep.write_text(sweep.read_text() + "  train.lr: [0.002]\n")  # renames the row, with a new key
 
         data = json.loads(cli("plan", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store).stdout)
@@ -229,7 +237,7 @@ def test_orphaned_runs_are_shown_and_cancelled_and_names_in_several_sweeps(tmp_p
         r = cli("cancel", str(sweep), "--executor", "local", "--only", old["key"], cwd=tmp_path, env=store)
         assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0\ncancelled 1 runs" in r.stdout, \
             r.stdout + r.stderr
-        wait_for(lambda: pending(job.pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
+        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
     wait_for(lambda: status(sweep, tmp_path, store, "--executor", "local")["orphaned"][0]["state"] == "cancelled",
              120, "the orphan to stop")
 
@@ -259,12 +267,10 @@ def test_cancel_of_a_sweep_never_launched_is_refused_and_creates_nothing(tmp_pat
 def test_logs_of_a_run_waiting_in_the_local_queue(tmp_path, text_dataset, store):
     """One run at a time: the second waits in the local queue (the first is held running: see
     tests/launch/test_local.py), and logs says so (exit 0)."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=40, extra="launch: {max_parallel: 1}\n")
-    out = tmp_path / "runs" / "t"
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store).returncode == 0
-    job_file = wait_for(lambda: next(out.glob("runs/*/job.json"), None), 120, "the first job to start", poll=0.05)
-    pid = json.loads(job_file.read_text())["pid"]
-    with held(pid):
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=12, extra="launch: {max_parallel: 1}\n")
+    hold = StepHold(tmp_path / "hold", 2)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    with held_at(hold) as pid:
         s = status(sweep, tmp_path, store, "--executor", "local")
         assert sorted(r["state"] for r in s["runs"]) == ["pending", "running"], s
         queued = max(s["runs"], key=lambda r: r["key"])  # the queue starts runs in key order, one at a time

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from diffsweep.train.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints
+from tests.helpers.held import StepHold
 from tests.helpers.tracking import mlflow_client
 from tests.helpers.training import (
     History,
@@ -89,21 +90,21 @@ def test_two_processes_train_like_one_with_the_same_global_batch(text_dataset, t
                      (f"model.attention.kind={kind}", *LIKE_ONE), parallel)
 
 
-def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals) -> tuple[int, Path, str]:
-    """Run ``args``, send ``sig`` once step ``at_step`` is printed: the step of the newest
-    checkpoint, the run's folder and what the command printed."""
-    proc = subprocess.Popen(args, cwd=cwd, env=process_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    printed = []
-    for line in proc.stdout:
-        printed.append(line)
-        if line.startswith(f"step {at_step}/"):
-            proc.send_signal(sig)
-            break
+def _interrupt(args: list[str], cwd: Path, store: str, at_step: int, sig: signal.Signals,
+               processes: int) -> tuple[int, Path, str]:
+    """Run ``args`` (``processes`` training processes), send ``sig`` to each while they are held
+    at step ``at_step`` (as Slurm signals every task): the step of the newest checkpoint, the
+    run's folder and what the command printed."""
+    hold = StepHold(cwd / f"hold-{at_step}", at_step)
+    proc = subprocess.Popen(args, cwd=cwd, env=process_env(store) | hold.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for pid in hold.wait(processes, alive=[proc]):
+        os.kill(pid, sig)
+    hold.release()
     out, err = proc.communicate(timeout=300)
-    assert "preempted by" in out, err[-3000:]
+    assert f"preempted by {sig.name} at step {at_step}" in out, err[-3000:]
     run_dir = next((cwd / "runs").iterdir())
-    return checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]), run_dir, "".join(printed) + out
+    return checkpoint_step(list_checkpoints(run_dir / "checkpoints")[-1]), run_dir, out
 
 
 LONG = ("model.attention.kind=diff_v1", "train.max_steps=40", "train.eval_every=20", "train.checkpoint_every=40")
@@ -120,8 +121,8 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_p
     uri = store["MLFLOW_TRACKING_URI"]
     launch = {1: lambda *e: single(text_dataset, *LONG, *e), 2: lambda *e: torchrun(text_dataset, *LONG, *e)}
     command = {n: launch[n](f"train.parallel={parallel}") for n in set(processes)}
-    saved, run_dir, _ = _interrupt(command[processes[0]], tmp_path, uri, 5, signal.SIGTERM)
-    assert 5 <= saved < 20
+    saved, run_dir, _ = _interrupt(command[processes[0]], tmp_path, uri, 5, signal.SIGTERM, processes[0])
+    assert saved == 5
 
     def written_by(n: int, step: int) -> None:  # each FSDP process wrote its own shards (DDP's replicas once)
         if parallel == "fsdp":
@@ -130,8 +131,8 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(text_dataset, tmp_p
 
     for before, n in zip(processes, processes[1:-1]):  # resumed, and preempted again past step 20
         written_by(before, saved)
-        then, _, out = _interrupt(command[n], tmp_path, uri, 20, signal.SIGTERM)
-        assert f"resuming {run_dir.name} at step {saved}" in out and 20 <= then < 40
+        then, _, out = _interrupt(command[n], tmp_path, uri, 20, signal.SIGTERM, n)
+        assert f"resuming {run_dir.name} at step {saved}" in out and then == 20
         saved = then
     written_by(processes[-2], saved)
     resumed = subprocess.run(command[processes[-1]], cwd=tmp_path, env=process_env(uri), capture_output=True,

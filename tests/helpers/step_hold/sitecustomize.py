@@ -1,0 +1,71 @@
+"""Imported at start-up by the Python processes of a test that puts this folder on PYTHONPATH and
+sets ``DIFFSWEEP_TEST_HOLD`` to ``STEP:FOLDER`` (``tests.helpers.held.StepHold``): a training process
+that reaches step STEP (after its checkpoint and its other callbacks, before it looks for a signal;
+step 0: as ``train`` is called, before the run sets up and its signal handlers are up) writes
+``FOLDER/held-<pid>`` and waits there until ``FOLDER/go`` exists. A signal sent meanwhile is
+handled in the wait (a preemption signal sets the trainer's flag, which the loop reads right after;
+SIGINT raises there), so it lands at that step whatever the machine's speed; the trainer's
+preemption handler writes ``FOLDER/signalled-<pid>`` once it has run, so a test knows when to let
+the process go even where the signal comes from elsewhere (Slurm's scancel).
+
+The modules are patched as they are imported (nothing is imported here before the process would
+import it): ``train`` gets the holding callback, whoever calls it (the CLI, a launched job, each
+process of a torchrun)."""
+
+import os
+
+if os.environ.get("DIFFSWEEP_TEST_HOLD"):
+    import importlib.abc
+    import importlib.machinery
+    import sys
+    import time
+
+    _STEP, _FOLDER = os.environ["DIFFSWEEP_TEST_HOLD"].split(":", 1)
+
+    def _mark(name, text):
+        with open(os.path.join(_FOLDER, f"{name}-{os.getpid()}"), "w") as f:
+            f.write(text)
+
+    def _hold(step, metrics=None):
+        if step == int(_STEP):
+            _mark("held", str(step))
+            while not os.path.exists(os.path.join(_FOLDER, "go")):
+                time.sleep(0.01)
+
+    def _patch_trainer(trainer):
+        real = trainer.train
+
+        def train(*args, callbacks=(), **kwargs):
+            _hold(0)
+            return real(*args, callbacks=(*callbacks, _hold), **kwargs)
+
+        trainer.train = train
+
+    def _patch_preemption(preemption):
+        handle = preemption.PreemptionFlag._handle
+
+        def _handle(self, signum, frame):
+            handle(self, signum, frame)
+            _mark("signalled", str(signum))
+
+        preemption.PreemptionFlag._handle = _handle
+
+    _PATCHES = {"diffsweep.train.trainer": _patch_trainer, "diffsweep.train.preemption": _patch_preemption}
+
+    class _PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in _PATCHES:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                _PATCHES[name](module)
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    sys.meta_path.insert(0, _PatchOnImport())
