@@ -126,9 +126,11 @@ def test_calibration_one_tiny_case_on_cpu():
 
 # bf16 autocast on CPU, the GPU stage's precision and micro-batch (4) scaled down to tiny-xs at
 # T = 256: estimate / measured was 1.07 (transformer), 1.06 (diff_v1), 1.03 (diff_v2) on
-# 2026-11-27 (tiny-m: 1.04, 1.03, 1.01). The band is tighter than fp32's 0.5x-2x so that a bf16
-# term counted at fp32 width or forgotten (autocast's weight copies, bf16 logits) shows.
-BF16_BAND = (0.85, 1.2)
+# 2026-11-27 (tiny-m: 1.04, 1.03, 1.01), and 1.21, 1.19-1.20, 1.21 on 2026-12-07 (the same code on
+# a VM with another kernel: ~10 MB less resident; 1.2 failed one CI run). The band is tighter than
+# fp32's 0.5x-2x so that a bf16 term counted at fp32 width or forgotten (autocast's weight copies,
+# bf16 logits) shows.
+BF16_BAND = (0.85, 1.3)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "diff_v1", "diff_v2"])
