@@ -54,5 +54,6 @@ class StepHold:
         """Whether process ``pid``'s preemption handler (SIGUSR2, SIGTERM) has run."""
         return (self.folder / f"signalled-{pid}").exists()
 
-    def release(self) -> None:
-        (self.folder / "go").touch()
+    def release(self, pid: int | None = None) -> None:
+        """Let every process go on (from now on, none holds), or only process ``pid``."""
+        (self.folder / ("go" if pid is None else f"go-{pid}")).touch()

@@ -65,6 +65,9 @@ def rows(data: dict) -> dict:
     return {row["name"]: row for row in data["runs"]}
 
 
+STAMP = r"\[\d\d:\d\d:\d\d\] "  # launch --wait's time at the start of each line
+
+
 @pytest.mark.slurm
 def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, text_dataset, store, scancel_after):
     """Three runs, two at a time; the third waits in Slurm (held, so it waits as long as the test
@@ -82,8 +85,10 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     first, long, third = "transformer-tiny-xs-steps_5000-s0", "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
     out = tmp_path / "runs" / "t"
     scancel_after(out)
+    hold = StepHold(tmp_path / "hold", 2)  # the short third run waits at step 2 until --wait has seen it running
     waiting = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--wait"], cwd=tmp_path,
-                               env={**os.environ, **store}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env={**os.environ, **store, **hold.env()}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
 
     def read() -> None:
@@ -103,9 +108,10 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             s = status(sweep, tmp_path, store)
             return s if s["counts"] == {"pending": 1, "running": 2} else None
 
+        pids = {name: wait_for(lambda n=name: training(dirs[n]), 480, f"{name} to train")["pid"] for name in (first, long)}
         with contextlib.ExitStack() as holding:
             for name in (first, long):
-                holding.enter_context(held(wait_for(lambda n=name: training(dirs[n]), 480, f"{name} to train")["pid"]))
+                holding.enter_context(held(pids[name]))
             pending_row = rows(wait_for(two_running, 120, "two running, one pending"))[third]
             assert (pending_row["state"], pending_row["job_id"], pending_row["detail"]) == (
                 "pending", jobs[third], "JobHeldUser")
@@ -130,7 +136,12 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
         r = cli("cancel", str(sweep), "--only", "^(transformer|diff_v1)-", cwd=tmp_path, env=store)
         assert r.returncode == 0 and f"cancelled {first}" in r.stdout and f"cancelled {long}" in r.stdout, \
             r.stdout + r.stderr
+        for pid in pids.values():  # they stop at the step they are held at (or before it)
+            hold.release(pid)
         subprocess.run(["scontrol", "release", jobs[third]], check=True, capture_output=True)
+        running = re.compile(rf"{STAMP}{re.escape(third)}: pending -> running$")
+        wait_for(lambda: any(running.match(line) for line in list(lines)), 300, f"--wait to see {third} running")
+        hold.release()
         assert waiting.wait(timeout=600) == 1  # not every run finished: one was cancelled
     finally:
         if waiting.poll() is None:
@@ -139,7 +150,7 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     stdout, stderr = "\n".join(lines), waiting.stderr.read()
     assert stderr.endswith(f"error: not every run finished (1 done, 2 cancelled); see `diffsweep status {sweep}`\n")
     assert "submitted 3 runs as Slurm array" in stdout
-    stamp = r"\[\d\d:\d\d:\d\d\] "
+    stamp = STAMP
     assert re.search(rf"^{stamp}1 pending, 2 running; ETA ~", stdout, re.M), stdout  # queued is not running
     for change in (f"{first}: running -> cancelled", f"{long}: running -> cancelled",
                    f"{third}: pending -> running", f"{third}: running -> done (20 steps)"):

@@ -2,7 +2,7 @@
 sets ``DIFFSWEEP_TEST_HOLD`` to ``STEP:FOLDER`` (``tests.helpers.held.StepHold``): a training process
 that reaches step STEP (after its checkpoint and its other callbacks, before it looks for a signal;
 step 0: as ``train`` is called, before the run sets up and its signal handlers are up) writes
-``FOLDER/held-<pid>`` and waits there until ``FOLDER/go`` exists. A signal sent meanwhile is
+``FOLDER/held-<pid>`` and waits there until ``FOLDER/go`` (or its own ``FOLDER/go-<pid>``) exists. A signal sent meanwhile is
 handled in the wait (a preemption signal sets the trainer's flag, which the loop reads right after;
 SIGINT raises there), so it lands at that step whatever the machine's speed; the trainer's
 preemption handler writes ``FOLDER/signalled-<pid>`` once it has run, so a test knows when to let
@@ -29,7 +29,8 @@ if os.environ.get("DIFFSWEEP_TEST_HOLD"):
     def _hold(step, metrics=None):
         if step == int(_STEP):
             _mark("held", str(step))
-            while not os.path.exists(os.path.join(_FOLDER, "go")):
+            go = (os.path.join(_FOLDER, "go"), os.path.join(_FOLDER, f"go-{os.getpid()}"))
+            while not any(map(os.path.exists, go)):
                 time.sleep(0.01)
 
     def _patch_trainer(trainer):
