@@ -16,6 +16,7 @@ if shutil.which("nvidia-smi") is None:
 # GPU); tests/kernels/test_triton_diff.py checks every config on its own.
 os.environ.setdefault("DIFFSWEEP_TRITON_AUTOTUNE", "first")
 
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -77,6 +78,23 @@ def cuda() -> str:
     DIFFSWEEP_REQUIRE_GPU=1 (``needs_cuda`` in tests/helpers/gpu.py)."""
     require_cuda()
     return "cuda"
+
+
+def pytest_configure(config):
+    """Under ``.ci/run`` the machine's set-up (Slurm, Chromium, the kit's wheels) runs beside the
+    Python install: wait until it has ended (``DIFFSWEEP_CI_SETUP``, the file that receives its
+    exit status), before pytest-xdist starts its workers; stop the run if it failed."""
+    status_file = os.environ.get("DIFFSWEEP_CI_SETUP")
+    if not status_file or hasattr(config, "workerinput"):
+        return
+    status = Path(status_file)
+    if not status.exists():
+        print(f"waiting for the machine's set-up ({status.parent / 'log'})", flush=True)
+        while not status.exists():  # .ci/run writes it once the set-up has ended, whatever its outcome
+            time.sleep(0.5)
+    if status.read_text().strip() != "0":
+        raise pytest.UsageError(f"the machine's set-up failed (exit {status.read_text().strip()}): "
+                                f"{status.parent / 'log'}")
 
 
 @pytest.hookimpl(tryfirst=True)
