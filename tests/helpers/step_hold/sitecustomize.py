@@ -21,6 +21,7 @@ if os.environ.get("DIFFSWEEP_TEST_HOLD"):
     import time
 
     _STEP, _FOLDER = os.environ["DIFFSWEEP_TEST_HOLD"].split(":", 1)
+    _MAX_WAIT = 900.0  # longer than any test waits for a held process (600 s at most)
 
     def _mark(name, text):
         with open(os.path.join(_FOLDER, f"{name}-{os.getpid()}"), "w") as f:
@@ -30,7 +31,11 @@ if os.environ.get("DIFFSWEEP_TEST_HOLD"):
         if step == int(_STEP):
             _mark("held", str(step))
             go = (os.path.join(_FOLDER, "go"), os.path.join(_FOLDER, f"go-{os.getpid()}"))
+            deadline = time.monotonic() + _MAX_WAIT
             while not any(map(os.path.exists, go)):
+                if time.monotonic() > deadline:  # its test failed before letting it go: do not outlive it for ever
+                    print(f"step_hold: not let go within {_MAX_WAIT:g} s; going on", file=sys.stderr, flush=True)
+                    break
                 time.sleep(0.01)
 
     def _patch_trainer(trainer):
