@@ -199,3 +199,25 @@ def test_gpu_types_and_constraint_features():
     assert _gpu_types("gpu:2") == [] and _gpu_types("(null)") == []
     assert _constraint_features("[h100|a100]&ib") == ["h100", "a100", "ib"]
     assert _constraint_features("h100*2") == ["h100"]
+
+
+def test_a_ctrl_c_while_a_probe_job_is_submitted_comes_once_its_id_is_kept(monkeypatch):
+    """Ctrl-C arriving while sbatch submits (here: sent from inside the submission) is held until the
+    job's id is kept for the cancel, then raised: the job is named and cancelled, never left running."""
+    from diffsweep.launch import doctor_jobs
+
+    class Executor:  # the one call doctor_jobs.submit makes of submitit's executor
+        def submit(self, fn, *args):
+            os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C, as sbatch has submitted the job
+            return type("Job", (), {"job_id": "4242"})()
+
+    monkeypatch.setattr(doctor_jobs, "_submitted", [])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            doctor_jobs.submit(Executor(), print)
+            for _ in range(1000):  # the interrupt is raised at the first bytecode once SIGINT is unblocked
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert doctor_jobs._submitted == ["4242"]
