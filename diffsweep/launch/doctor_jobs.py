@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +45,34 @@ def forget_submitted() -> None:
 
 def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``executor.submit(fn, *args)``, its job id kept for ``cancel_submitted``. Ctrl-C waits until
-    the id is kept (SIGINT blocked meanwhile, for sbatch too): one arriving after sbatch submitted
-    the job but before its id was kept left the job running, unnamed and uncancelled."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    the id is kept: one arriving after sbatch submitted the job but before its id was kept left the
+    job running, unnamed and uncancelled."""
+    with _ctrl_c_held():
         job = executor.submit(fn, *args)
         _submitted.append(job.job_id)
+    return job
+
+
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold SIGINT for the block, then act on one that came. Blocked in this thread, so that the
+    children it starts (sbatch) inherit the mask; and caught by a handler that only notes it, since
+    the kernel hands a signal this thread blocks to any other thread of the process, and Python then
+    runs the handler in the main thread all the same."""
+    main = threading.current_thread() is threading.main_thread()
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum)) if main else None
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    return job
+        if main:
+            signal.signal(signal.SIGINT, previous)  # runs a pending handler first: the note above
+            if came and callable(previous):
+                previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
+            elif came and previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 def cancel_submitted() -> tuple[list[str], str]:

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -213,11 +214,17 @@ def test_a_ctrl_c_while_a_probe_job_is_submitted_comes_once_its_id_is_kept(monke
 
     monkeypatch.setattr(doctor_jobs, "_submitted", [])
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Another thread (pytest-xdist's, MLflow's): the kernel hands it the SIGINT this thread blocks,
+    # and Python runs the handler in this thread at once; blocking alone lost the id that way.
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             doctor_jobs.submit(Executor(), print)
-            for _ in range(1000):  # the interrupt is raised at the first bytecode once SIGINT is unblocked
+            for _ in range(1000):  # the interrupt comes at the first bytecode once SIGINT is unblocked
                 pass
     finally:
         signal.signal(signal.SIGINT, previous)
+        stop.set()
     assert doctor_jobs._submitted == ["4242"]
