@@ -27,10 +27,15 @@ class RMSNorm(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
 
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """Normalise ``x``; ``scale`` multiplies the gain (folded in: no extra full-size multiply)."""
+    def forward(self, x: torch.Tensor, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+        """Normalise ``x``; ``scale`` (a number or a 0-dim tensor, rounded to the computation's
+        dtype) multiplies the gain (folded in: no extra full-size multiply)."""
         x32 = upcast(x)
-        weight = self.weight.to(x32.dtype) if scale == 1.0 else self.weight.to(x32.dtype) * scale
+        weight = self.weight.to(x32.dtype)
+        if isinstance(scale, torch.Tensor):
+            weight = weight * scale.to(x32.dtype)
+        elif scale != 1.0:
+            weight = weight * scale
         return F.rms_norm(x32, (x32.shape[-1],), weight, self.eps).to(x.dtype)
 
 

@@ -34,7 +34,9 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
     - ``wo.weight`` ``(D, h*2d)``: columns ``[i*2d:(i+1)*2d]`` read head i.
     - ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2`` ``(d,)``: λ's re-parameterisation.
     - ``head_norm.weight`` ``(2d,)``: RMSNorm gain over a head's 2d channels, shared by the heads.
-    - ``lambda_init`` (a float attribute, not a parameter): from the config's strategy and depth.
+    - ``lambda_init`` (a float, not a parameter): from the config's strategy and depth. Held in a
+      float64 buffer outside the state dict, so that a compiled block is one graph for every layer
+      (a float attribute is a constant dynamo specialises on: one recompile per layer).
     """
 
     def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
@@ -51,8 +53,18 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
         self.lambda_k1 = nn.Parameter(torch.empty(d))
         self.lambda_q2 = nn.Parameter(torch.empty(d))
         self.lambda_k2 = nn.Parameter(torch.empty(d))
-        self.lambda_init = a.parsed_lambda_init.for_layer(layer)  # depth-dependent, fixed (rule 5)
+        # depth-dependent, fixed (rule 5)
+        self.register_buffer("_lambda_init", torch.tensor(a.parsed_lambda_init.for_layer(layer), dtype=torch.float64),
+                             persistent=False)
         self.head_norm = HEAD_NORMS[a.head_norm](2 * d, cfg.norm_eps)
+
+    @property
+    def lambda_init(self) -> float:
+        return float(self._lambda_init)
+
+    @lambda_init.setter
+    def lambda_init(self, value: float) -> None:
+        self._lambda_init.fill_(value)
 
     def reset_parameters(self) -> None:
         """λ vectors N(0, 0.1) (the projections and the head norm are initialised by the model)."""
@@ -63,7 +75,7 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
         """The current λ of this layer (a 0-dim tensor, at least fp32)."""
         lam1 = torch.exp(torch.sum(upcast(self.lambda_q1) * upcast(self.lambda_k1)))
         lam2 = torch.exp(torch.sum(upcast(self.lambda_q2) * upcast(self.lambda_k2)))
-        return lam1 - lam2 + self.lambda_init
+        return lam1 - lam2 + self._lambda_init.to(lam1.dtype)  # rounded as a Python float would be
 
     def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
@@ -79,7 +91,7 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
         B, _, T, d = q1.shape
         out_bhtd = self.backend.diff_attend(q1, k1, q2, k2, v_bhtd, self.lambda_full(), scale=d**-0.5)
         if self.head_norm is not None:
-            out_bhtd = self.head_norm(out_bhtd, scale=1.0 - self.lambda_init)  # (1 − λ_init)·RMSNorm
+            out_bhtd = self.head_norm(out_bhtd, scale=1.0 - self._lambda_init)  # (1 − λ_init)·RMSNorm
         return out_bhtd.transpose(1, 2).reshape(B, T, self.num_heads * 2 * d)
 
     def probe(self, x: torch.Tensor) -> dict[str, float]:
