@@ -3,6 +3,7 @@
 from diffsweep.config.enums import (
     AttentionKind,
     Backend,
+    Compile,
     HeadNorm,
     LambdaInitStrategy,
     LRSchedule,
@@ -31,6 +32,7 @@ __all__ = [
     "AttentionConfig",
     "AttentionKind",
     "Backend",
+    "Compile",
     "Config",
     "ConfigError",
     "ConfigWarning",

@@ -293,6 +293,8 @@ def _value(tp: Any, value: Any, key: str, what: str | None) -> Any:
         return _section(tp, value, key, f"{key}.", expected=what)
     if isinstance(tp, type) and issubclass(tp, Enum):
         allowed = [m.value for m in tp]
+        if isinstance(value, bool) and str(value).lower() in allowed:  # YAML's true/false, e.g. train.compile
+            value = str(value).lower()
         if value not in allowed:
             raise ConfigError(key, f"expected {what or 'one of [' + ', '.join(allowed) + ']'}, got {value!r}")
         return tp(value)

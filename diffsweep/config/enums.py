@@ -79,6 +79,14 @@ class Precision(StrEnum):
     BF16 = "bf16"  # bf16 autocast, fp32 master weights
 
 
+class Compile(StrEnum):
+    """Whether training runs each block through ``torch.compile`` (YAML's true/false are read as these)."""
+
+    AUTO = "auto"  # on where training uses CUDA (and a backend it is checked with), off on the CPU
+    TRUE = "true"
+    FALSE = "false"
+
+
 class Parallel(StrEnum):
     """How training spreads over several processes (used only when there is more than one)."""
 

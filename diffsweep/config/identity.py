@@ -25,6 +25,7 @@ NOT_IDENTITY = (
     "train.spike_threshold",
     "train.parallel",
     "train.activation_checkpointing",
+    "train.compile",
 )
 
 

@@ -16,6 +16,7 @@ from diffsweep.config.enums import (
     TRANSFORMER,
     AttentionKind,
     Backend,
+    Compile,
     HeadNorm,
     LRSchedule,
     Parallel,
@@ -104,6 +105,9 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd schedules only: share of steps spent decaying (the cooldown)
     grad_clip: float = 1.0
     precision: Precision = Precision.AUTO
+    # torch.compile, one block compiled and reused by every layer (diffsweep.model.compile):
+    # auto = on where CUDA trains; evaluation and probes run the same blocks eagerly.
+    compile: Compile = Compile.AUTO
     # Several processes (torchrun, or one Slurm task per GPU): how the model is spread over them,
     # and whether blocks recompute their activations in the backward. Neither changes the math.
     parallel: Parallel = Parallel.FSDP

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from diffsweep.config import Config
 
 KINDS = ("transformer", "diff_v1", "diff_v2")
-TIMING = ("train/tokens_per_s",)  # wall-clock: the only metric allowed to differ between runs
+TIMING = ("train/tokens_per_s", "train/compile_s")  # wall-clock: the only metrics allowed to differ between runs
 # What a launched run is compared on with its one-process reference.
 KEYS = ("train/loss", "train/grad_norm", "val/loss", "val/loss_ar_hit", "val/ar_hit_fraction")
 # Loss and gradient norm agree to this, relative and absolute (fp32; gloo averages the two

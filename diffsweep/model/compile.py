@@ -1,0 +1,57 @@
+"""``torch.compile`` for training and ``bench model``: each block's ``forward`` compiled in place, as
+torchtitan compiles per block, so that every layer reuses the first layer's graph (one compile per
+kind, whatever the depth), parameter names stay those of the eager model (checkpoints are
+interchangeable) and the hooks FSDP2 and activation checkpointing put around a block stay eager.
+
+``train.compile`` decides (``use_compile``): ``auto`` compiles where training uses CUDA and the
+attention backend is checked under ``torch.compile`` (``AttentionBackend.compiles``), ``true``
+compiles anywhere and refuses a backend that is not checked, ``false`` never compiles.
+Evaluation and probes run the same blocks eagerly (``eager``): their batches, grad mode and hooks
+would each be a new graph, and they are a sliver of a run's compute.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+
+from diffsweep.config import Backend, Compile, ConfigError
+from diffsweep.model.attention.backends import BACKENDS
+from diffsweep.model.transformer import LanguageModel
+
+
+def use_compile(setting: Compile, backend: Backend, device: torch.device) -> tuple[bool, str | None]:
+    """Whether to compile, and a line to say once when ``auto`` leaves a GPU run eager. ``true``
+    with a backend not checked under ``torch.compile`` is a ``ConfigError``."""
+    checked = BACKENDS[backend].compiles
+    if setting is Compile.TRUE:
+        if not checked:
+            raise ConfigError("train.compile", f"true, but attention backend {backend.value!r} is not checked under "
+                              "torch.compile; use model.attention.backend=sdpa, or train.compile=false")
+        return True, None
+    if setting is Compile.FALSE or device.type != "cuda":
+        return False, None
+    if not checked:
+        return False, (f"note: training eagerly: attention backend {backend.value!r} is not checked under "
+                       "torch.compile (train.compile=auto)")
+    return True, None
+
+
+def compile_blocks(model: LanguageModel) -> None:
+    """Compile each block's forward in place (``fullgraph``: a graph break is an error, not a
+    silent slow path)."""
+    for block in model.blocks():
+        block.forward = torch.compile(block.forward, fullgraph=True)  # type: ignore[method-assign]
+
+
+def eager() -> AbstractContextManager:
+    """Run compiled blocks eagerly inside (no new graph: evaluation, probes)."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process: a count that grows after the first step is a recompile."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
