@@ -52,6 +52,7 @@ from diffsweep.config.enums import TRANSFORMER
 from diffsweep.config.kinds import kind_names, kind_spec
 from diffsweep.config.validate import MAX_MICRO_BATCH_TOKENS, MAX_SEQ_LEN
 from diffsweep.model import counting
+from diffsweep.model.compile import compile_blocks
 from diffsweep.model.memory import GIB, estimate_memory
 from diffsweep.model.transformer import build_model
 from diffsweep.train.metrics import peak_flops
@@ -132,11 +133,10 @@ def _time_steps(cfg, device: torch.device, dtype: torch.dtype, seq: int, micro_b
     the device memory in use outside PyTorch's allocator after them."""
     model = build_model(cfg.model, device=device, compute_dtype=dtype)
     optimizer = build_optimizer(model, cfg.train)
-    # RoPE tables are built on the first forward; building them here keeps a compiled forward from
-    # compiling twice (the first call's guard on the empty table cache fails on the second).
     tokens = torch.randint(0, cfg.model.vocab_size, (micro_batch, seq + 1), device=device)
-    model.rope(seq, tokens.device)  # the tensor's device: "cuda" would key a second table beside "cuda:0"
-    forward = torch.compile(model) if compile_model else model
+    if compile_model:  # as the trainer compiles (train.compile): each block, one graph for all
+        compile_blocks(model)
+    forward = model
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
 
     def step() -> None:

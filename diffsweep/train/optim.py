@@ -22,14 +22,20 @@ def decays(name: str, param: nn.Parameter) -> bool:
     return param.ndim >= 2 and "lambda" not in name
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, *, fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over ``model``'s trainable parameters in two groups (decayed or not). ``fused`` (the
+    default): one kernel for the whole update, on a GPU and on the CPU alike (5x faster than the
+    foreach update on a 2-core CPU, RESULTS.md); the state dict is the same either way, so a
+    checkpoint of one resumes with the other."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
         {"params": [p for n, p in params if decays(n, p)], "weight_decay": cfg.weight_decay},
         {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
     ]
+    if fused is None:
+        fused = bool(params)
     b0, b1 = cfg.betas  # a list when read from YAML
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(b0, b1), eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(b0, b1), eps=cfg.eps, fused=fused or None)
 
 
 def _linear(progress: float) -> float:

@@ -32,7 +32,7 @@ from diffsweep.train.checkpoint import (
     save_checkpoint,
     verify_shards,
 )
-from diffsweep.train.distributed import sharded_state
+from diffsweep.train.distributed import load_sharded_state, sharded_state
 from diffsweep.train.optim import build_optimizer
 
 OVERRIDES = ["model.size=tiny-xs", "model.vocab_size=512", "model.attention.kind=diff_v1"]
@@ -412,3 +412,38 @@ def test_missing_keys(tmp_path, trained):
     with pytest.raises(ConfigError) as err:
         load_checkpoint(single)
     _one_line_naming(err, single, "checkpoint lacks model, optimizer, scheduler")
+
+
+@pytest.mark.parametrize(("written_fused", "read_fused"), [(False, True), (True, False)],
+                         ids=["foreach-then-fused", "fused-then-foreach"])
+def test_a_checkpoint_of_one_adamw_update_resumes_with_the_other(tmp_path, written_fused, read_fused):
+    """The fused AdamW (the default) and the foreach one keep the same state: a checkpoint written
+    with one resumes with the other, whose next step is the writer's next step to fp32 rounding
+    (on this CPU, bit for bit)."""
+    config = load_config(None, OVERRIDES)
+    batch = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(2))
+
+    def step(model, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        model(batch).float().logsumexp(-1).mean().backward()
+        optimizer.step()
+
+    torch.manual_seed(0)
+    writer = build_model(config.model)
+    writer_opt = build_optimizer(writer, config.train, fused=written_fused)
+    assert writer_opt.defaults["fused"] is (True if written_fused else None)
+    step(writer, writer_opt)
+    tensors, groups = sharded_state(writer, writer_opt)
+    path = save_checkpoint(tmp_path, _state(1, groups), tensors, keep=1)
+
+    torch.manual_seed(1)
+    reader = build_model(config.model)
+    reader_opt = build_optimizer(reader, config.train, fused=read_fused)
+    loaded, _ = sharded_state(reader, reader_opt)
+    load_tensors(path, loaded)
+    load_sharded_state(reader, reader_opt, loaded, load_checkpoint(path)["optimizer_groups"])
+    step(writer, writer_opt)
+    step(reader, reader_opt)
+    for (name, a), b in zip(writer.named_parameters(), reader.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), name
+    assert {float(s["step"]) for s in reader_opt.state.values()} == {2.0}  # the written step, then its own
