@@ -25,7 +25,8 @@ from tests.helpers.gpu import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARE = ROOT / "analysis/gpu/prepare.py"
-STAGES = ["env", "install", "smoke", "tests", "bench-attention", "bench-model", "train", "bench-model-triton"]
+STAGES = ["env", "install", "smoke", "train-speed", "tests", "bench-attention", "bench-model", "train",
+          "bench-model-triton"]
 # pytest -m gpu collects at least this many tests; in the CPU rehearsal those that need CUDA skip
 # with their reason, the rest (the fused kernel in Triton's interpreter) pass.
 GPU_SELECTION_FLOOR = 110  # 114 on this CPU machine (2026-11-27); tests/test_gpu_selection.py asserts the full count
@@ -130,6 +131,15 @@ def test_the_cpu_rehearsal_runs_every_stage_from_a_fresh_checkout(tmp_path):
     assert [r["kind"] for r in model["triton"]["rows"]] == ["transformer", "diff_v1"]
     train = json.loads((out / "train.json").read_text())
     assert train["ok"] and train["bitwise"] and train["resumed_steps"] and train["precision"] == "bf16 autocast"
+    speed = train["speed"]  # the trainer's speed table, kept beside the train stage's facts
+    assert speed["ok"] and [(r["kind"], r["mode"]) for r in speed["rows"]] == [
+        (kind, mode) for mode in ("eager", "compiled") for kind in ("transformer", "diff_v1", "diff_v2")]
+    assert all(r["tokens_per_s"] > 0 and "error" not in r for r in speed["rows"])
+    compiled = [r for r in speed["rows"] if r["mode"] == "compiled"]
+    assert all(r["recompiles"] == 0 and r["compile_s"] > 0 and r["compiled_vs_eager"] > 0 for r in compiled)
+    for kind in ("transformer", "diff_v1", "diff_v2"):  # the same steps on the same batches, eager or compiled
+        eager, comp = (next(r for r in speed["rows"] if (r["kind"], r["mode"]) == (kind, m)) for m in ("eager", "compiled"))
+        assert comp["loss_last"] == pytest.approx(eager["loss_last"], abs=1e-2), kind  # bf16: within its rounding
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the kit runs there")

@@ -12,10 +12,12 @@ device tool's limit):
 - ``env.json``       GPU, driver, torch/Triton versions, ``pip freeze``  (stage ``env``)
 - ``install.json``   the carried wheels installed offline                 (stage ``install``)
 - ``smoke.json``     fused kernel vs fp64 reference at the 1.4B head      (stage ``smoke``)
+- ``train.json``     ``"speed"``: the trainer's tokens/s, MFU, compile s and peak memory, each kind
+                     eager and compiled at 1.4B                           (stage ``train-speed``)
 - ``tests.xml``      ``pytest -m gpu`` as JUnit XML, skip reasons in it   (stage ``tests``)
 - ``attention.json`` ``diffsweep bench attention``, written row by row    (stage ``bench-attention``)
 - ``model.json``     ``diffsweep bench model`` (sdpa, then triton rows)   (stages ``bench-model``, ``bench-model-triton``)
-- ``train.json``     bf16 training, checkpoint, resume vs uninterrupted   (stage ``train``)
+- ``train.json``     bf16 training, checkpoint, resume vs uninterrupted   (stage ``train``; ``"speed"`` kept)
 - ``summary.json``   every stage: status, seconds, exit code, output tail (rewritten after each stage)
 
 ``--device cpu`` rehearses the same stages on a CPU machine (tiny shapes, Triton's interpreter):
@@ -67,6 +69,7 @@ STAGES = (
     Stage("env", (40, 60), (5, 5), "env.json"),
     Stage("install", (90, 60), (15, 10), "install.json"),
     Stage("smoke", (150, 120), (40, 20), "smoke.json"),
+    Stage("train-speed", (240, 180), (60, 30), "train.json"),
     Stage("tests", (180, 600), (60, 60), "tests.xml"),
     Stage("bench-attention", (150, 180), (45, 30), "attention.json"),
     Stage("bench-model", (120, 180), (45, 30), "model.json"),
@@ -85,7 +88,12 @@ STAGE_ENV = {
     "bench-model": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "bench-model-triton": {"DIFFSWEEP_TRITON_AUTOTUNE": "all", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "train": {"DIFFSWEEP_TRITON_AUTOTUNE": "first"},
+    "train-speed": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
 }
+# Stages whose file another stage also writes: each writes to the scratch folder, and after every
+# stage its file is put into the shared one under a key (the shared file is rewritten by its stage).
+EXTRAS = {"bench-model-triton": ("model.json", "model-triton.json", "triton"),
+          "train-speed": ("train.json", "train-speed.json", "speed")}
 
 # The CPU rehearsal's benchmark settings: the smallest shapes, one repetition.
 CPU_ATTENTION = ["--layout", "tiny-2xs", "--seq", "16", "--batch-tokens", "32", "--reps", "1", "--warmup", "0"]
@@ -106,7 +114,9 @@ def command(stage: Stage, device: str, out: Path, scratch: Path) -> list[str]:
     """The subprocess a stage runs (from the repository root); ``scratch`` holds the fallback
     install target (on every stage's PYTHONPATH) and files that must not land in ``out``."""
     py, target = sys.executable, str(out / stage.output)
-    if stage.name in ("env", "install", "smoke", "train"):
+    if stage.name in EXTRAS:
+        target = str(scratch / EXTRAS[stage.name][1])
+    if stage.name in ("env", "install", "smoke", "train-speed", "train"):
         return [py, str(KIT / "stages.py"), stage.name, "--device", device, "--out", target,
                 "--site", str(scratch / "site")]
     if stage.name == "tests":
@@ -122,8 +132,7 @@ def command(stage: Stage, device: str, out: Path, scratch: Path) -> list[str]:
         return [*base, "--out", target]
     # The fused kernel in a whole model; the Transformer beside it for the ratio. Appends its rows to
     # a second file and merges (model.json keeps the sdpa rows if this one is cut short).
-    return [*base, "--backend", "triton", "--kind", "transformer", "--kind", "diff_v1", "--out",
-            str(scratch / "model-triton.json")]
+    return [*base, "--backend", "triton", "--kind", "transformer", "--kind", "diff_v1", "--out", target]
 
 
 def stage_env(device: str, site: Path, kernels_link: Path) -> dict[str, str]:
@@ -211,8 +220,8 @@ class Runner:
         reader.join(timeout=10)
         self.proc = None
         seconds = time.monotonic() - start
-        if stage.name == "bench-model-triton":
-            _merge_models(self.out / "model.json", self.scratch / "model-triton.json")
+        for shared, extra, key in EXTRAS.values():
+            _merge(self.out / shared, self.scratch / extra, key)
         if timed_out:
             return Result(stage.name, "timeout", seconds, None, f"stopped at its {timeout:.0f} s limit", list(tail))
         if self.stopping:
@@ -281,19 +290,19 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
         return
 
 
-def _merge_models(model: Path, triton: Path) -> None:
-    """``model.json`` gets the triton run as ``"triton"`` beside the sdpa run's fields."""
-    if not triton.exists():
+def _merge(shared: Path, extra: Path, key: str) -> None:
+    """``shared`` gets ``extra``'s facts under ``key`` beside its own stage's (or alone, before it ran)."""
+    if not extra.exists():
         return
     try:
-        extra = json.loads(triton.read_text(encoding="utf-8"))
-        base = json.loads(model.read_text(encoding="utf-8")) if model.exists() else {}
+        facts = json.loads(extra.read_text(encoding="utf-8"))
+        base = json.loads(shared.read_text(encoding="utf-8")) if shared.exists() else {}
     except json.JSONDecodeError:
         return
-    base["triton"] = extra
-    tmp = model.with_name(".model.json.tmp")
+    base[key] = facts
+    tmp = shared.with_name(f".{shared.name}.tmp")
     tmp.write_text(json.dumps(base, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, model)
+    os.replace(tmp, shared)
 
 
 def _print_table(summary: dict) -> None:

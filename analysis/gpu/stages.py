@@ -1,9 +1,10 @@
 """The device kit's own stages, each run by ``run.py`` in a subprocess: ``env``, ``install``,
-``smoke`` and ``train``. (The GPU tests and the two benchmarks are the project's own commands.)
+``smoke``, ``train-speed`` and ``train``. (The GPU tests and the two benchmarks are the project's own commands.)
 
     python3 analysis/gpu/stages.py env     --device cuda --out OUT/env.json
     python3 analysis/gpu/stages.py install --device cuda --out OUT/install.json
     python3 analysis/gpu/stages.py smoke   --device cuda --out OUT/smoke.json
+    python3 analysis/gpu/stages.py train-speed --device cuda --out SCRATCH/train-speed.json  (run.py: train.json's "speed")
     python3 analysis/gpu/stages.py train   --device cuda --out OUT/train.json
 
 Each writes one JSON file with ``"ok"`` and exits 0 when the stage passed, 1 when it ran and
@@ -288,12 +289,125 @@ def train(device: str, facts: dict, save) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-STAGE_FUNCTIONS = {"env": env, "smoke": smoke, "train": train}
+# -------------------------------------------------------------------------------------- train-speed
+SPEED = {  # diffsweep's trainer itself, each kind eager and compiled: the training-speed table (issue #50)
+    "cuda": {"size": "1.4B", "vocab": None, "seq": 2048, "micro": 4, "steps": 12},
+    "cpu": {"size": "tiny-3xs", "vocab": 512, "seq": 32, "micro": 2, "steps": 4},
+}
+SPEED_KINDS = ("transformer", "diff_v1", "diff_v2")
+TIMED_FROM = 3  # steps before it compile (the first), or settle (the second): not timed
+
+
+class _RowDone(Exception):
+    """Raised by the row's callback after its last timed step: no evaluation, no checkpoint."""
+
+
+def train_speed(device: str, facts: dict, save) -> None:
+    """Each kind trained eagerly and then compiled (``train.compile``) through the trainer that
+    ``diffsweep train`` runs, bf16 autocast, the sdpa backend, one micro-batch per step, a row
+    written as each finishes: tokens/s and MFU (medians from step ``TIMED_FROM``), compile seconds,
+    recompiles, and on a GPU the peak allocated memory against the planner's estimate of it
+    (``estimate_memory`` less its fixed overhead) and the memory in use outside the allocator."""
+    import gc
+
+    import torch
+
+    from diffsweep.config import load_config
+    from diffsweep.model.memory import estimate_memory
+    from diffsweep.train.trainer import train as run_training
+
+    p = SPEED[device]
+    gpu = device == "cuda"
+    facts.update({"ok": False, "size": p["size"], "seq_len": p["seq"], "micro_batch": p["micro"],
+                  "timed_steps": p["steps"] - TIMED_FROM + 1, "precision": "bf16 autocast", "backend": "sdpa",
+                  "device": torch.cuda.get_device_name(0) if gpu else "cpu", "rows": []})
+    save()
+    work = Path(tempfile.mkdtemp(prefix="diffsweep-kit-speed-"))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
+    dataset = _text_dataset(work)
+    print(f"{'kind':12} {'mode':9} {'tokens/s':>10} {'MFU':>6} {'compile s':>9} {'recompiles':>10} "
+          f"{'peak GiB':>8} {'planner':>8} {'ratio':>6}", flush=True)
+    for mode in ("eager", "compiled"):
+        for kind in SPEED_KINDS:
+            cfg = load_config(None, [
+                f"model.size={p['size']}", *([f"model.vocab_size={p['vocab']}"] if p["vocab"] else []),
+                f"model.attention.kind={kind}", "model.attention.backend=sdpa", f"data.path={dataset}",
+                "train.precision=bf16", f"train.compile={'true' if mode == 'compiled' else 'false'}",
+                f"train.seq_len={p['seq']}", f"train.batch_tokens={p['seq'] * p['micro']}",
+                f"train.micro_batch_size={p['micro']}", f"train.max_steps={p['steps'] + 1}", "train.warmup_steps=2",
+                "train.eval_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000"])
+            steps: dict[int, dict[str, float]] = {}
+
+            def record(step: int, metrics: dict[str, float], steps=steps) -> None:
+                steps[step] = dict(metrics)
+                if step == p["steps"]:
+                    raise _RowDone
+
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+            row: dict = {"kind": kind, "mode": mode}
+            started = time.perf_counter()
+            try:
+                run_training(cfg, work / f"{kind}-{mode}", experiment="kit-speed", callbacks=(record,),
+                             echo=lambda line: None)
+            except _RowDone:
+                pass
+            except Exception as exc:  # noqa: BLE001 (out of memory, a compile error: this row fails, the next runs)
+                row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            row["seconds"] = time.perf_counter() - started
+            timed = [steps[s] for s in sorted(steps) if s >= TIMED_FROM]
+            if timed:
+                row["tokens_per_s"] = statistics.median(m["train/tokens_per_s"] for m in timed)
+                row["mfu"] = statistics.median(m["train/mfu"] for m in timed) if "train/mfu" in timed[0] else None
+                row["loss_last"] = timed[-1]["train/loss"]
+            if mode == "compiled" and steps:
+                row["compile_s"] = steps.get(2, {}).get("train/compile_s")
+                row["recompiles"] = max(m["train/recompiles"] for m in steps.values())
+            if gpu:
+                estimate = estimate_memory(cfg, world_size=1, gpu_memory_bytes=torch.cuda.mem_get_info()[1])
+                free, total = torch.cuda.mem_get_info()
+                row.update({"peak_alloc_bytes": torch.cuda.max_memory_allocated(),
+                            "planner_in_allocator_bytes": estimate.total - estimate.overhead,
+                            "planner_overhead_bytes": estimate.overhead,
+                            "outside_allocator_bytes": total - free - torch.cuda.memory_reserved()})
+                row["peak_over_planner"] = row["peak_alloc_bytes"] / row["planner_in_allocator_bytes"]
+            base = next((r for r in facts["rows"] if r["kind"] == "transformer" and r["mode"] == mode), None)
+            if base and base.get("tokens_per_s") and row.get("tokens_per_s"):
+                row["ratio_vs_transformer"] = row["tokens_per_s"] / base["tokens_per_s"]
+            eager = next((r for r in facts["rows"] if r["kind"] == kind and r["mode"] == "eager"), None)
+            if mode == "compiled" and eager and eager.get("tokens_per_s") and row.get("tokens_per_s"):
+                row["compiled_vs_eager"] = row["tokens_per_s"] / eager["tokens_per_s"]
+            facts["rows"].append(row)
+            save()
+            print(_speed_line(row), flush=True)
+            gc.collect()
+            if gpu:
+                torch.cuda.empty_cache()
+    rows = facts["rows"]
+    facts["ok"] = (len(rows) == 2 * len(SPEED_KINDS) and not any("error" in r for r in rows)
+                   and all(r.get("recompiles") == 0 for r in rows if r["mode"] == "compiled")
+                   and all(r.get("tokens_per_s") for r in rows))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _speed_line(row: dict) -> str:
+    def number(key: str, fmt: str, scale: float = 1.0) -> str:
+        value = row.get(key)
+        return "—" if value is None else format(value * scale, fmt)
+
+    line = (f"{row['kind']:12} {row['mode']:9} {number('tokens_per_s', ',.0f'):>10} {number('mfu', '.1%'):>6} "
+            f"{number('compile_s', '.1f'):>9} {number('recompiles', '.0f'):>10} "
+            f"{number('peak_alloc_bytes', '.1f', 2**-30):>8} {number('planner_in_allocator_bytes', '.1f', 2**-30):>8} "
+            f"{number('ratio_vs_transformer', '.3f'):>6}")
+    return line + (f"  error: {row['error'][:200]}" if "error" in row else "")
+
+
+STAGE_FUNCTIONS = {"env": env, "smoke": smoke, "train": train, "train-speed": train_speed}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("env", "install", "smoke", "train"))
+    parser.add_argument("stage", choices=("env", "install", "smoke", "train-speed", "train"))
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "diffsweep-kit-site")
