@@ -87,6 +87,19 @@ class Compile(StrEnum):
     FALSE = "false"
 
 
+# The attention backends checked under torch.compile (tests/model/test_compile_on_cpu.py); flash and
+# triton are not yet (they need a GPU): train.compile auto trains them eagerly, true refuses them.
+COMPILED_BACKENDS = frozenset({Backend.REFERENCE, Backend.SDPA})
+
+
+def compiles(setting: Compile, backend: Backend, *, cuda: bool) -> bool:
+    """Whether training compiles its blocks: ``true`` always (``diffsweep.model.compile`` refuses a
+    backend outside ``COMPILED_BACKENDS``), ``auto`` on CUDA with a backend in it, ``false`` never."""
+    if setting is Compile.TRUE:
+        return True
+    return setting is Compile.AUTO and cuda and backend in COMPILED_BACKENDS
+
+
 class Parallel(StrEnum):
     """How training spreads over several processes (used only when there is more than one)."""
 

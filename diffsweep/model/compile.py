@@ -3,9 +3,10 @@ torchtitan compiles per block, so that every layer reuses the first layer's grap
 kind, whatever the depth), parameter names stay those of the eager model (checkpoints are
 interchangeable) and the hooks FSDP2 and activation checkpointing put around a block stay eager.
 
-``train.compile`` decides (``use_compile``): ``auto`` compiles where training uses CUDA and the
-attention backend is checked under ``torch.compile`` (``AttentionBackend.compiles``), ``true``
-compiles anywhere and refuses a backend that is not checked, ``false`` never compiles.
+``train.compile`` decides (``use_compile``; the rule is ``diffsweep.config.enums.compiles``, which
+``plan`` reads too): ``auto`` compiles where training uses CUDA and the attention backend is
+checked under ``torch.compile`` (``COMPILED_BACKENDS``), ``true`` compiles anywhere and refuses a
+backend that is not checked, ``false`` never compiles.
 Evaluation and probes run the same blocks eagerly (``eager``): their batches, grad mode and hooks
 would each be a new graph, and they are a sliver of a run's compute.
 """
@@ -17,25 +18,21 @@ from contextlib import AbstractContextManager
 import torch
 
 from diffsweep.config import Backend, Compile, ConfigError
-from diffsweep.model.attention.backends import BACKENDS
+from diffsweep.config.enums import COMPILED_BACKENDS, compiles
 from diffsweep.model.transformer import LanguageModel
 
 
 def use_compile(setting: Compile, backend: Backend, device: torch.device) -> tuple[bool, str | None]:
     """Whether to compile, and a line to say once when ``auto`` leaves a GPU run eager. ``true``
     with a backend not checked under ``torch.compile`` is a ``ConfigError``."""
-    checked = BACKENDS[backend].compiles
-    if setting is Compile.TRUE:
-        if not checked:
-            raise ConfigError("train.compile", f"true, but attention backend {backend.value!r} is not checked under "
-                              "torch.compile; use model.attention.backend=sdpa, or train.compile=false")
-        return True, None
-    if setting is Compile.FALSE or device.type != "cuda":
-        return False, None
-    if not checked:
+    checked = backend in COMPILED_BACKENDS
+    if setting is Compile.TRUE and not checked:
+        raise ConfigError("train.compile", f"true, but attention backend {backend.value!r} is not checked under "
+                          "torch.compile; use model.attention.backend=sdpa, or train.compile=false")
+    if setting is Compile.AUTO and device.type == "cuda" and not checked:
         return False, (f"note: training eagerly: attention backend {backend.value!r} is not checked under "
                        "torch.compile (train.compile=auto)")
-    return True, None
+    return compiles(setting, backend, cuda=device.type == "cuda"), None
 
 
 def compile_blocks(model: LanguageModel) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import textwrap
 from pathlib import Path
@@ -11,7 +12,14 @@ import pytest
 from diffsweep.config import ConfigError
 from diffsweep.launch.profile_choice import load_profile, parse_profile
 from diffsweep.launch.profiles import LOCAL
-from diffsweep.launch.resources import Resources, chunks, cpu_resources, estimate_resources, slurm_parameters
+from diffsweep.launch.resources import (
+    COMPILE_MINUTES,
+    Resources,
+    chunks,
+    cpu_resources,
+    estimate_resources,
+    slurm_parameters,
+)
 from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.sweep import expand, load_sweep
 from tests.helpers.gpu import skip_or_fail
@@ -46,12 +54,30 @@ def test_paper_sizes_on_h100(tmp_path):
     for size in gpus:
         assert estimate(runs[size], h100).memory_gb <= 0.9 * 80
     e = estimate(runs["1.4B"], h100)
-    # 1.4B, 10.5B tokens: 6ND-style FLOPs / (989 TFLOP/s x 0.40) -> about 72 GPU-hours
-    assert e.gpu_hours == pytest.approx(runs["1.4B"].flops / (989e12 * 0.40) / 3600)
+    # 1.4B, 10.5B tokens: 6ND-style FLOPs / (989 TFLOP/s x 0.40) -> about 72 GPU-hours, and the
+    # minutes its job start compiles (train.compile auto, sdpa, on a GPU)
+    assert e.gpu_hours == pytest.approx(runs["1.4B"].flops / (989e12 * 0.40) / 3600 + COMPILE_MINUTES / 60)
     assert 60 < e.gpu_hours < 90
     assert e.resources.time_min == 48 * 60  # capped at the partition limit: it requeues from checkpoints
     big = estimate(runs["13.1B"], h100).resources
     assert (big.nodes, big.gpus_per_node, big.tasks_per_node) == (1, 8, 8)  # one process per GPU
+
+
+@pytest.mark.parametrize(("settings", "compiled"), [
+    ("", True), ("model.attention.backend: triton", False), ("train.compile: false", False),
+    ("train.compile: true", True)], ids=["auto-sdpa", "auto-triton", "false", "true"])
+def test_plan_counts_the_minutes_a_compiled_run_compiles(tmp_path, settings, compiled):
+    h100 = load_profile(str(REPO / "slurm/profiles/h100-example.yaml"))
+    path = tmp_path / "s.yaml"
+    path.write_text("grid: {model.size: [830M]}\nset:\n  train.max_steps: 4000\n  model.attention.kind: diff_v1\n"
+                    + (f"  {settings}\n" if settings else ""))
+    (run,) = expand(load_sweep(path)).runs
+    e = estimate(run, h100)
+    training = run.flops / (989e12 * 0.40) / 3600
+    assert e.hours == pytest.approx(training + (COMPILE_MINUTES / 60 if compiled else 0))
+    assert e.resources.time_min == math.ceil(e.hours * 60 * 1.3 + 15)
+    (local,) = planned(tmp_path, ["tiny-xs"])
+    assert estimate(local, LOCAL).hours == pytest.approx(local.flops / (LOCAL.gpu.peak_tflops * 1e12 * LOCAL.gpu.mfu) / 3600)
 
 
 def test_local_profile_uses_no_gpus(tmp_path):

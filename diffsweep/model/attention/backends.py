@@ -42,9 +42,6 @@ class AttentionBackend(ABC):
     """Base class; ``attend`` must be provided, ``diff_attend`` defaults to two ``attend`` calls."""
 
     name: Backend
-    # Checked under torch.compile (one graph per block, tests/model/test_compile_on_cpu.py); a
-    # backend that is not runs eagerly under train.compile auto and is refused under true.
-    compiles: bool = True
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine at all (package or hardware missing)."""
@@ -138,7 +135,6 @@ class FlashBackend(AttentionBackend):
     attended by both maps (paper App. A, FlashDiffAttn_1 and FlashDiffAttn_2)."""
 
     name = Backend.FLASH
-    compiles = False  # not yet checked on a GPU under torch.compile
 
     def unavailable_reason(self):
         if not torch.cuda.is_available():
@@ -191,7 +187,6 @@ class TritonBackend(AttentionBackend):
     the process imports the kernel), which is for tests, slow, and wrong in bf16."""
 
     name = Backend.TRITON
-    compiles = False  # not yet checked on a GPU under torch.compile
 
     def unavailable_reason(self):
         kernel = _triton_diff()

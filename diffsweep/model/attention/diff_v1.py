@@ -39,6 +39,8 @@ class DiffAttentionV1(AttentionModule[torch.Tensor, torch.Tensor, torch.Tensor, 
       (a float attribute is a constant dynamo specialises on: one recompile per layer).
     """
 
+    _lambda_init: torch.Tensor  # a buffer (see lambda_init)
+
     def __init__(self, cfg: ResolvedModel, layer: int, backend: AttentionBackend) -> None:
         super().__init__()
         a = cfg.attention
