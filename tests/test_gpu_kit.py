@@ -245,6 +245,11 @@ def test_profile_step_times_every_phase_and_lists_the_top_kernels(capsys):
     assert list(phases) == ["forward", "loss", "backward", "clip", "optimizer"] and all(v > 0 for v in phases.values())
     assert float(out[0].split("step ")[1].removesuffix(" ms")) == pytest.approx(sum(phases.values()), abs=0.3)
     assert any("aten::mm" in line for line in out[6:]) and any("AdamW.step" in line for line in out[6:])
+    assert out[-1].startswith("casts (aten::_to_copy calls) in the step: ")
+    module.main(["transformer", "sdpa", "model.size=tiny-3xs", "model.n_layers=1", "train.seq_len=32",
+                 "train.micro_batch_size=2", "--compile"])  # the blocks compiled as train.compile compiles them
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(" ms") and ", compiled: step " in out[0], out[0]
 
 
 def test_sdpa_check_runs_every_kernel_and_says_which_are_wrong(tmp_path):
