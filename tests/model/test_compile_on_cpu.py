@@ -1,6 +1,7 @@
 """``torch.compile`` of each attention kind's model on the CPU (inductor's C++ code), as
-``bench model --compile`` compiles them on a GPU: bf16 autocast, the default ``sdpa`` backend, in
-one graph (``fullgraph=True``: a graph break is an error, not a silent fallback to eager)."""
+``train.compile`` and ``bench model --compile`` compile them on a GPU (``compile_blocks``): bf16
+autocast, the default ``sdpa`` backend, each block in one graph (``fullgraph=True``: a graph break
+is an error, not a silent fallback to eager) that every layer reuses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from diffsweep.config import load_config
+from diffsweep.model.compile import compile_blocks, compiled_graphs
 from diffsweep.model.transformer import build_model
 
 KINDS = ("transformer", "diff_v1", "diff_v2")
@@ -38,15 +40,20 @@ def _loss_and_grads(model: torch.nn.Module, forward, tokens: torch.Tensor) -> tu
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiles_in_one_graph_and_matches_eager(kind):
-    # one layer: every layer is the same code, and a second one only adds ~5 CPU-s of C++ compiling
-    cfg = load_config(None, ["model.size=tiny-3xs", "model.vocab_size=256", "model.n_layers=1",
+    # two layers (DIFF V1's λ_init differs between them): one graph serves both
+    cfg = load_config(None, ["model.size=tiny-3xs", "model.vocab_size=256", "model.n_layers=2",
                              f"model.attention.kind={kind}"]).model
     assert cfg.attention.backend.value == "sdpa"
     torch.manual_seed(0)
     model = build_model(cfg, compute_dtype=torch.bfloat16)
     tokens = torch.randint(0, cfg.vocab_size, (2, 33))
     eager_loss, eager = _loss_and_grads(model, model, tokens)
-    compiled_loss, compiled = _loss_and_grads(model, torch.compile(model, fullgraph=True), tokens)
+    torch._dynamo.reset()
+    compile_blocks(model)
+    graphs = compiled_graphs()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled_loss, compiled = _loss_and_grads(model, model, tokens)
+    assert compiled_graphs() - graphs == 1
     assert compiled_loss == pytest.approx(eager_loss, abs=LOSS_ABS)
     flat_eager = torch.cat([g.flatten() for g in eager.values()])
     flat_compiled = torch.cat([g.flatten() for g in compiled.values()])
