@@ -364,8 +364,8 @@ def train_speed(device: str, facts: dict, save) -> None:
                 row["compile_s"] = steps.get(2, {}).get("train/compile_s")
                 row["recompiles"] = max(m["train/recompiles"] for m in steps.values())
             if gpu:
-                estimate = estimate_memory(cfg, world_size=1, gpu_memory_bytes=torch.cuda.mem_get_info()[1])
                 free, total = torch.cuda.mem_get_info()
+                estimate = estimate_memory(cfg, world_size=1, gpu_memory_bytes=total)
                 row.update({"peak_alloc_bytes": torch.cuda.max_memory_allocated(),
                             "planner_in_allocator_bytes": estimate.total - estimate.overhead,
                             "planner_overhead_bytes": estimate.overhead,

@@ -125,6 +125,13 @@ def test_bad_enum_value_lists_the_allowed_ones():
     assert "rmsnorm, none" in str(_err(["model.attention.head_norm=groupnorm"]))
 
 
+def test_train_compile_reads_yamls_booleans_and_refuses_anything_else():
+    assert [load_config(None, [f"train.compile={v}"]).train.compile.value for v in ("true", "false", "auto")] == [
+        "true", "false", "auto"]
+    assert str(_err(["train.compile=fast"])) == "train.compile: expected one of [auto, true, false], got 'fast'"
+    assert "got 1" in str(_err(["train.compile=1"]))  # a number is not a boolean
+
+
 @pytest.mark.parametrize("value", ["expdecay", "constant", "constant:abc", "constant:1.5", "exp_decay:0.3"])
 def test_bad_lambda_init(value):
     e = _err(["model.attention.kind=diff_v1", f"model.attention.lambda_init={value}"])

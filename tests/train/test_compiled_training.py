@@ -13,6 +13,8 @@ import torch
 from diffsweep.config import ConfigError
 from diffsweep.train.checkpoint import list_checkpoints, load_checkpoint
 from diffsweep.train.trainer import train
+from tests.conftest import TINY_RUN
+from tests.helpers.cli import run
 from tests.helpers.training import KINDS, history, quiet, recorder, tiny
 
 # The shapes of tests/model/test_compile_on_cpu.py and the device kit's CPU rehearsal (tiny-3xs, bf16
@@ -73,3 +75,9 @@ def test_compile_true_with_a_backend_not_checked_under_it_is_refused_before_anyt
     with pytest.raises(ConfigError, match=r"train\.compile: true, but attention backend 'flash' is not checked"):
         train(cfg, tmp_path / "run", echo=quiet)
     assert not (tmp_path / "run").exists()
+    # the command line: one line, exit 2, no run directory
+    done = run("train", "--out", str(tmp_path / "runs"), *(f"--set={o}" for o in TINY_RUN),
+               f"--set=data.path={text_dataset}", "--set=model.attention.backend=flash", "--set=train.compile=true",
+               cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "train.compile: true" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
