@@ -427,6 +427,37 @@ def test_mlflow_clients_are_constructed_in_one_place():
     assert not bad, "use diffsweep.tracking.store.mlflow_client:\n" + "\n".join(bad)
 
 
+def test_mlflow_is_imported_only_in_tracking():
+    """MLflow is ``diffsweep.tracking``'s: no other module imports it, not inside a function and not
+    for type hints (a result run is ``tracking.results``; a run's type is ``tracking.results.Run``)."""
+    bad = [_where(i) for i in imports() if i.target.split(".")[0] == "mlflow"
+           and not i.importer.startswith("diffsweep.tracking")]
+    assert not bad, "go through diffsweep.tracking:\n" + "\n".join(bad)
+
+
+def test_tag_names_are_spelled_in_one_module():
+    """The tags diffsweep writes and reads are named in ``diffsweep.tracking.tags`` alone: no other
+    module spells one as a string (nor in a search filter's backquotes)."""
+    tree = ast.parse(modules()["diffsweep.tracking.tags"].read_text(encoding="utf-8"))
+    names = {node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.Constant) and str(node.value.value).startswith(("diffsweep.", "mlflow."))}
+    assert len(names) > 50 and "diffsweep.kind" in names
+    bad = []
+    for name, path in modules().items():
+        if name == "diffsweep.tracking.tags":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                spelled = node.value in names or any(f"`{n}`" in node.value for n in names)
+                if spelled:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:60]!r}")
+    assert not bad, "use diffsweep.tracking.tags:\n" + "\n".join(bad)
+
+
 def test_module_docstrings_say_what_the_module_is_for_in_a_few_lines():
     """A module's docstring is a few lines and a pointer to docs/, which says the rest (issue #31: long ones
     repeated docs/ and drifted from it). The kernels keep their derivation beside the code (kernels/)."""

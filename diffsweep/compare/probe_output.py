@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import read_json_fields
 from diffsweep.fsutil import parents_made_for
+from diffsweep.tracking import tags as tag
 from diffsweep.tracking.provenance import source_tags
-from diffsweep.tracking.store import COMPARISON_KIND, ensure_experiment, mlflow_client, retry_busy
+from diffsweep.tracking.results import result_run
+from diffsweep.tracking.store import ensure_experiment, mlflow_client
 
 if TYPE_CHECKING:
     from diffsweep.compare.probe_tables import ProbeComparison
@@ -129,22 +131,17 @@ def _log(uri: str, result: ProbeComparison, tmp: Path) -> str:
     exp_id = ensure_experiment(uri, result.experiment)
     sources = sorted({r for t in result.tables for c in t.cells for a in c.arms for r in a.runs})
     tags = source_tags() | {
-        "diffsweep.kind": COMPARISON_KIND,
-        "diffsweep.comparison.sweep": result.sweep,
-        "diffsweep.comparison.of": "probes",
-        "diffsweep.comparison.probes": ",".join(dict.fromkeys(t.probe for t in result.tables)),
-        "diffsweep.comparison.baseline": ",".join(g.baseline for g in result.arm_groups)[:5000],
-        "diffsweep.comparison.step": "newest" if result.step is None else str(result.step),
-        "diffsweep.comparison.runs": ",".join(sources)[:5000],
+        tag.KIND: tag.COMPARISON_KIND,
+        tag.COMPARISON_SWEEP: result.sweep,
+        tag.COMPARISON_OF: "probes",
+        tag.COMPARISON_PROBES: ",".join(dict.fromkeys(t.probe for t in result.tables)),
+        tag.COMPARISON_BASELINE: ",".join(g.baseline for g in result.arm_groups)[:5000],
+        tag.COMPARISON_STEP: "newest" if result.step is None else str(result.step),
+        tag.COMPARISON_RUNS: ",".join(sources)[:5000],
     }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    run = retry_busy(lambda: client.create_run(exp_id, run_name=f"compare probes {result.sweep} {stamp}", tags=tags))
-    run_id = run.info.run_id
-    try:
-        (tmp / REPORT).write_text(json.dumps(result.to_dict() | {"mlflow_run_id": run_id}, indent=1) + "\n")
-        retry_busy(lambda: client.log_artifacts(run_id, str(tmp)))
-    except BaseException:
-        retry_busy(lambda: client.set_terminated(run_id, status="FAILED"))
-        raise
-    retry_busy(lambda: client.set_terminated(run_id, status="FINISHED"))
+    with result_run(client, exp_id, f"compare probes {result.sweep} {stamp}", tags) as run:
+        (tmp / REPORT).write_text(json.dumps(result.to_dict() | {"mlflow_run_id": run.run_id}, indent=1) + "\n")
+        run.attach(tmp)
+    run_id = run.run_id
     return run_id

@@ -28,7 +28,9 @@ from diffsweep.compare.runs import sweep_rows
 from diffsweep.config import ConfigError
 from diffsweep.sweep.expand import SweepRun
 from diffsweep.sweep.spec import SweepSpec
-from diffsweep.tracking.store import EVAL_KIND, all_runs, mlflow_client, retry_busy
+from diffsweep.tracking import tags as tag
+from diffsweep.tracking.store import all_runs, mlflow_client, retry_busy
+from diffsweep.tracking.tags import tag_is
 
 
 def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
@@ -52,12 +54,12 @@ def compare_probes(uri: str, spec: SweepSpec, runs: Sequence[SweepRun],
     old = check_out(folder)  # before anything is read: a folder it may not write is refused first
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
-    found = [] if exp is None else all_runs(client, exp.experiment_id, f"tags.`diffsweep.kind` = '{EVAL_KIND}' and "
-                                            f"tags.`diffsweep.eval.sweep` = '{spec.name}' and "
+    found = [] if exp is None else all_runs(client, exp.experiment_id, f"{tag_is(tag.KIND, tag.EVAL_KIND)} and "
+                                            f"{tag_is(tag.EVAL_SWEEP, spec.name)} and "
                                             "attributes.status = 'FINISHED'")
     seed_of = {run.key: run.config.train.seed for run in runs}
-    records = [replace(_record(r), seed=seed_of[r.data.tags["diffsweep.eval.run_key"]]) for r in found
-               if r.data.tags.get("diffsweep.eval.run_key") in arm_of]
+    records = [replace(_record(r), seed=seed_of[r.data.tags[tag.EVAL_RUN_KEY]]) for r in found
+               if r.data.tags.get(tag.EVAL_RUN_KEY) in arm_of]
     first = f"run `diffsweep eval {spec.path} --probe PROBE` first"
     if not records:
         raise ConfigError(str(spec.path), f"no evaluation run of sweep '{spec.name}' in experiment "
@@ -120,10 +122,10 @@ def _probe_tables(probe: str, specs: Sequence[TableSpec], loaded: Sequence[tuple
 
 def _record(run: Any) -> EvalRecord:
     tags = run.data.tags
-    return EvalRecord(run_id=run.info.run_id, probe=tags.get("diffsweep.eval.probe", "?"),
-                      step=int(tags.get("diffsweep.eval.step", "0")), run_key=tags["diffsweep.eval.run_key"],
-                      run_name=tags.get("diffsweep.eval.sweep_run") or tags.get("diffsweep.eval.run_name", "?"),
-                      settings=tags.get("diffsweep.eval.settings", "{}"), end_time=run.info.end_time or 0)
+    return EvalRecord(run_id=run.info.run_id, probe=tags.get(tag.EVAL_PROBE, "?"),
+                      step=int(tags.get(tag.EVAL_STEP, "0")), run_key=tags[tag.EVAL_RUN_KEY],
+                      run_name=tags.get(tag.EVAL_SWEEP_RUN) or tags.get(tag.EVAL_RUN_NAME, "?"),
+                      settings=tags.get(tag.EVAL_SETTINGS, "{}"), end_time=run.info.end_time or 0)
 
 
 def _with_tables(client: Any, record: EvalRecord, names: Sequence[str], tmp: Path) -> EvalRecord:

@@ -27,10 +27,12 @@ from diffsweep.config.decode import confidence_level
 from diffsweep.config.identity import identity_fields
 from diffsweep.sweep.expand import SEED_KEY, SweepRun
 from diffsweep.sweep.spec import SweepSpec
+from diffsweep.tracking import tags as tag
 from diffsweep.tracking.store import all_runs, mlflow_client
+from diffsweep.tracking.tags import tag_is
 
 if TYPE_CHECKING:
-    from mlflow.entities import Run
+    from diffsweep.tracking.results import Run
 
 WITHIN = "within seed noise"
 BEYOND = "beyond seed noise"
@@ -250,11 +252,11 @@ def ended_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun]) -> dict[str,
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(spec.experiment)
     found: list[Run] = [] if exp is None else all_runs(client, exp.experiment_id,
-                                                       f"tags.`diffsweep.sweep` = '{spec.name}'")
+                                                       tag_is(tag.SWEEP, spec.name))
     keys = {run.key for run in runs}
     latest: dict[str, Run] = {}
     for run in sorted(found, key=lambda r: (r.info.status == "FINISHED", r.info.end_time or 0)):
-        key = run.data.tags.get("diffsweep.run_key")
+        key = run.data.tags.get(tag.RUN_KEY)
         if key in keys and run.info.status in ("FINISHED", "FAILED", "KILLED"):
             latest[key] = run
     return latest
@@ -263,7 +265,7 @@ def ended_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun]) -> dict[str,
 def diverged(run: Run) -> bool:
     """Whether an ended run stopped on a non-finite loss, gradient norm or weights (the trainer's
     ``Diverged``, recorded in its end reason)."""
-    return run.info.status == "FAILED" and run.data.tags.get("diffsweep.end_reason", "").startswith("Diverged")
+    return run.info.status == "FAILED" and run.data.tags.get(tag.END_REASON, "").startswith("Diverged")
 
 
 def finished_runs(uri: str, spec: SweepSpec, runs: Sequence[SweepRun], metric: str,

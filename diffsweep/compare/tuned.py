@@ -35,11 +35,10 @@ from diffsweep.config import ConfigError, ConfigWarning
 from diffsweep.config.decode import confidence_level
 
 if TYPE_CHECKING:
-    from mlflow.entities import Run
-
     from diffsweep.sweep.expand import SweepRun
     from diffsweep.sweep.spec import SweepSpec
     from diffsweep.sweep.tune import Cell as TuneCell
+    from diffsweep.tracking.results import Run
 
 DRAWS = 4000
 SPIKES = "train/loss_spikes"  # the trainer's count of loss spikes so far, logged every step

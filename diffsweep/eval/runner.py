@@ -28,15 +28,17 @@ from diffsweep.eval.identity import code_digest, eval_key
 from diffsweep.eval.loading import Trained
 from diffsweep.eval.probe import EvalContext, Probe, ProbeResult, settings_dict
 from diffsweep.fsutil import publish
+from diffsweep.tracking import tags as tag
 from diffsweep.tracking.provenance import source_tags
+from diffsweep.tracking.results import find_run, result_run
 from diffsweep.tracking.store import (
-    EVAL_KIND,
     check_tracking,
     ensure_experiment,
     mlflow_client,
     retry_busy,
     tracking_uri,
 )
+from diffsweep.tracking.tags import tag_is
 from diffsweep.train.run_record import run_tracking_uri
 
 DEFAULT_EXPERIMENT = "diffsweep"  # where a checkpoint whose training run is not in the store is evaluated
@@ -98,16 +100,16 @@ def evaluate(trained: Trained, probes: list[tuple[Probe, Any]], *, uri: str | No
         probe.check(settings, trained.config)
     uri = uri or store_of(trained)
     client = mlflow_client(uri)
-    source = _training_run(client, trained)
+    source = find_run(client, trained.mlflow_run_id)
     exp_id = source.info.experiment_id if source is not None else ensure_experiment(uri, DEFAULT_EXPERIMENT)
     for note in trained.notes:
         echo(Detail(f"note: {note}"))
-    train_name = (source.data.tags.get("mlflow.runName") if source is not None else None) or _run_name(trained)
+    train_name = (source.data.tags.get(tag.RUN_NAME) if source is not None else None) or _run_name(trained)
     done = []
     for probe, settings in probes:
         code = code_digest(probe)
         key = eval_key(trained, probe, settings, code)
-        query = f"tags.`diffsweep.eval.key` = '{key}' and attributes.status = 'FINISHED'"
+        query = f"{tag_is(tag.EVAL_KEY, key)} and attributes.status = 'FINISHED'"
         same = retry_busy(partial(client.search_runs, [exp_id], query, max_results=1))
         if same and not force:
             e = _reused(same[0], trained, probe, settings, train_name, code)
@@ -131,7 +133,7 @@ def _reused(run: Any, trained: Trained, probe: Probe, settings: Any, train_name:
     ended = run.info.end_time or run.info.start_time
     logged = datetime.fromtimestamp(ended / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC") if ended else ""
     try:
-        capped = {str(k): str(v) for k, v in json.loads(tags.get("diffsweep.eval.capped", "{}")).items()}
+        capped = {str(k): str(v) for k, v in json.loads(tags.get(tag.EVAL_CAPPED, "{}")).items()}
     except (json.JSONDecodeError, AttributeError):  # a tag edited by hand: said as unknown, not trusted
         capped = {"?": "the run's diffsweep.eval.capped tag is unreadable"}
     out_dir = None
@@ -140,81 +142,56 @@ def _reused(run: Any, trained: Trained, probe: Probe, settings: Any, train_name:
         out_dir = kept if kept.is_dir() else None
     return Evaluation(probe.name, settings_dict(settings), trained.step, run.info.run_id, False, None, 0.0, out_dir,
                       run_name=train_name, headline=headline, value=run.data.metrics.get(headline),
-                      code=tags.get("diffsweep.eval.code", code), logged=logged, capped=capped)
-
-
-def _training_run(client: Any, trained: Trained) -> Any:
-    """The training run's MLflow run, or None if this store does not have it."""
-    from mlflow.exceptions import MlflowException
-
-    if trained.mlflow_run_id is None:
-        return None
-    try:
-        return client.get_run(trained.mlflow_run_id)
-    except MlflowException:
-        return None
+                      code=tags.get(tag.EVAL_CODE, code), logged=logged, capped=capped)
 
 
 def _run_one(client: Any, exp_id: str, source: Any, trained: Trained, probe: Probe, settings: Any, key: str,
              code: str, train_name: str, echo: Callable[[str], None]) -> Evaluation:
-    from mlflow.entities import Metric, Param
-
     source_tags_ = source.data.tags if source is not None else {}
     plain = settings_dict(settings)
     tags = source_tags() | {
-        "diffsweep.kind": EVAL_KIND,
-        "diffsweep.eval.key": key,
-        "diffsweep.eval.code": code,
-        "diffsweep.eval.probe": probe.name,
-        "diffsweep.eval.settings": json.dumps(plain, sort_keys=True),
-        "diffsweep.eval.step": str(trained.step),
-        "diffsweep.eval.checkpoint": str(trained.checkpoint.absolute()),
-        "diffsweep.eval.run_key": trained.run_key,
-        "diffsweep.eval.run_name": train_name,
-        "diffsweep.eval.kind": trained.config.model.attention.kind,
+        tag.KIND: tag.EVAL_KIND,
+        tag.EVAL_KEY: key,
+        tag.EVAL_CODE: code,
+        tag.EVAL_PROBE: probe.name,
+        tag.EVAL_SETTINGS: json.dumps(plain, sort_keys=True),
+        tag.EVAL_STEP: str(trained.step),
+        tag.EVAL_CHECKPOINT: str(trained.checkpoint.absolute()),
+        tag.EVAL_RUN_KEY: trained.run_key,
+        tag.EVAL_RUN_NAME: train_name,
+        tag.EVAL_ATTENTION_KIND: trained.config.model.attention.kind,
     }
-    for name in ("diffsweep.sweep", "diffsweep.sweep_run"):  # copied from the training run, for ``compare``
+    for name, copy in ((tag.SWEEP, tag.EVAL_SWEEP), (tag.SWEEP_RUN, tag.EVAL_SWEEP_RUN)):  # for ``compare``
         if name in source_tags_:
-            tags[name.replace("diffsweep.", "diffsweep.eval.")] = source_tags_[name]
+            tags[copy] = source_tags_[name]
     if source is not None:
-        tags |= {"diffsweep.eval.source_run": source.info.run_id, "mlflow.parentRunId": source.info.run_id}
-    run = retry_busy(lambda: client.create_run(exp_id, run_name=f"eval {probe.name} {train_name} step {trained.step}",
-                                               tags=tags))
-    run_id = run.info.run_id
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"diffsweep-eval-{probe.name}-") as tmp:
+        tags |= {tag.EVAL_SOURCE_RUN: source.info.run_id, tag.PARENT_RUN: source.info.run_id}
+    with (tempfile.TemporaryDirectory(prefix=f"diffsweep-eval-{probe.name}-") as tmp,
+          result_run(client, exp_id, f"eval {probe.name} {train_name} step {trained.step}", tags) as run):
+        started = time.monotonic()
         out_dir = Path(tmp)
-        try:
-            ctx = EvalContext(model=trained.model, config=trained.config, tokenizer=trained.tokenizer,
-                              val_tokens=trained.dataset.split("val"), device=trained.device,
-                              autocast_dtype=trained.autocast_dtype, out_dir=out_dir, seed=trained.config.train.seed)
-            result = probe.run(ctx, settings)
-            seconds = time.monotonic() - started
-            for name, rows in result.tables.items():
-                (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-            now = int(time.time() * 1000)
-            metrics = [Metric(k, float(v), now, trained.step) for k, v in result.metrics.items()]
-            metrics.append(Metric("eval/seconds", seconds, now, trained.step))
-            metrics += [Metric(k, float(v), now, int(i)) for k, curve in result.series.items() for i, v in curve.items()]
-            params = [Param(f"{probe.name}.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in plain.items()]
-            params += [Param("step", str(trained.step)), Param("probe", probe.name)]
-            params += [Param(f"{probe.name}.{k}.used", json.dumps(c.used)) for k, c in result.capped.items()]
-            capped = {k: str(c) for k, c in result.capped.items()}
-            if capped:
-                retry_busy(lambda: client.set_tag(run_id, "diffsweep.eval.capped", json.dumps(capped)))
-            for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
-                retry_busy(partial(client.log_batch, run_id, metrics=metrics[i: i + 1000],
-                                   params=params if i == 0 else []))
-            if result.notes:
-                retry_busy(lambda: client.set_tag(run_id, "mlflow.note.content", "\n".join(result.notes)))
-            if any(out_dir.iterdir()):
-                retry_busy(lambda: client.log_artifacts(run_id, str(out_dir)))
-            kept = _keep(out_dir, trained, probe.name)
-        except BaseException as exc:
-            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-            retry_busy(lambda: client.set_terminated(run_id, status=status))
-            raise
-    retry_busy(lambda: client.set_terminated(run_id, status="FINISHED"))
+        ctx = EvalContext(model=trained.model, config=trained.config, tokenizer=trained.tokenizer,
+                          val_tokens=trained.dataset.split("val"), device=trained.device,
+                          autocast_dtype=trained.autocast_dtype, out_dir=out_dir, seed=trained.config.train.seed)
+        result = probe.run(ctx, settings)
+        seconds = time.monotonic() - started
+        for name, rows in result.tables.items():
+            (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        metrics = [(k, v, trained.step) for k, v in result.metrics.items()]
+        metrics.append(("eval/seconds", seconds, trained.step))
+        metrics += [(k, v, int(i)) for k, curve in result.series.items() for i, v in curve.items()]
+        params = {f"{probe.name}.{k}": json.dumps(v) if not isinstance(v, str) else v for k, v in plain.items()}
+        params |= {"step": str(trained.step), "probe": probe.name}
+        params |= {f"{probe.name}.{k}.used": json.dumps(c.used) for k, c in result.capped.items()}
+        capped = {k: str(c) for k, c in result.capped.items()}
+        if capped:
+            run.set_tag(tag.EVAL_CAPPED, json.dumps(capped))
+        run.log(metrics, params)
+        if result.notes:
+            run.set_tag(tag.NOTE, "\n".join(result.notes))
+        run.attach(out_dir)
+        kept = _keep(out_dir, trained, probe.name)
+    run_id = run.run_id
     for note in result.notes:
         echo(Detail(f"{probe.name}: note: {note}"))
     headline = probe.headline_metric(settings)

@@ -17,6 +17,7 @@ from diffsweep.launch.doctor_jobs import Check, doctor_executor, doctor_resource
 from diffsweep.launch.doctor_probe import EXPERIMENT
 from diffsweep.launch.profiles import Profile
 from diffsweep.rundir import read_job_state, run_info
+from diffsweep.tracking import tags as tag
 
 STEPS = 300  # long enough to be signalled mid-way; a few seconds of training on a CPU
 CHECKPOINT_EVERY = 10
@@ -74,7 +75,7 @@ def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check
     executor = doctor_executor(profile, root / "jobs", doctor_resources(profile, 1, gpus), "diffsweep-doctor-preempt")
     start = time.monotonic()
     try:
-        job = submit(executor, TrainJob(config, str(run_dir), EXPERIMENT, uri, {"diffsweep.kind": "doctor"}))
+        job = submit(executor, TrainJob(config, str(run_dir), EXPERIMENT, uri, {tag.KIND: tag.DOCTOR_KIND}))
     except Exception as exc:  # noqa: BLE001 (sbatch refused it)
         return Check(NAME, False, f"sbatch refused the training job: {str(exc).strip()[:300]}",
                      f"fix profile {profile.name}'s slurm: settings so sbatch accepts its jobs")

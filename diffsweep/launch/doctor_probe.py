@@ -63,15 +63,15 @@ def _all_reduce(env: Any) -> dict[str, Any]:
 
 def _write_metric(uri: str) -> dict[str, Any]:
     try:
-        from diffsweep.tracking.store import ensure_experiment, mlflow_client, retry_busy
+        from diffsweep.tracking import tags as tag
+        from diffsweep.tracking.results import result_run
+        from diffsweep.tracking.store import ensure_experiment, mlflow_client
 
         experiment = ensure_experiment(uri, EXPERIMENT)
-        client = mlflow_client(uri)
-        run = retry_busy(lambda: client.create_run(experiment, tags={"diffsweep.kind": "doctor",
-                                                                     "diffsweep.host": socket.gethostname()}))
+        tags = {tag.KIND: tag.DOCTOR_KIND, tag.HOST: socket.gethostname()}
         value = float(secrets.randbelow(10**6))
-        retry_busy(lambda: client.log_metric(run.info.run_id, METRIC, value, step=1))
-        retry_busy(lambda: client.set_terminated(run.info.run_id))
-        return {"mlflow_run_id": run.info.run_id, "mlflow_value": value}
+        with result_run(mlflow_client(uri), experiment, None, tags) as run:
+            run.log([(METRIC, value, 1)])
+        return {"mlflow_run_id": run.run_id, "mlflow_value": value}
     except Exception as exc:  # noqa: BLE001 (reported as the check's failure)
         return {"mlflow_error": f"{type(exc).__name__}: {exc}"[:500]}

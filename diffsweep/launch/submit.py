@@ -27,6 +27,7 @@ from diffsweep.launch.run_state import ACTIVE_STATES
 from diffsweep.launch.scheduler import JobArray, get_scheduler
 from diffsweep.rundir import EvalRequest, checkpoint_dir, read_launch_config, write_launch_config, write_launch_eval
 from diffsweep.sweep.spec import EvalSettings
+from diffsweep.tracking import tags as tag
 
 
 @dataclass
@@ -126,7 +127,7 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     order = sorted(classes.items(), key=lambda kv: (kv[0][0], kv[0][1].time_min))
     for i, ((gated, resources), runs) in enumerate(order):
         calls = [TrainJob(_config_dict(r), str(r.run_dir), plan.spec.experiment, tracking_uri,
-                          {"diffsweep.sweep": plan.spec.name, "diffsweep.sweep_run": r.run.name},
+                          {tag.SWEEP: plan.spec.name, tag.SWEEP_RUN: r.run.name},
                           evals=eval_request(plan.spec.eval),
                           branch_from=str(starts[r.run.key]) if r.run.key in starts else None,
                           store=store.spec() if r.run.config.train.checkpoint_at else None) for r in runs]

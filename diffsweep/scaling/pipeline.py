@@ -7,14 +7,12 @@ place: a fit that fails (or whose logging fails) leaves no folder and no finishe
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +26,9 @@ from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
 from diffsweep.scaling.folder import check_out
 from diffsweep.scaling.plots import write_plots
 from diffsweep.scaling.report import markdown
+from diffsweep.tracking import tags as tag
+from diffsweep.tracking.results import store_errors
+from diffsweep.tracking.tags import tag_is
 
 FIT_EXPERIMENT = "diffsweep-fits"  # where fits of a CSV are logged
 
@@ -66,19 +67,8 @@ def load_points(source: Source, request: FitRequest) -> pd.DataFrame:
     """The input table; intermediate evaluations are read only when a token fit needs them."""
     if source.csv is not None:
         return tables.from_csv(source.csv)
-    with _store_errors(source.uri, "read the runs from"):
+    with store_errors(source.uri, "read the runs from"):
         return _runs(source, request)
-
-
-@contextlib.contextmanager
-def _store_errors(uri: str, doing: str) -> Iterator[None]:
-    """An MLflow store that went away or broke after ``check_tracking`` passed: one line, not a traceback."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        yield
-    except MlflowException as exc:
-        raise ConfigError("MLFLOW_TRACKING_URI", f"cannot {doing} {uri} ({str(exc).splitlines()[0][:300]})") from None
 
 
 def _runs(source: Source, request: FitRequest) -> pd.DataFrame:
@@ -125,7 +115,7 @@ def run_fit(source: Source, request: FitRequest, out: Path | None = None, log: b
             try:
                 _write(tmp, outcome, used, source)
                 if log:
-                    with _store_errors(source.uri, "log the fit run to"):
+                    with store_errors(source.uri, "log the fit run to"):
                         outcome.mlflow_run_id = _log(tmp, outcome, used, source, request)
                 publish(tmp, folder, fill_empty=True)  # a folder the user made is kept
             finally:  # e.g. Ctrl-C while plotting: no half-written folder is left behind
@@ -201,10 +191,9 @@ def fit_hash(used: pd.DataFrame, request: FitRequest, source: dict) -> str:
 
 def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, request: FitRequest) -> str:
     """The fit as its own MLflow run: tagged as a fit, linked to its source runs, outputs attached."""
-    from mlflow.entities import Metric, Param
-
     from diffsweep.scaling.report import sentence
     from diffsweep.tracking.provenance import source_tags
+    from diffsweep.tracking.results import result_run
     from diffsweep.tracking.store import ensure_experiment, mlflow_client
 
     r = outcome.result
@@ -212,7 +201,7 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
     client = mlflow_client(source.uri)
     exp_id = ensure_experiment(source.uri, experiment)
     digest = fit_hash(used, request, r["source"])
-    same = client.search_runs([exp_id], f"tags.`diffsweep.fit_hash` = '{digest}' and attributes.status = 'FINISHED'",
+    same = client.search_runs([exp_id], f"{tag_is(tag.FIT_HASH, digest)} and attributes.status = 'FINISHED'",
                               max_results=1)
     if same:  # the same points, options and fit code: the earlier run already holds these outputs
         outcome.mlflow_run_reused = True
@@ -220,33 +209,28 @@ def _log(tmp: Path, outcome: Outcome, used: pd.DataFrame, source: Source, reques
     ids = sorted({i for i in used.loc[used["used"], "run_id"].astype(str) if i})
     joined = ",".join(ids)
     tags = source_tags() | {
-        "diffsweep.kind": tables.FIT_KIND,
-        "diffsweep.fit_of": source.label,
-        "diffsweep.source_runs": joined if len(joined) <= 5000 else joined[:4980] + ",…(see points.csv)",
-        "diffsweep.source_run_count": str(len(ids)),
-        "mlflow.note.content": "\n".join(sentence(r, row) for row in r["ratios"]) or "one architecture: no ratio",
-        "diffsweep.fit_hash": digest,
-        "diffsweep.refs": "; ".join(f"{slug}={label}" for slug, label in _ref_slugs(r).items()),
+        tag.KIND: tag.FIT_KIND,
+        tag.FIT_OF: source.label,
+        tag.SOURCE_RUNS: joined if len(joined) <= 5000 else joined[:4980] + ",…(see points.csv)",
+        tag.SOURCE_RUN_COUNT: str(len(ids)),
+        tag.NOTE: "\n".join(sentence(r, row) for row in r["ratios"]) or "one architecture: no ratio",
+        tag.FIT_HASH: digest,
+        tag.REFS: "; ".join(f"{slug}={label}" for slug, label in _ref_slugs(r).items()),
     }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")  # names tell successive fits apart in the UI
-    run = client.create_run(exp_id, run_name=f"fit {source.label} {r['axis']} {r['form']} {stamp}", tags=tags)
-    run_id = run.info.run_id
-    try:
+    with result_run(client, exp_id, f"fit {source.label} {r['axis']} {r['form']} {stamp}", tags) as run:
         params = {"form": r["form"], "axis": r["axis"], "objective": r["objective"], "count": r["count"],
                   "baseline": r["baseline"], "candidates": ",".join(r["candidates"]), "shared_e": r["shared_e"],
                   "n_boot": r["n_boot"], "level": r["level"], "seed": r["seed"], "noise": r["noise"]["source"],
                   "holdout": request.holdout, "where": " ".join(source.where)}
         metrics = []
         for arch, fit in r["fits"].items():
-            metrics += [Metric(f"fit/{arch}/{k}", float(v), 0, 0) for k, v in fit["params"].items()]
+            metrics += [(f"fit/{arch}/{k}", v, 0) for k, v in fit["params"].items()]
         for row in r["ratios"]:
             for k in ("ratio", "lo", "hi"):
                 if row[k] is not None:
-                    metrics.append(Metric(f"ratio/{row['candidate']}/{ref_slug(row)}/{k}", row[k], 0, 0))
-        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
-        client.log_artifacts(run_id, str(tmp))
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    client.set_terminated(run_id, status="FINISHED")
+                    metrics.append((f"ratio/{row['candidate']}/{ref_slug(row)}/{k}", row[k], 0))
+        run.log(metrics, {k: str(v) for k, v in params.items()}, timestamp_ms=0)
+        run.attach(tmp)
+    run_id = run.run_id
     return run_id

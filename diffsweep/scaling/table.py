@@ -21,7 +21,9 @@ import pandas as pd
 from diffsweep.config import ConfigError
 from diffsweep.config.loading import parse_scalar
 from diffsweep.scaling.schema import CSV_SCHEMA  # noqa: F401  (the documented columns)
-from diffsweep.tracking.store import BRANCH_PARENT_KEY, COMPARISON_KIND, EVAL_KIND, all_runs, mlflow_client
+from diffsweep.tracking import tags as tag
+from diffsweep.tracking.store import all_runs, mlflow_client
+from diffsweep.tracking.tags import tag_is
 
 COLUMNS = ("run_id", "run_name", "run_key", "parent", "sweep", "arch", "size", "seed", "lambda_init", "head_norm", "v2_pairing",
            "v2_lambda", "num_params", "num_non_embedding_params", "tokens", "flops", "loss", "step", "point",
@@ -39,7 +41,6 @@ _PARAM_COLUMNS = {"seed": "train.seed", "lambda_init": "model.attention.lambda_i
                   "warmup_steps": "train.warmup_steps", "lr": "train.lr", "min_lr": "train.min_lr",
                   "batch_tokens": "train.batch_tokens"}
 CONFIG_KEYS = _PARAM_COLUMNS  # a column's run config key (lr -> train.lr)
-FIT_KIND = "fit"  # tag diffsweep.kind of a fit run (never an input to another fit)
 
 
 class TableWarning(UserWarning):
@@ -229,13 +230,13 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
         names = sorted(e.name for e in client.search_experiments())
         raise ConfigError("experiment", f"no experiment '{experiment}' in {uri}; experiments there: "
                           f"{', '.join(names) or 'none'}")
-    query = f"tags.`diffsweep.sweep` = '{sweep}'" if sweep else ""
+    query = tag_is(tag.SWEEP, sweep) if sweep else ""
     runs = all_runs(client, exp.experiment_id, query)
-    not_training = (FIT_KIND, EVAL_KIND, COMPARISON_KIND)
-    runs = [r for r in runs if r.data.tags.get("diffsweep.kind") not in not_training and _matches(r, filters)]
+    not_training = (tag.FIT_KIND, tag.EVAL_KIND, tag.COMPARISON_KIND)
+    runs = [r for r in runs if r.data.tags.get(tag.KIND) not in not_training and _matches(r, filters)]
     stale = 0
     if keys is not None:
-        current = [r for r in runs if r.data.tags.get("diffsweep.run_key") in keys]
+        current = [r for r in runs if r.data.tags.get(tag.RUN_KEY) in keys]
         stale, runs = len(runs) - len(current), current
     what = f"experiment '{experiment}'" + (f", sweep '{sweep}'" if sweep else "") + (
         f", --where {' '.join(where or [])}" if where else "")
@@ -256,7 +257,7 @@ def from_mlflow(uri: str, experiment: str, sweep: str | None = None, where: list
         raise ConfigError("experiment", f"none of the {len(runs)} matching runs has finished ({what})")
     rows, latest = [], {}
     for run in sorted(finished, key=lambda r: r.info.end_time or 0):
-        key = run.data.tags.get("diffsweep.run_key", run.info.run_id)
+        key = run.data.tags.get(tag.RUN_KEY, run.info.run_id)
         if key in latest:
             warnings.warn(TableWarning(f"run key {key} was trained twice; using the later run {run.info.run_id}"))
         latest[key] = run
@@ -276,8 +277,8 @@ def _number(text: str) -> float:
 
 def _rows(client, run, checkpoints: bool) -> list[dict]:
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    missing = [t for t in ("diffsweep.arch", "diffsweep.params", "diffsweep.non_embedding_params",
-                           "diffsweep.flops_per_token") if t not in tags]
+    missing = [t for t in (tag.ARCH, tag.PARAMS, tag.NON_EMBEDDING_PARAMS,
+                           tag.FLOPS_PER_TOKEN) if t not in tags]
     if missing or "val/loss" not in metrics:
         what = f"tag(s) {', '.join(missing)}" if missing else "metric val/loss"
         raise ConfigError(f"run {run.info.run_name} ({run.info.run_id})",
@@ -292,18 +293,18 @@ def _rows(client, run, checkpoints: bool) -> list[dict]:
                               f"{what} is {text!r}, expected an integer >= {minimum} (edited in the store?)")
         return value
 
-    base = {"run_id": run.info.run_id, "run_name": run.info.run_name, "run_key": tags.get("diffsweep.run_key", ""),
-            "parent": tags.get(BRANCH_PARENT_KEY, ""),  # a cooldown branch: its parent's run key (they share its offset)
-            "sweep": tags.get("diffsweep.sweep", ""), "arch": tags["diffsweep.arch"], "size": tags.get("diffsweep.size", ""),
-            "num_params": count("tag diffsweep.params", tags["diffsweep.params"], 1),
+    base = {"run_id": run.info.run_id, "run_name": run.info.run_name, "run_key": tags.get(tag.RUN_KEY, ""),
+            "parent": tags.get(tag.BRANCH_PARENT_KEY, ""),  # a cooldown branch: its parent's run key (they share its offset)
+            "sweep": tags.get(tag.SWEEP, ""), "arch": tags[tag.ARCH], "size": tags.get(tag.SIZE, ""),
+            "num_params": count("tag diffsweep.params", tags[tag.PARAMS], 1),
             "num_non_embedding_params": count("tag diffsweep.non_embedding_params",
-                                              tags["diffsweep.non_embedding_params"], 1)}
+                                              tags[tag.NON_EMBEDDING_PARAMS], 1)}
     base |= {col: params.get(key, "") for col, key in _PARAM_COLUMNS.items()}
     base["seed"] = count("param train.seed", base["seed"])
     base["warmup_steps"] = count("param train.warmup_steps", base["warmup_steps"])
     for col in AUDITED_NUMBERS:  # for the arm audit; an older run without them: unknown
         base[col] = _number(base[col])
-    per_token = count("tag diffsweep.flops_per_token", tags["diffsweep.flops_per_token"], 1)
+    per_token = count("tag diffsweep.flops_per_token", tags[tag.FLOPS_PER_TOKEN], 1)
     if not checkpoints:
         tokens = float(metrics.get("train/tokens", np.nan))
         max_steps = params.get("train.max_steps")

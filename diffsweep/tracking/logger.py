@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from diffsweep.config import ConfigError
+from diffsweep.tracking import tags as tag
 from diffsweep.tracking.provenance import SOURCE_KEYS
 from diffsweep.tracking.store import KEY, init_store, mlflow_client, retry_busy, shown
 
@@ -33,7 +34,7 @@ FLUSH_SECONDS = 10.0  # send buffered metrics at least this often
 FLUSH_ITEMS = 900  # ... or when this many are waiting (log_batch takes at most 1,000)
 MAX_BUFFERED = 200_000  # a store unreachable for this long fails the run instead of growing memory
 ATTEMPTS_FILE = "attempts.json"
-_ATTEMPT_TAG = re.compile(r"^diffsweep\.attempt\.(\d+)\.(.+)$")
+_ATTEMPT_TAG = re.compile(rf"^{re.escape(tag.ATTEMPT)}(\d+)\.(.+)$")
 
 
 class Tracker(Protocol):
@@ -71,7 +72,7 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         run = self._call(self.client.create_run, self.experiment_id, run_name=run_name,
-                         tags=tags | _attempt_tags(1, attempt) | {"diffsweep.attempts": "1"})
+                         tags=tags | _attempt_tags(1, attempt) | {tag.ATTEMPTS: "1"})
         self.run_id = run.info.run_id
         try:
             items = [Param(k, v) for k, v in params.items()]
@@ -109,7 +110,7 @@ class MlflowTracker:
                            if key in tags and key.startswith("diffsweep.")}
         number = max(attempts) + 1
         attempts[number] = attempt
-        new = source | {"diffsweep.attempts": str(number)}
+        new = source | {tag.ATTEMPTS: str(number)}
         for n, fields in attempts.items():
             new |= _attempt_tags(n, fields)
         items = [RunTag(k, v) for k, v in new.items() if tags.get(k) != v]
@@ -117,8 +118,8 @@ class MlflowTracker:
             self._call(self.client.log_batch, self.run_id, tags=items[i : i + 100])
         # Source tags this attempt lacks (a Slurm job id, when resumed outside Slurm) are not its.
         stale = [key for key in SOURCE_KEYS if key in tags and key not in source]
-        if "diffsweep.end_reason" in tags:  # from an interrupted attempt; no longer true
-            stale.append("diffsweep.end_reason")
+        if tag.END_REASON in tags:  # from an interrupted attempt; no longer true
+            stale.append(tag.END_REASON)
         for key in stale:
             self._call(self.client.delete_tag, self.run_id, key)
         self._call(self.client.log_dict, self.run_id, [attempts[n] for n in sorted(attempts)], ATTEMPTS_FILE)
@@ -172,13 +173,13 @@ class MlflowTracker:
         finally:
             try:
                 if reason:
-                    self._call(self.client.set_tag, self.run_id, "diffsweep.end_reason", reason[:5000])
+                    self._call(self.client.set_tag, self.run_id, tag.END_REASON, reason[:5000])
             finally:
                 self._call(self.client.set_terminated, self.run_id, status=status)
 
 
 def _attempt_tags(number: int, attempt: dict[str, str]) -> dict[str, str]:
-    return {f"diffsweep.attempt.{number}.{key}": value for key, value in attempt.items()}
+    return {f"{tag.ATTEMPT}{number}.{key}": value for key, value in attempt.items()}
 
 
 def _attempts(tags: dict[str, str]) -> dict[int, dict[str, str]]:

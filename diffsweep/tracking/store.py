@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from diffsweep.config import ConfigError
+from diffsweep.tracking import tags as tag
 
 T = TypeVar("T")
 
@@ -41,11 +42,6 @@ SQL_DATABASES = ("postgresql", "mysql", "mssql")  # MLflow's other SQLAlchemy st
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 _OUT_OF_DATE = re.compile(r"found version (\S+), but expected (\S+)\)")
 _READY: set[str] = set()  # stores this process has opened (``init_store``)
-EVAL_KIND = "eval"  # tag diffsweep.kind of an evaluation run (diffsweep.eval): never a training run
-# A cooldown branch's tags (diffsweep.train.branch): its parent's run key, the step and checkpoint it started from.
-BRANCH_PARENT_KEY, BRANCH_STEP, BRANCH_CHECKPOINT = ("diffsweep.branch.parent_run_key", "diffsweep.branch.step",
-                                                     "diffsweep.branch.checkpoint")
-COMPARISON_KIND = "comparison"  # tag diffsweep.kind of a comparison of a sweep's evaluations: never an input
 
 
 def tracking_uri() -> str:
@@ -379,7 +375,7 @@ def end_run(uri: str, run_id: str, status: str, reason: str) -> None:
     client = mlflow_client(uri)
     run = client.get_run(run_id)
     if run.info.status in ("RUNNING", "SCHEDULED"):
-        client.set_tag(run_id, "diffsweep.end_reason", reason)
+        client.set_tag(run_id, tag.END_REASON, reason)
         client.set_terminated(run_id, status=status)
 
 

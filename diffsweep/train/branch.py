@@ -23,7 +23,7 @@ from typing import Any
 
 from diffsweep.config import ConfigError, LRSchedule, ResolvedConfig, to_dict
 from diffsweep.config.identity import NOT_IDENTITY, flatten
-from diffsweep.tracking.store import BRANCH_CHECKPOINT, BRANCH_PARENT_KEY, BRANCH_STEP
+from diffsweep.tracking import tags as tag
 from diffsweep.train.optim import lr_at
 
 # What a branch may set otherwise than its parent: its length, its cooldown and how often it
@@ -31,7 +31,6 @@ from diffsweep.train.optim import lr_at
 # And whatever is no part of a run's identity (cadences, kernels, how processes share the work).
 FREE = ("train.max_steps", "train.max_tokens", "train.decay_fraction", "train.min_lr", "train.schedule",
         *NOT_IDENTITY)
-PARENT_KEY, PARENT_STEP, PARENT_CHECKPOINT = BRANCH_PARENT_KEY, BRANCH_STEP, BRANCH_CHECKPOINT
 
 
 def check_branch(state: dict[str, Any], config: ResolvedConfig, path: Path) -> None:
@@ -64,7 +63,8 @@ def check_branch(state: dict[str, Any], config: ResolvedConfig, path: Path) -> N
 def branch_tags(state: dict[str, Any], path: Path) -> dict[str, str]:
     """The tags of a branch's MLflow run: its parent's run key, step and checkpoint, and MLflow's
     own parent tag, under which the UI nests the branch."""
-    tags = {PARENT_KEY: str(state["run_key"]), PARENT_STEP: str(state["step"]), PARENT_CHECKPOINT: str(path.absolute())}
+    tags = {tag.BRANCH_PARENT_KEY: str(state["run_key"]), tag.BRANCH_STEP: str(state["step"]),
+            tag.BRANCH_CHECKPOINT: str(path.absolute())}
     if state.get("mlflow_run_id"):
-        tags["mlflow.parentRunId"] = str(state["mlflow_run_id"])
+        tags[tag.PARENT_RUN] = str(state["mlflow_run_id"])
     return tags

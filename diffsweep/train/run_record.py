@@ -15,6 +15,7 @@ from diffsweep.config import ConfigError, dump_yaml, to_dict
 from diffsweep.config.identity import flatten, run_key, run_name
 from diffsweep.model import counting
 from diffsweep.rundir import RUN_FILE, read_run_file, write_run_file  # noqa: F401  (RUN_FILE: re-exported)
+from diffsweep.tracking import tags as tag
 from diffsweep.tracking.logger import MlflowTracker, NullTracker, Tracker
 from diffsweep.tracking.provenance import source_tags
 from diffsweep.tracking.store import ensure_experiment, tracking_uri
@@ -62,16 +63,16 @@ def start_tracking(config, run_dir, uri, experiment, state, resume_path, world: 
         raise ConfigError(str(run_dir), f"cannot create the run directory ({exc.strerror})") from exc
     params = {k: str(v) for k, v in flatten(to_dict(config)).items()}
     tags = source | {
-        "diffsweep.arch": config.model.attention.kind,
-        "diffsweep.size": config.model.size or "custom",
-        "diffsweep.params": str(counting.num_params(config.model)),
-        "diffsweep.non_embedding_params": str(counting.num_non_embedding_params(config.model)),
-        "diffsweep.flops_per_token": str(counting.train_flops_per_token(config.model, config.train.seq_len)),
-        "diffsweep.run_key": run_key(config),
-        "diffsweep.tokenizer": config.data.tokenizer.value,
-        "diffsweep.run_dir": str(run_dir.absolute()),
-        "diffsweep.processes": str(world.world_size),  # training processes (GPUs) when the run started
-        "diffsweep.threads": str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
+        tag.ARCH: config.model.attention.kind,
+        tag.SIZE: config.model.size or "custom",
+        tag.PARAMS: str(counting.num_params(config.model)),
+        tag.NON_EMBEDDING_PARAMS: str(counting.num_non_embedding_params(config.model)),
+        tag.FLOPS_PER_TOKEN: str(counting.train_flops_per_token(config.model, config.train.seq_len)),
+        tag.RUN_KEY: run_key(config),
+        tag.TOKENIZER: config.data.tokenizer.value,
+        tag.RUN_DIR: str(run_dir.absolute()),
+        tag.PROCESSES: str(world.world_size),  # training processes (GPUs) when the run started
+        tag.THREADS: str(torch.get_num_threads()),  # CPU threads per process (OMP_NUM_THREADS)
     } | extra_tags
     tracker.start(run_name(config), params, tags, dump_yaml(config), attempt)
     assert tracker.run_id is not None  # start created the run

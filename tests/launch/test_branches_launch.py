@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from diffsweep.train.branch import PARENT_CHECKPOINT, PARENT_STEP
+from diffsweep.tracking.tags import BRANCH_CHECKPOINT, BRANCH_STEP
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import attempts, ledger, metric_steps, write_sweep
@@ -52,8 +52,8 @@ def check_family(out, uri, parent: str, points: dict[str, int]) -> None:
     for name, step in points.items():
         _, _, run_id = runs[name]
         tags = MlflowClient(uri).get_run(run_id).data.tags
-        assert tags[PARENT_STEP] == str(step) and tags["mlflow.parentRunId"] == parent_id
-        assert tags[PARENT_CHECKPOINT] == str(parent_dir / "checkpoints" / f"step_{step:08d}")
+        assert tags[BRANCH_STEP] == str(step) and tags["mlflow.parentRunId"] == parent_id
+        assert tags[BRANCH_CHECKPOINT] == str(parent_dir / "checkpoints" / f"step_{step:08d}")
         budget = int(name.rsplit("_", 1)[1])
         assert metric_steps(uri, run_id) == list(range(step + 1, budget + 1)), name  # its cooldown only
 

@@ -78,7 +78,8 @@ def log_runs(uri: str, sweep: Path, loss: Callable[[str, float, float], float],
     from diffsweep.config.loading import to_dict
     from diffsweep.model import counting
     from diffsweep.sweep import expand, load_sweep
-    from diffsweep.tracking.store import BRANCH_PARENT_KEY, BRANCH_STEP, ensure_experiment
+    from diffsweep.tracking.store import ensure_experiment
+    from diffsweep.tracking.tags import BRANCH_PARENT_KEY, BRANCH_STEP
 
     spec = load_sweep(sweep, ())
     client = MlflowClient(uri)

@@ -10,7 +10,7 @@ import hashlib
 import pytest
 
 from diffsweep.config import ConfigError
-from diffsweep.train.branch import PARENT_KEY, PARENT_STEP
+from diffsweep.tracking.tags import BRANCH_PARENT_KEY, BRANCH_STEP
 from diffsweep.train.checkpoint import list_checkpoints, load_checkpoint
 from diffsweep.train.trainer import train
 from tests.helpers.training import history, quiet, recorder, tiny
@@ -50,9 +50,9 @@ def test_a_branch_reproduces_the_run_it_names_and_reads_its_parent_only(parent, 
     assert branched == {s: m for s, m in full.items() if s > 8}  # bitwise: the same steps as the full run's
     assert _digest(root / "parent") == before  # the parent's run directory is untouched
     run = store_client.get_run(result.run_id)
-    assert run.data.tags[PARENT_KEY] == load_checkpoint(at8)["run_key"] and run.data.tags[PARENT_STEP] == "8"
+    assert run.data.tags[BRANCH_PARENT_KEY] == load_checkpoint(at8)["run_key"] and run.data.tags[BRANCH_STEP] == "8"
     assert run.data.tags["mlflow.parentRunId"] == parent_result.run_id  # the UI nests it under its parent
-    assert run.data.tags["diffsweep.run_key"] != run.data.tags[PARENT_KEY]
+    assert run.data.tags["diffsweep.run_key"] != run.data.tags[BRANCH_PARENT_KEY]
     assert [s for s, _ in history(store_client, result.run_id, "train/loss")] == [9, 10]
     # relaunching a finished branch does nothing; its own checkpoints come before the parent's
     again = train(cfg, root / "branch", experiment="branches", branch_from=at8, echo=quiet)
