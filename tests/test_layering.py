@@ -458,6 +458,15 @@ def test_tag_names_are_spelled_in_one_module():
     assert not bad, "use diffsweep.tracking.tags:\n" + "\n".join(bad)
 
 
+MAX_MODULE_LINES = 500  # a module a reader holds in their head; split one that grows past it
+
+
+def test_every_module_is_at_most_500_lines():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in modules().values()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"split these (at most {MAX_MODULE_LINES} lines a module):\n" + "\n".join(long)
+
+
 def test_module_docstrings_say_what_the_module_is_for_in_a_few_lines():
     """A module's docstring is a few lines and a pointer to docs/, which says the rest (issue #31: long ones
     repeated docs/ and drifted from it). The kernels keep their derivation beside the code (kernels/)."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from diffsweep.scaling import candidates
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest, FitWarning, analyse
 from diffsweep.scaling.fit import LawFit
@@ -133,7 +134,7 @@ def suggest_round(rows: list[dict], budget: float, boot: int, draws: int, seed: 
                                                FitRequest(n_boot=boot, seed=seed, noise_sd=KNOWN["noise_sd"]),
                                                ref=KNOWN["ref"], num_draws=draws)
         assert result.points is not None
-        pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes)
+        pool = candidates.extra_candidates(result.points, design, "num_params", RATE, sizes)
         choice = sg.choose_within(design, pool, budget, seed)
     return [(s.candidate.arch, s.candidate.num_params) for s in choice.steps]
 

@@ -30,6 +30,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from diffsweep.scaling import candidates  # noqa: E402
 from diffsweep.scaling import suggest as sg  # noqa: E402
 from diffsweep.scaling.analysis import FitRequest, analyse  # noqa: E402
 from diffsweep.scaling.table import _complete  # noqa: E402
@@ -75,7 +76,7 @@ def shape(run_sd: float, eval_sd: float, kind: str, reps: int, boot: int) -> dic
         design, result = sg.design_from_points(_complete(pd.DataFrame(rows)),
                                                FitRequest(n_boot=boot, seed=k, at=(REF,)), ref=REF, num_draws=32)
         assert result.points is not None
-        pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[NEW_BRANCH])
+        pool = candidates.extra_candidates(result.points, design, "num_params", RATE, sizes=[NEW_BRANCH])
         if kind == "seed":
             cand = next(c for c in pool if c.like == "diff_v1-s0")
             new = family(rng, "diff_v1", 2, TOKENS, run_sd * rng.standard_normal(), eval_sd)

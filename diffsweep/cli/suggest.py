@@ -65,6 +65,7 @@ def suggest(
     at the reference, per GPU-hour (a preposterior analysis of the current fit); with --budget,
     pick a set greedily."""
     from diffsweep.cli.fit import parse_amount
+    from diffsweep.scaling import candidates
     from diffsweep.scaling import suggest as sg
     from diffsweep.scaling.points import x_column
 
@@ -96,9 +97,10 @@ def suggest(
         design, result = sg.design_from_points(points, request, candidate, ref, draws)
         assert result.points is not None
         pool = list(planned_runs(design, rate))
-        pool += sg.extra_candidates(result.points, design, x_column(request), rate, extra_sizes, seeds=not no_seeds,
-                                    cooldown=cooldown or sweep_cooldown or sg.DEFAULT_COOLDOWN)
-        extend = sg.beyond_edges(result.tuning, result.points, design, x_column(request), rate)
+        pool += candidates.extra_candidates(result.points, design, x_column(request), rate, extra_sizes,
+                                            seeds=not no_seeds,
+                                            cooldown=cooldown or sweep_cooldown or candidates.DEFAULT_COOLDOWN)
+        extend = candidates.beyond_edges(result.tuning, result.points, design, x_column(request), rate)
         if not pool and not extend:
             raise ConfigError("sizes", "no candidate runs: the sweep plans none unfinished; add --sizes or drop "
                               "--no-seeds")

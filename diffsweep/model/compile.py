@@ -52,3 +52,29 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+class CompileWatch:
+    """A compiled training's per-step metrics: ``train/compile_s`` (the first step's seconds beyond the
+    second's, once per process) and ``train/recompiles`` (graphs compiled since the first step: 0 in
+    a healthy run), and a warning the first time that count grows."""
+
+    def __init__(self) -> None:
+        self._first_step_s: float | None = None  # this process's first step's seconds, until the second's
+        self._graphs: int | None = None  # graphs compiled by the end of that step
+        self._warned = False
+
+    def metrics(self, step: int, seconds: float) -> tuple[dict[str, float], str | None]:
+        graphs = compiled_graphs()
+        if self._graphs is None:  # this process's first step
+            self._first_step_s, self._graphs = seconds, graphs
+            return {"train/recompiles": 0.0}, None
+        out = {"train/recompiles": float(graphs - self._graphs)}
+        if self._first_step_s is not None:
+            out["train/compile_s"] = max(0.0, self._first_step_s - seconds)
+            self._first_step_s = None
+        if out["train/recompiles"] > 0 and not self._warned:
+            self._warned = True
+            return out, (f"warning: step {step}: torch.compile compiled a graph again after the first step "
+                         "(a shape or setting changed); training goes on")
+        return out, None

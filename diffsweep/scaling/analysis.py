@@ -384,40 +384,16 @@ def _fit_all(archs: dict[str, Arch], form: str, objective: Objective, shared_e: 
     return {a: joint for a in names}
 
 
-FEW_AT_BEST = (3, 0.05)  # fewer starts than this (count, or share of a grid of >= 10) reaching the best value
-NEAR_SINGULAR = 0.99999  # |correlation| of two parameters above which the data cannot tell them apart
-
-
 def _diagnostic_warnings(fits: dict[str, LawFit]) -> None:
-    """What the diagnostics table shows that a reader must not miss: a parameter on its bound, few
-    starts at the optimum, a near-singular fit (one warning per fit; a joint fit is named once)."""
+    """Each fit's ``LawFit.warnings`` (a joint fit's once, named as such)."""
     seen: list[LawFit] = []
     for arch, fit in fits.items():
         if any(fit is f for f in seen):
             continue
         seen.append(fit)
         who = arch_name(arch) if sum(f is fit for f in fits.values()) == 1 else "the joint fit"
-        s, lo = fit.solution, fit.law.bounds()[0]
-        for i, name in enumerate(fit.law.names):
-            if name not in s.on_bound:
-                continue
-            side = "lower" if s.theta[i] <= lo[i] + 1e-9 else "upper"
-            param = fit.law.param(name)
-            value = float(np.exp(s.theta[i])) if param.log else float(s.theta[i])
-            label = param.label
-            warnings.warn(FitWarning(f"{who}: the fitted {label} sits on its {side} bound ({value:.2g}), so the "
-                                     f"law is not identified by these points and every ratio using it rests on "
-                                     f"a boundary fit"))
-        if s.num_starts >= 10 and (s.num_at_best < FEW_AT_BEST[0] or s.num_at_best < FEW_AT_BEST[1] * s.num_starts):
-            warnings.warn(FitWarning(f"{who}: only {s.num_at_best} of {s.num_starts} starts reached the best fit, "
-                                     f"so the optimum is fragile (another start could find a different law)"))
-        corr = np.abs(fit.correlation())
-        np.fill_diagonal(corr, 0.0)  # pairs only (a degenerate direction's own entry can read -1)
-        if corr.max() > NEAR_SINGULAR:
-            i, j = (int(k) for k in np.unravel_index(np.argmax(corr), corr.shape))
-            warnings.warn(FitWarning(f"{who}: near-singular fit ({fit.law.names[i]} and {fit.law.names[j]} have "
-                                     f"|correlation| {corr.max():.6f}), so those parameters are not separately "
-                                     f"determined"))
+        for message in fit.warnings(who):
+            warnings.warn(FitWarning(message))
 
 
 def _noise(archs: dict[str, Arch], fits: dict[str, LawFit], objective: Objective, req: FitRequest):

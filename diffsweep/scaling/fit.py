@@ -15,6 +15,9 @@ from diffsweep.scaling.optimize import (
     solve_batch,
 )
 
+FEW_AT_BEST = (3, 0.05)  # fewer starts than this (count, or share of a grid of >= 10) reaching the best value
+NEAR_SINGULAR = 0.99999  # |correlation| of two parameters above which the data cannot tell them apart
+
 
 @dataclass(frozen=True)
 class LawFit:
@@ -102,6 +105,31 @@ class LawFit:
             "dof": self.dof,
             "correlation": {"names": list(self.law.names), "matrix": self.correlation().round(4).tolist()},
         }
+
+
+    def warnings(self, who: str) -> list[str]:
+        """What the diagnostics show that a reader must not miss, said of ``who``: a parameter on its
+        bound, few starts at the optimum, a near-singular fit."""
+        out = []
+        s, lo = self.solution, self.law.bounds()[0]
+        for i, name in enumerate(self.law.names):
+            if name not in s.on_bound:
+                continue
+            side = "lower" if s.theta[i] <= lo[i] + 1e-9 else "upper"
+            param = self.law.param(name)
+            value = float(np.exp(s.theta[i])) if param.log else float(s.theta[i])
+            out.append(f"{who}: the fitted {param.label} sits on its {side} bound ({value:.2g}), so the law is not "
+                       f"identified by these points and every ratio using it rests on a boundary fit")
+        if s.num_starts >= 10 and (s.num_at_best < FEW_AT_BEST[0] or s.num_at_best < FEW_AT_BEST[1] * s.num_starts):
+            out.append(f"{who}: only {s.num_at_best} of {s.num_starts} starts reached the best fit, so the optimum "
+                       f"is fragile (another start could find a different law)")
+        corr = np.abs(self.correlation())
+        np.fill_diagonal(corr, 0.0)  # pairs only (a degenerate direction's own entry can read -1)
+        if corr.max() > NEAR_SINGULAR:
+            i, j = (int(k) for k in np.unravel_index(np.argmax(corr), corr.shape))
+            out.append(f"{who}: near-singular fit ({self.law.names[i]} and {self.law.names[j]} have |correlation| "
+                       f"{corr.max():.6f}), so those parameters are not separately determined")
+        return out
 
 
 def fit_law(law: Law, data: Data, objective: Objective = Objective.L2) -> LawFit:

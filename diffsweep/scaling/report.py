@@ -7,6 +7,7 @@ from typing import Any
 
 from diffsweep.config.kinds import display_name
 from diffsweep.config.units import human
+from diffsweep.sweep.audit import audit_markdown
 
 _NOUN = {"N": "parameters", "D": "training tokens"}
 
@@ -55,6 +56,15 @@ def _extrapolation_mark(row: dict[str, Any]) -> str:
     if not sides and row["extrapolated"]:
         sides = ["reference"]
     return f" (extrapolated: {', '.join(sides)})" if sides else ""
+
+
+def _ratio_cells(row: dict[str, Any]) -> list[str]:
+    """A ratio's row in the terminal's and the report's table: candidate, reference, ratio, CI, the
+    candidate's size at equal loss, the undefined share, the pure power law's reading."""
+    pure, cand_x = row.get("pure_law"), row.get("candidate_x")
+    return [arch_name(row["candidate"]), row["at_label"] + _extrapolation_mark(row), pct(row["ratio"]),
+            f"{pct(row['lo'])}–{pct(row['hi'])}", human(cand_x) if cand_x else "—", f"{row['undefined_share']:.1%}",
+            f"{pct(pure['ratio'])} ({pct(pure['lo'])}–{pct(pure['hi'])})" if pure else "—"]
 
 
 def _param_cell(fit: dict, name: str) -> str:
@@ -314,12 +324,7 @@ def print_terminal(r: dict[str, Any], outputs: dict[str, str] | None = None) -> 
         for col in ("candidate", "at", "ratio", level, "candidate x", "undefined", "pure power law (Kaplan)"):
             ratios.add_column(col, justify="right" if col != "candidate" else "left")
         for row in r["ratios"]:
-            pure = row.get("pure_law")
-            cand_x = row.get("candidate_x")
-            ratios.add_row(arch_name(row["candidate"]), row["at_label"] + _extrapolation_mark(row), pct(row["ratio"]),
-                           f"{pct(row['lo'])}–{pct(row['hi'])}", human(cand_x) if cand_x else "—",
-                           f"{row['undefined_share']:.1%}",
-                           f"{pct(pure['ratio'])} ({pct(pure['lo'])}–{pct(pure['hi'])})" if pure else "—")
+            ratios.add_row(*_ratio_cells(row))
         console.print(ratios)
         for row in r["ratios"]:
             console.print(sentence(r, row), markup=False)
@@ -389,13 +394,7 @@ def markdown(r: dict[str, Any], source: str) -> str:
     if r["ratios"]:
         lines += ["", "## Ratios", "", (f"| candidate | at | ratio | {level} | candidate's x at equal loss | undefined | "
                   "pure power law |"), "|---|---|---|---|---|---|---|"]
-        for row in r["ratios"]:
-            pure = row.get("pure_law")
-            cand_x = row.get("candidate_x")
-            lines.append(f"| {arch_name(row['candidate'])} | {row['at_label']}{_extrapolation_mark(row)} | "
-                         f"{pct(row['ratio'])} | {pct(row['lo'])}–{pct(row['hi'])} | "
-                         f"{human(cand_x) if cand_x else '—'} | {row['undefined_share']:.1%} | "
-                         + (f"{pct(pure['ratio'])} ({pct(pure['lo'])}–{pct(pure['hi'])})" if pure else "—") + " |")
+        lines += ["| " + " | ".join(_ratio_cells(row)) + " |" for row in r["ratios"]]
     if r["per_point"]:
         lines += ["", "Per-point multipliers (a candidate's size over the baseline size with the same fitted loss):", "",
                   "| candidate | x | mean loss | multiplier |", "|---|---|---|---|"]
@@ -426,7 +425,8 @@ def markdown(r: dict[str, Any], source: str) -> str:
     lines += tuning_markdown(r)
     if r.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
-    lines += audit_markdown(r)
+    if "audit" in r:  # a result from before the audit has none
+        lines += audit_markdown(None if r["audit"] is None else r["audit"]["lines"])
     lines += ["", "## Plots", "", "![loss vs size](plots/loss.png)", "", "![residuals](plots/residuals.png)", ""]
     if r["ratios"]:
         lines += ["![ratio vs size](plots/ratio.png)", ""]
@@ -434,20 +434,6 @@ def markdown(r: dict[str, Any], source: str) -> str:
         lines += ["![sensitivity to the tuned setting](plots/sensitivity.png)", ""]
     lines += models_markdown(r)
     return "\n".join(lines)
-
-
-def audit_markdown(r: dict[str, Any]) -> list[str]:
-    """The matched-arm audit of the runs used (``diffsweep.sweep.audit``): each candidate's runs
-    against the baseline's of the same size."""
-    if "audit" not in r:  # a result from before the audit
-        return []
-    lines = ["", "## Arm audit", ""]
-    audit = r["audit"]
-    if audit is None:
-        return [*lines, "Not audited: the points have no size labels (a `size` column), so there are no arms to pair."]
-    head, *rest = audit["lines"]
-    lines += [head[0].upper() + head[1:] + "."]
-    return lines + ([""] if rest else []) + [f"- {line.strip()}" for line in rest]
 
 
 def models_markdown(r: dict[str, Any]) -> list[str]:

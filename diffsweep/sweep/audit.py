@@ -341,3 +341,13 @@ def _show(values: list[Any], fmt: Callable[[Any], str] | None = None) -> str:
         return str(v)
 
     return one(values[0]) if len(values) == 1 else "[" + ", ".join(one(v) for v in values) + "]"
+
+
+def audit_markdown(lines: Sequence[str] | None) -> list[str]:
+    """An audit's ``Audit.lines`` as a report's section; None: the points had no size labels to pair
+    arms by."""
+    out = ["", "## Arm audit", ""]
+    if lines is None:
+        return [*out, "Not audited: the points have no size labels (a `size` column), so there are no arms to pair."]
+    head, *rest = lines
+    return [*out, head[0].upper() + head[1:] + ".", *([""] if rest else []), *(f"- {line.strip()}" for line in rest)]

@@ -28,7 +28,7 @@ from diffsweep.config import ConfigError, Precision, ResolvedConfig, to_dict
 from diffsweep.config.identity import run_key
 from diffsweep.data.dataset import TokenDataset, batch_starts, check_compatible, open_dataset, val_starts, windows
 from diffsweep.model import counting
-from diffsweep.model.compile import compile_blocks, compiled_graphs, eager, use_compile
+from diffsweep.model.compile import CompileWatch, compile_blocks, eager, use_compile
 from diffsweep.model.transformer import LanguageModel, build_model
 from diffsweep.tracking.logger import MlflowTracker, Tracker
 from diffsweep.tracking.store import check_tracking
@@ -156,7 +156,7 @@ def _train_in_group(config: ResolvedConfig, run_dir: Path, world: World, dataset
     model: torch.nn.Module = distributed.wrap(built, t.parallel, world, device, autocast)
     optimizer = build_optimizer(model, t)
     run = _Run(config, dataset, model, optimizer, device, autocast, run_dir, echo, world)
-    run.compiled = compiled
+    run.compile_watch = CompileWatch() if compiled else None
     if state is not None:
         assert resume_path is not None  # a state is read from a checkpoint
         run.restore(state, resume_path)
@@ -230,10 +230,7 @@ class _Run:
         flops = counting.train_flops_per_token(config.model, self.t.seq_len)
         peak = peak_flops(device) if autocast_dtype == torch.bfloat16 else None  # peaks are bf16 figures
         self.mfu_scale = flops / peak if peak else None
-        self.compiled = False  # blocks compiled (diffsweep.model.compile): compile seconds and recompiles logged
-        self._first_step_s: float | None = None  # this process's first step: compiles under train.compile
-        self._graphs: int | None = None  # graphs compiled by the end of that step
-        self._recompile_said = False
+        self.compile_watch: CompileWatch | None = None  # blocks compiled: compile seconds and recompiles logged
 
     @property
     def tracking(self) -> Tracker:
@@ -332,26 +329,12 @@ class _Run:
         }
         if self.mfu_scale is not None:
             metrics["train/mfu"] = metrics["train/tokens_per_s"] * self.mfu_scale
-        if self.compiled:
-            metrics |= self._compile_metrics(seconds)
+        if self.compile_watch is not None:
+            found, warning = self.compile_watch.metrics(self.step, seconds)
+            metrics |= found
+            if warning:
+                self.echo(warning)
         return metrics
-
-    def _compile_metrics(self, seconds: float) -> dict[str, float]:
-        """``train/compile_s`` (the first step's seconds beyond the second's, once per process) and
-        ``train/recompiles`` (graphs compiled since the first step: 0 in a healthy run; said once)."""
-        graphs = compiled_graphs()
-        if self._graphs is None:  # this process's first step
-            self._first_step_s, self._graphs = seconds, graphs
-            return {"train/recompiles": 0.0}
-        out = {"train/recompiles": float(graphs - self._graphs)}
-        if self._first_step_s is not None:
-            out["train/compile_s"] = max(0.0, self._first_step_s - seconds)
-            self._first_step_s = None
-        if out["train/recompiles"] > 0 and not self._recompile_said:
-            self._recompile_said = True
-            self.echo(f"warning: step {self.step}: torch.compile compiled a graph again after the first step "
-                      "(a shape or setting changed); training goes on")
-        return out
 
     def _gradient_sync(self, *, last: bool):
         """DDP all-reduces gradients on the last micro-batch of a step only."""
@@ -361,7 +344,7 @@ class _Run:
 
     def evaluate(self) -> dict[str, float]:
         """``_evaluate``, with compiled blocks run eagerly (no graph of its own)."""
-        with eager() if self.compiled else nullcontext():
+        with eager() if self.compile_watch is not None else nullcontext():
             return self._evaluate()
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from diffsweep.scaling import candidates
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
 from diffsweep.scaling.fit import LawFit
@@ -137,7 +138,7 @@ def study(shape: Shape, rep: int) -> Study:
         design, result = sg.design_from_points(_frame(first), FitRequest(n_boot=shape.boot, seed=rep),
                                                ref=shape.ref, num_draws=shape.draws)
         assert result.points is not None
-        pool = sg.extra_candidates(result.points, design, "num_params", RATE)
+        pool = candidates.extra_candidates(result.points, design, "num_params", RATE)
         choice = sg.choose_within(design, pool, shape.budget, seed=rep, max_runs=shape.max_runs)
         picked = [(s.candidate.arch, s.candidate.num_params) for s in choice.steps]
         rival = uniform_runs(choice.spent)

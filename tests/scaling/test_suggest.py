@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from diffsweep.scaling import candidates
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
 from tests.helpers.badinput import refused
@@ -49,7 +50,7 @@ def test_linearised_width_agrees_with_the_full_bootstrap(design):
 
 def test_another_run_narrows_the_expected_ci_and_candidates_are_ranked_per_gpu_hour(design):
     d, result = design
-    pool = sg.extra_candidates(result.points, d, "num_params", RATE, sizes=[20e9])
+    pool = candidates.extra_candidates(result.points, d, "num_params", RATE, sizes=[20e9])
     assert {c.origin for c in pool} == {"seed", "extra"} and len(pool) == 2 * (5 + 1)
     big = next(c for c in pool if c.arch == "diff_v1" and c.origin == "seed" and c.x == REF)
     assert big.gpu_hours == pytest.approx(6 * REF * 20 * REF / RATE)
@@ -63,7 +64,7 @@ def test_another_run_narrows_the_expected_ci_and_candidates_are_ranked_per_gpu_h
 
 def test_budget_choice_is_greedy_and_within_budget(design):
     d, result = design
-    pool = sg.extra_candidates(result.points, d, "num_params", RATE)
+    pool = candidates.extra_candidates(result.points, d, "num_params", RATE)
     choice = sg.choose_within(d, pool, budget=5000.0)
     assert choice.steps and choice.spent <= 5000.0
     widths = [choice.width_now] + [s.width_after for s in choice.steps]

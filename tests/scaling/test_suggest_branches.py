@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from diffsweep.launch.api import SweepTarget, plan_sweep
+from diffsweep.scaling import candidates
 from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
 from diffsweep.sweep import load_sweep
@@ -49,7 +50,7 @@ def test_the_linearised_width_of_a_branch_scan_agrees_with_the_full_bootstrap():
 
 def test_a_new_branch_is_priced_at_its_cooldown_and_another_seed_at_its_run_and_cooldowns():
     design, result = _design(0.005, 0.002)
-    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[150e9, 500e9], cooldown=0.1)
+    pool = candidates.extra_candidates(result.points, design, "num_params", RATE, sizes=[150e9, 500e9], cooldown=0.1)
     seeds = [c for c in pool if c.origin == "seed"]
     branches = [c for c in pool if c.origin == "branch"]
     # one seed candidate per architecture (both runs have the same points), giving all 9 of them
@@ -77,7 +78,7 @@ def test_a_scan_of_one_runs_checkpoints_is_a_family_too():
         warnings.simplefilter("ignore")
         design, result = sg.design_from_points(points, FitRequest(n_boot=200, seed=5), num_draws=24)
     assert design.run_sd > 0
-    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[150e9])
+    pool = candidates.extra_candidates(result.points, design, "num_params", RATE, sizes=[150e9])
     seeds = [c for c in pool if c.origin == "seed"]
     assert len(seeds) == 2 and not [c for c in pool if c.origin == "branch"]
     assert all(len(c.points) == len(SCAN_TOKENS) and c.gpu_hours == pytest.approx(6 * N * SCAN_TOKENS[-1] / RATE)
@@ -95,7 +96,7 @@ def test_where_the_noise_is_decides_between_a_new_branch_and_another_seed(runs, 
     Per-point noise dominating (0.006, offsets 0.0005; 4 runs, 5% cooldowns): a branch's point at a
     fraction of a run's cost does."""
     design, result = _design(*noise, runs=runs)
-    pool = sg.extra_candidates(result.points, design, "num_params", RATE, sizes=[60e9, 150e9, 300e9],
+    pool = candidates.extra_candidates(result.points, design, "num_params", RATE, sizes=[60e9, 150e9, 300e9],
                                cooldown=cooldown)
     pool = [c for c in pool if c.origin in ("seed", "branch")]
     _, ranked = sg.rank(design, pool)
