@@ -1,6 +1,7 @@
 """File-system helpers for commands that must leave the file system as they found it when they fail:
-the one atomic writer of the files the project writes, the one way a staged folder is put in
-place (``publish``), and the one lock for a record's read-modify-write (``flocked``)."""
+the atomic writers of the files the project writes (``write_atomically``, ``written_atomically``),
+the ways a staged folder is put in place (``publish``, ``put_folder``, ``publish_once``), and the
+one lock for a record's read-modify-write (``flocked``). Every rename of the package is here."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 
 @contextlib.contextmanager
@@ -74,6 +76,31 @@ def write_atomically(path: Path, text: str, *, sync: bool = False) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def written_atomically(paths: Sequence[Path]) -> Iterator[list[BinaryIO]]:
+    """Binary files open for writing, one beside each of ``paths`` under its temporary name; when
+    the block ends each is flushed, fsynced and renamed over its path (readers see an old file or a
+    whole new one); if the block raises, they are removed and no path changes."""
+    temps = [path.with_name(temporary_name(path.name)) for path in paths]
+    files: list[BinaryIO] = []
+    try:
+        try:
+            for temp in temps:
+                files.append(open(temp, "wb"))  # noqa: SIM115 (closed below, after the block)
+            yield files
+        finally:
+            for f in files:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        for temp, path in zip(temps, paths, strict=True):
+            os.replace(temp, path)
+    except BaseException:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+        raise
+
+
 def publish(staged: Path, target: Path, *, fill_empty: bool = False) -> None:
     """Put the finished folder ``staged`` (beside ``target``: one file system) at ``target``, so
     that readers find the earlier folder or the new one, never a mix:
@@ -96,6 +123,23 @@ def publish(staged: Path, target: Path, *, fill_empty: bool = False) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(staged, target)
+
+
+def put_folder(staged: Path, target: Path) -> None:
+    """Rename the finished folder ``staged`` to ``target``, which must be missing or an empty folder:
+    what is in a folder there is never replaced (``OSError``)."""
+    os.replace(staged, target)
+
+
+def publish_once(staged: Path, target: Path) -> bool:
+    """Rename the finished folder ``staged`` to ``target`` unless another writer put one there first
+    (then ``staged`` is removed): whether this call put it there."""
+    try:
+        os.rename(staged, target)
+        return True
+    except OSError:  # another writer's folder is there
+        shutil.rmtree(staged, ignore_errors=True)
+        return False
 
 
 def empty_folder(folder: Path, *, keep: str) -> None:

@@ -1,12 +1,15 @@
-"""``diffsweep.fsutil.publish``: the one way a staged folder (a dataset, a checkpoint, a fit's
-outputs, a probe's copy) is put in place, in each case it meets."""
+"""``diffsweep.fsutil``'s renames: ``publish``, the way a staged folder (a dataset, a checkpoint, a
+fit's outputs, a probe's copy) is put in place, in each case it meets; ``put_folder`` and
+``publish_once``, which never replace what is there; ``written_atomically``'s files."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from diffsweep.fsutil import publish
+import pytest
+
+from diffsweep.fsutil import publish, publish_once, put_folder, written_atomically
 
 
 def staged(parent: Path, text: str) -> Path:
@@ -79,3 +82,38 @@ def test_a_temporary_file_of_an_atomic_write_is_known_by_its_name(tmp_path):
     assert is_temporary(temporary_name("ledger.json"), "ledger.json")
     assert not any(is_temporary(n, "ledger.json") for n in (".ledger.json.tmp", ".ledger.json.x1.tmp",
                                                             "ledger.json", ".other.json.12.tmp", ".ledger.json.12"))
+
+
+def test_put_folder_fills_a_missing_or_empty_target_and_never_replaces_content(tmp_path):
+    put_folder(staged(tmp_path, "one"), tmp_path / "out")
+    assert (tmp_path / "out" / "a.txt").read_text() == "one"
+    (tmp_path / "empty").mkdir()
+    put_folder(staged(tmp_path, "two"), tmp_path / "empty")
+    assert (tmp_path / "empty" / "sub" / "b.txt").read_text() == "two"
+    third = staged(tmp_path, "three")
+    with pytest.raises(OSError):
+        put_folder(third, tmp_path / "out")
+    assert (tmp_path / "out" / "a.txt").read_text() == "one" and third.is_dir()
+
+
+def test_publish_once_keeps_the_first_writers_folder_and_removes_the_second(tmp_path):
+    assert publish_once(staged(tmp_path, "first"), tmp_path / "snap")
+    second = staged(tmp_path, "second")
+    assert not publish_once(second, tmp_path / "snap")
+    assert (tmp_path / "snap" / "a.txt").read_text() == "first" and not second.exists()
+
+
+def test_written_atomically_renames_every_file_at_the_end_or_none(tmp_path):
+    paths = [tmp_path / "train.bin", tmp_path / "val.bin"]
+    paths[0].write_bytes(b"old")
+    with written_atomically(paths) as files:
+        files[0].write(b"new train")
+        files[1].write(b"new val")
+        assert paths[0].read_bytes() == b"old" and not paths[1].exists()  # nothing renamed before the end
+    assert [p.read_bytes() for p in paths] == [b"new train", b"new val"]
+    with pytest.raises(KeyboardInterrupt), written_atomically(paths) as files:
+        files[0].write(b"half")
+        raise KeyboardInterrupt
+    assert [p.read_bytes() for p in paths] == [b"new train", b"new val"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin", "val.bin"]  # no temporary file left
+

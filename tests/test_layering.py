@@ -458,6 +458,23 @@ def test_tag_names_are_spelled_in_one_module():
     assert not bad, "use diffsweep.tracking.tags:\n" + "\n".join(bad)
 
 
+RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}
+
+
+def test_files_and_folders_are_renamed_only_in_fsutil():
+    """Every rename is one of ``diffsweep.fsutil``'s, whose docstrings say what a reader can see
+    meanwhile and what is never replaced."""
+    bad = []
+    for name, path in modules().items():
+        if name == "diffsweep.fsutil":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and (node.value.id, node.attr) in RENAMES:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not bad, "use diffsweep.fsutil:\n" + "\n".join(bad)
+
+
 MAX_MODULE_LINES = 500  # a module a reader holds in their head; split one that grows past it
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import read_json_fields
-from diffsweep.fsutil import parents_made_for
+from diffsweep.fsutil import parents_made_for, put_folder
 from diffsweep.tracking import tags as tag
 from diffsweep.tracking.provenance import source_tags
 from diffsweep.tracking.results import result_run
@@ -111,7 +111,7 @@ def write_outputs(result: ProbeComparison, folder: Path, old: tuple[Path, ...], 
                 (tmp / REPORT).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
                 for path in old:  # only the earlier comparison's own files; the rename refuses a non-empty folder
                     path.unlink(missing_ok=True)
-                os.replace(tmp, folder)
+                put_folder(tmp, folder)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)  # a folder made here (gone after the rename)
     except OSError as exc:

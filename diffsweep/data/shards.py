@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
-import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from diffsweep.config.decode import Check, format_tag, read_json_record
 from diffsweep.data.dataset import SPLITS, shard_file
 from diffsweep.data.sources import Document, from_recipe, keep
 from diffsweep.data.tokenizers import Tokenizer, load_tokenizer
-from diffsweep.fsutil import write_atomically
+from diffsweep.fsutil import write_atomically, written_atomically
 
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = "diffsweep-prepare-plan/1"
@@ -132,38 +131,25 @@ def write_shard(staging: Path, index: int, *, budget: int | None = None, documen
     counts = dict.fromkeys(SPLITS, 0)
     digests = {split: hashlib.sha256() for split in SPLITS}
     num_documents = 0
-    temp = {split: staging / f".{shard_file(split, index)}.{os.getpid()}" for split in SPLITS}
-    try:
-        files = {split: open(temp[split], "wb") for split in SPLITS}
-        try:
-            for doc in documents:
-                ids = tok.encode(doc.text)
-                if budget is not None:
-                    room = budget - sum(counts.values()) - eos_per_document
-                    if room < 1:
-                        break
-                    ids = ids[:room]
-                for split, part in _parts(ids, eos, doc.name, plan.val_fraction, whole_documents):
-                    data = np.asarray(part, dtype=dtype).tobytes()
-                    files[split].write(data)
-                    digests[split].update(data)
-                    counts[split] += len(part)
-                num_documents += 1
-                if on_document is not None:
-                    on_document(len(doc.text))
-                if budget is not None and sum(counts.values()) >= budget:
+    with written_atomically([staging / shard_file(split, index) for split in SPLITS]) as opened:
+        files = dict(zip(SPLITS, opened, strict=True))
+        for doc in documents:
+            ids = tok.encode(doc.text)
+            if budget is not None:
+                room = budget - sum(counts.values()) - eos_per_document
+                if room < 1:
                     break
-        finally:
-            for f in files.values():
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-        for split in SPLITS:
-            os.replace(temp[split], staging / shard_file(split, index))
-    except BaseException:
-        for path in temp.values():
-            path.unlink(missing_ok=True)
-        raise
+                ids = ids[:room]
+            for split, part in _parts(ids, eos, doc.name, plan.val_fraction, whole_documents):
+                data = np.asarray(part, dtype=dtype).tobytes()
+                files[split].write(data)
+                digests[split].update(data)
+                counts[split] += len(part)
+            num_documents += 1
+            if on_document is not None:
+                on_document(len(doc.text))
+            if budget is not None and sum(counts.values()) >= budget:
+                break
     record = ShardRecord(index=index, tokens=counts, documents=num_documents, itemsize=dtype.itemsize,
                          sha256={split: digests[split].hexdigest() for split in SPLITS}, budget=budget,
                          sources=[s.describe() for s in sources], identity=[s.identity() for s in sources])

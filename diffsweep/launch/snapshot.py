@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from diffsweep.fsutil import publish_once
 from diffsweep.rundir import SNAPSHOT_FILE, write_snapshot_record
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*")
@@ -54,10 +55,7 @@ def snapshot_code(out: Path) -> Path:
         shutil.copytree(root, staging / name, ignore=IGNORE)
     commit, dirty = _git_state(packages["diffsweep"].parent)
     write_snapshot_record(staging, commit, dirty)
-    try:
-        os.rename(staging, target)
-    except OSError:  # another launch made the same snapshot first
-        shutil.rmtree(staging, ignore_errors=True)
+    publish_once(staging, target)  # or another launch made the same snapshot first
     return target.resolve()
 
 

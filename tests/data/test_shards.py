@@ -225,9 +225,9 @@ def test_a_worker_killed_midway_leaves_nothing_and_a_rerun_is_identical(formats,
     killed = None
     deadline = time.monotonic() + 600  # a guard against a hang (generous: a loaded CI machine)
     while killed is None and prepare_process.poll() is None and time.monotonic() < deadline:
-        # A worker writes its shard as .train-NNNNN.bin.<its pid> in the staging folder.
-        for temp in tmp_path.glob(".ds.*/.train-*.bin.*"):
-            killed = int(temp.name.rsplit(".", 1)[1])
+        # A worker writes its shard as .train-NNNNN.bin.<its pid>.tmp in the staging folder (fsutil.temporary_name).
+        for temp in tmp_path.glob(".ds.*/.train-*.bin.*.tmp"):
+            killed = int(temp.name.removesuffix(".tmp").rsplit(".", 1)[1])
             os.kill(killed, signal.SIGTERM)
             break
         time.sleep(0.01)
