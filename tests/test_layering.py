@@ -458,6 +458,18 @@ def test_tag_names_are_spelled_in_one_module():
     assert not bad, "use diffsweep.tracking.tags:\n" + "\n".join(bad)
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A name with a leading underscore is its module's own: what another module needs is made
+    public where it belongs (a command's input resolution in the library, not in another command)."""
+    bad = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("diffsweep")):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {name} imports {node.module}.{a.name}"
+                        for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+    assert not bad, "\n".join(bad)
+
+
 RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}
 
 

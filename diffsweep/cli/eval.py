@@ -74,10 +74,9 @@ def eval_(
         return
     waiting: list[str] = []
     if is_sweep:
-        from diffsweep.cli.sweep import _target
-        from diffsweep.launch.api import eval_sweep
+        from diffsweep.launch.api import SweepTarget, eval_sweep
 
-        runs, waiting = eval_sweep(_target(target, only=only, out=out, sets=sets, executor="local"), requests,
+        runs, waiting = eval_sweep(SweepTarget.load(target, only=only, out=out, sets=sets, executor="local"), requests,
                                    force=force, echo=echo)
         done = [e for run in runs for e in run.evaluations]
         num_runs = len(runs)
@@ -165,13 +164,12 @@ def _launch(sweep: Path, requests: list, *, wait: bool, echo: Callable[[str], No
     """``--launch``: the finished runs' jobs submitted again with these probes; with ``wait``,
     until they end, then what each evaluated."""
     from diffsweep.cli.common import fail
-    from diffsweep.cli.sweep import _target
     from diffsweep.cli.sweep_wait import wait_for_sweep
     from diffsweep.eval.probe import settings_dict
-    from diffsweep.launch.api import launch_eval
+    from diffsweep.launch.api import SweepTarget, launch_eval
     from diffsweep.rundir import read_job_state
 
-    target = _target(sweep, **choices)
+    target = SweepTarget.load(sweep, **choices)
     names = [probe.name for probe, _ in requests]
     plain = {probe.name: settings_dict(s) for probe, s in requests}
     submitted, waiting = launch_eval(target, tuple(names), plain, echo=echo)

@@ -89,7 +89,7 @@ def fit(
     """Fit scaling laws per architecture and report how many parameters (tokens) each candidate
     needs relative to the baseline for the same loss, with bootstrap confidence intervals."""
     from diffsweep.scaling.analysis import FitRequest
-    from diffsweep.scaling.pipeline import run_fit
+    from diffsweep.scaling.pipeline import resolve_source, run_fit, tune_columns
     from diffsweep.scaling.report import print_terminal
 
     flags = FLAGS | _sweep_keys(sweep, experiment, sweep_name)
@@ -98,8 +98,8 @@ def fit(
             baseline=baseline, candidates=tuple(candidates or ()), axis=axis, form=form, objective=objective,
             count=count, at=tuple(parse_amount(a) for a in at or ()), shared_e=shared_e,
             holdout=holdout is Holdout.LARGEST, token_points=token_points, n_boot=n_boot, level=level, seed=seed,
-            noise_sd=noise_sd, run_sd=run_sd, tune=tuple(tune) if tune else _sweep_tune(sweep, sets))
-    source = _source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
+            noise_sd=noise_sd, run_sd=run_sd, tune=tuple(tune) if tune else tune_columns(sweep, sets))
+    source = resolve_source(sweep, experiment, sweep_name, where, csv, log=not no_log, sets=sets)
     with flag_keys(flags):
         outcome = run_fit(source, request, out, log=not no_log)
     if json_out:
@@ -114,56 +114,9 @@ def fit(
     print_terminal(outcome.result, outputs)
 
 
-def _sweep_tune(sweep: Path | None, sets: list[str] | None) -> tuple[str, ...]:
-    """A tuned sweep's tuning keys as columns of the fit's table (``train.lr`` -> ``lr``)."""
-    if sweep is None:
-        return ()
-    from diffsweep.scaling.table import CONFIG_KEYS
-    from diffsweep.sweep import load_sweep
-
-    column = {key: col for col, key in CONFIG_KEYS.items()}
-    out = []
-    for key in load_sweep(sweep, sets or ()).tune:
-        if key not in column:
-            raise ConfigError(f"{sweep}: tune.{key}", "the fit's table has no column for it; a fit can choose among "
-                              f"[{', '.join(k for k in column if k != 'train.seed')}]")
-        out.append(column[key])
-    return tuple(out)
-
-
 def _sweep_keys(sweep: Path | None, experiment: str | None, sweep_name: str | None) -> dict[str, str]:
     """With a sweep file, the experiment and sweep name come from it unless a flag gives them: an
     error about them names the file, not a flag the user did not type."""
     if sweep is None:
         return {}
     return ({} if experiment else {"experiment": str(sweep)}) | ({} if sweep_name else {"sweep": str(sweep)})
-
-
-def _source(sweep: Path | None, experiment: str | None, sweep_name: str | None, where: list[str] | None,
-            csv: Path | None, log: bool, sets: list[str] | None = None):
-    """Where the points come from; the tracking store is checked first whenever the fit uses it."""
-    from diffsweep.scaling.pipeline import Source
-    from diffsweep.tracking.store import check_tracking, existing_store, fail_fast_http, tracking_uri
-
-    uri, keys = tracking_uri(), None
-    if sets and sweep is None:
-        raise ConfigError("--set", "selects the runs of a sweep launched with these overrides; give the sweep file")
-    if csv is not None:
-        if sweep or experiment or sweep_name or where:
-            raise ConfigError("--csv", "fits the CSV alone; drop the sweep, --experiment, --sweep and --where")
-        if log:  # the fit run goes to the store
-            fail_fast_http()
-            check_tracking(uri)
-        return Source(uri=uri, csv=csv)
-    if sweep is not None:
-        from diffsweep.sweep import expand, load_sweep
-
-        spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
-        keys = frozenset(run.key for run in expand(spec).runs)
-        experiment, sweep_name = experiment or spec.experiment, sweep_name or spec.name
-    elif experiment is None and sweep_name is not None:
-        experiment = sweep_name  # a sweep's experiment defaults to its name
-    if experiment is None:
-        raise ConfigError("fit", "give a sweep file, --experiment NAME or --csv FILE")
-    existing_store(uri)
-    return Source(uri=uri, experiment=experiment, sweep=sweep_name, where=tuple(where or ()), keys=keys)

@@ -279,16 +279,15 @@ def _sweep_inputs(sweep: Path, boot: int, seed: int, experiment: str | None, pro
     """A sweep: its finished runs in MLflow (as ``diffsweep fit SWEEP`` reads them), and its planned
     runs that launch would submit (new, changed, failed, cancelled) and that are not among them as
     candidates, priced by the planner."""
-    from diffsweep.cli.fit import _source, _sweep_tune
     from diffsweep.launch.api import SweepTarget, plan_sweep
     from diffsweep.launch.plan import SUBMITTABLE
     from diffsweep.scaling.analysis import FitRequest
-    from diffsweep.scaling.pipeline import load_points
+    from diffsweep.scaling.pipeline import load_points, resolve_source, tune_columns
     from diffsweep.scaling.suggest import Candidate
     from diffsweep.sweep import load_sweep
 
-    request = FitRequest(n_boot=boot, seed=seed, tune=_sweep_tune(sweep, None))  # a tuned sweep: its winners
-    src = _source(sweep, experiment, None, None, None, log=False)
+    request = FitRequest(n_boot=boot, seed=seed, tune=tune_columns(sweep))  # a tuned sweep: its winners
+    src = resolve_source(sweep, experiment, None, None, None, log=False)
     points = load_points(src, request)
     # A run finished in MLflow is measured, not a candidate, even where launch has no record of it
     # (logged from another machine, its run directory gone): its key is among the points.

@@ -14,9 +14,7 @@ from diffsweep.config.units import human
 from diffsweep.launch.scheduler import scheduler_names
 
 if TYPE_CHECKING:
-
-
-    from diffsweep.launch.api import LaunchReport, Reconciled, SweepTarget
+    from diffsweep.launch.api import LaunchReport, Reconciled
 
 SweepArg = Annotated[Path, typer.Argument(help="Sweep YAML (see sweeps/).", show_default=False)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Cluster profile: a name in slurm/profiles/ or a "
@@ -47,17 +45,6 @@ AuditOpt = Annotated[float, typer.Option("--audit-threshold", min=0.0, max=0.99,
                                          "baseline's of the same size that is flagged (tokens, batch, lr schedule "
                                          "and seeds: any difference).")]
 ROWS = 200  # table rows shown before "... more" (use --all or --json)
-
-
-def _target(sweep: Path, profile: str | None = None, executor: str | None = None, only: str | None = None,
-            out: Path | None = None, slurm: list[str] | None = None, setup: list[str] | None = None,
-            sets: list[str] | None = None) -> SweepTarget:
-    """The sweep file, parsed once for the whole command, and the command line's choices."""
-    from diffsweep.launch.api import SweepTarget
-    from diffsweep.sweep import load_sweep
-
-    return SweepTarget(spec=load_sweep(sweep, sets or ()), out=out, profile=profile, executor=executor, only=only,
-                       slurm_overrides=tuple(slurm or ()), setup_lines=tuple(setup or ()))
 
 
 def _stderr(line: str) -> None:
@@ -203,11 +190,11 @@ def plan(
     Then the arm audit: each kind's runs against the baseline's of the same size (parameters,
     FLOPs/token, tokens, batch, lr schedule, seeds), with the setting that matches a difference.
     """
-    from diffsweep.launch.api import audit_plan, check_launch_options, plan_sweep
+    from diffsweep.launch.api import SweepTarget, audit_plan, check_launch_options, plan_sweep
     from diffsweep.sweep import branches, tune
 
     check_launch_options(budget=budget, audit_threshold=audit_threshold)
-    p = plan_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
+    p = plan_sweep(SweepTarget.load(sweep, profile, executor, only, out, slurm, setup, sets), check=True)
     _warn(p)
     audit = audit_plan(p, audit_threshold)
     cells = tune.cells([r.run for r in p.runs], list(p.spec.tune)) if p.spec.tune else []
@@ -265,11 +252,11 @@ def launch(
     """
     import os
 
-    from diffsweep.launch.api import launch_sweep
+    from diffsweep.launch.api import SweepTarget, launch_sweep
     from diffsweep.launch.scheduler import get_scheduler
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its "creating tables" chatter
-    target = _target(sweep, profile, executor, only, out, slurm, setup, sets)
+    target = SweepTarget.load(sweep, profile, executor, only, out, slurm, setup, sets)
     report = launch_sweep(target, dry_run=dry_run, max_parallel=max_parallel, budget=budget, retries=retries,
                           warn=_stderr, echo=typer.echo, on_reconciled=_echo_reconciled, on_planned=_warn,
                           on_selected=_render_selection, on_audit=_warn_audit, audit_threshold=audit_threshold,
@@ -325,9 +312,9 @@ def status(
     reason, running with its step, failed with the reason the job recorded. Runs whose job died without
     reporting are reconciled first (their MLflow run is marked FAILED or KILLED).
     """
-    from diffsweep.launch.api import sweep_status
+    from diffsweep.launch.api import SweepTarget, sweep_status
 
-    report = sweep_status(_target(sweep, profile, executor, only, out, slurm, setup, sets), warn=_stderr,
+    report = sweep_status(SweepTarget.load(sweep, profile, executor, only, out, slurm, setup, sets), warn=_stderr,
                           on_reconciled=_echo_reconciled)
     p = report.plan
     if json_:
@@ -350,9 +337,9 @@ def reconcile(sweep: SweepArg, out: OutOpt = None) -> None:
 
     The reason recorded is the scheduler's state for the job (e.g. NODE_FAIL, OUT_OF_MEMORY).
     """
-    from diffsweep.launch.api import reconcile_sweep
+    from diffsweep.launch.api import SweepTarget, reconcile_sweep
 
-    marked = reconcile_sweep(_target(sweep, out=out), warn=_stderr)
+    marked = reconcile_sweep(SweepTarget.load(sweep, out=out), warn=_stderr)
     _echo_reconciled(marked)
     typer.echo(f"reconciled {len(marked)} runs")
 
@@ -372,9 +359,9 @@ def cancel(
 
     Jobs save a checkpoint at the step boundary before they stop: launching again resumes them.
     """
-    from diffsweep.launch.api import cancel_sweep
+    from diffsweep.launch.api import SweepTarget, cancel_sweep
 
-    report = cancel_sweep(_target(sweep, profile, executor, only, out, slurm, setup, sets))
+    report = cancel_sweep(SweepTarget.load(sweep, profile, executor, only, out, slurm, setup, sets))
     for name in report.cancelled:
         typer.echo(f"cancelled {name}")
     typer.echo(f"cancelled {len(report.cancelled)} runs")

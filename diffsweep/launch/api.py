@@ -10,7 +10,7 @@ reconcile | logs`` parse the command line, call one of them and render the repor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from diffsweep.launch.state import reconcile as mark_ended
 from diffsweep.launch.state import scheduler_states
 from diffsweep.launch.submit import Selection, check_launch, launch_lock, select
 from diffsweep.launch.submit import launch as submit
-from diffsweep.sweep import SweepSpec
+from diffsweep.sweep import SweepSpec, load_sweep
 from diffsweep.sweep.audit import DEFAULT_THRESHOLD, Audit, audit_runs
 
 WATCH_POLL_S = 2.0  # watch_sweep: how often it looks at the sweep
@@ -50,6 +50,15 @@ class SweepTarget:
     only: str | None = None
     slurm_overrides: tuple[str, ...] = ()
     setup_lines: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, sweep: Path, profile: str | None = None, executor: str | None = None, only: str | None = None,
+             out: Path | None = None, slurm: Sequence[str] | None = None, setup: Sequence[str] | None = None,
+             sets: Sequence[str] | None = None) -> SweepTarget:
+        """The sweep file ``sweep`` (``sets``: its --set overrides), parsed once for the whole command,
+        and the command line's choices."""
+        return cls(spec=load_sweep(sweep, sets or ()), out=out, profile=profile, executor=executor, only=only,
+                   slurm_overrides=tuple(slurm or ()), setup_lines=tuple(setup or ()))
 
     def output_dir(self) -> Path:
         """The sweep output directory (ledger, run directories, logs), absolute."""

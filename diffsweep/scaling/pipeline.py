@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,8 +27,10 @@ from diffsweep.scaling.analysis import Axis, FitRequest, TokenPoints, analyse
 from diffsweep.scaling.folder import check_out
 from diffsweep.scaling.plots import write_plots
 from diffsweep.scaling.report import markdown
+from diffsweep.sweep import expand, load_sweep
 from diffsweep.tracking import tags as tag
 from diffsweep.tracking.results import store_errors
+from diffsweep.tracking.store import check_tracking, existing_store, fail_fast_http, tracking_uri
 from diffsweep.tracking.tags import tag_is
 
 FIT_EXPERIMENT = "diffsweep-fits"  # where fits of a CSV are logged
@@ -61,6 +64,48 @@ class Outcome:
     mlflow_run_id: str | None = None
     mlflow_run_reused: bool = False  # an earlier run of identical inputs holds these outputs
     notes: list[str] = field(default_factory=list)
+
+
+def resolve_source(sweep: Path | None, experiment: str | None, sweep_name: str | None, where: Sequence[str] | None,
+                   csv: Path | None, log: bool, sets: Sequence[str] | None = None) -> Source:
+    """Where a fit's points come from: a CSV, a sweep file's runs (as launched, ``sets`` included),
+    or an experiment's (``sweep_name``: one sweep's); the tracking store is checked first whenever
+    the fit uses it."""
+
+    uri, keys = tracking_uri(), None
+    if sets and sweep is None:
+        raise ConfigError("set", "selects the runs of a sweep launched with these overrides; give the sweep file")
+    if csv is not None:
+        if sweep or experiment or sweep_name or where:
+            raise ConfigError("csv", "fits the CSV alone; drop the sweep, --experiment, --sweep and --where")
+        if log:  # the fit run goes to the store
+            fail_fast_http()
+            check_tracking(uri)
+        return Source(uri=uri, csv=csv)
+    if sweep is not None:
+        spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
+        keys = frozenset(run.key for run in expand(spec).runs)
+        experiment, sweep_name = experiment or spec.experiment, sweep_name or spec.name
+    elif experiment is None and sweep_name is not None:
+        experiment = sweep_name  # a sweep's experiment defaults to its name
+    if experiment is None:
+        raise ConfigError("fit", "give a sweep file, --experiment NAME or --csv FILE")
+    existing_store(uri)
+    return Source(uri=uri, experiment=experiment, sweep=sweep_name, where=tuple(where or ()), keys=keys)
+
+
+def tune_columns(sweep: Path | None, sets: Sequence[str] | None = None) -> tuple[str, ...]:
+    """A tuned sweep's tuning keys as columns of the fit's table (``train.lr`` -> ``lr``)."""
+    if sweep is None:
+        return ()
+    column = {key: col for col, key in tables.CONFIG_KEYS.items()}
+    out = []
+    for key in load_sweep(sweep, sets or ()).tune:
+        if key not in column:
+            raise ConfigError(f"{sweep}: tune.{key}", "the fit's table has no column for it; a fit can choose among "
+                              f"[{', '.join(k for k in column if k != 'train.seed')}]")
+        out.append(column[key])
+    return tuple(out)
 
 
 def load_points(source: Source, request: FitRequest) -> pd.DataFrame:
