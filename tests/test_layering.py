@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -394,36 +395,43 @@ SLURM_COMMANDS = {"sbatch", "squeue", "sacct", "scancel", "sinfo", "sacctmgr", "
 SLURM_STATE_WORDS = {"REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "COMPLETING", "STAGE_OUT"}
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _nodes(but: str = "") -> Iterator[tuple[str, Path, ast.AST]]:
+    """Every syntax node of every module of the package but ``but``: (module, file, node)."""
+    for name, path in modules().items():
+        if name != but:
+            yield from ((name, path, node) for node in ast.walk(_tree(path)))
+
+
+def _at(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
+
+
 def test_slurm_is_spoken_in_one_module():
     """Every Slurm command diffsweep runs is an argv in ``diffsweep/slurm.py`` and nowhere else (a
     list or tuple whose first item is the command, or an f-string starting with it), and only it
     lists Slurm's job states."""
     bad = []
-    for name, path in modules().items():
-        if name == "diffsweep.slurm":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
-                    and node.elts[0].value in SLURM_COMMANDS:
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: runs {node.elts[0].value}")
-            elif isinstance(node, ast.Constant) and node.value in SLURM_STATE_WORDS:
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: spells the Slurm state {node.value}")
+    for _, path, node in _nodes(but="diffsweep.slurm"):
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                and node.elts[0].value in SLURM_COMMANDS:
+            bad.append(f"{_at(path, node)}: runs {node.elts[0].value}")
+        elif isinstance(node, ast.Constant) and node.value in SLURM_STATE_WORDS:
+            bad.append(f"{_at(path, node)}: spells the Slurm state {node.value}")
     assert not bad, "use diffsweep.slurm:\n" + "\n".join(bad)
 
 
 def test_mlflow_clients_are_constructed_in_one_place():
     """``MlflowClient`` is named only in ``diffsweep.tracking.store`` (``mlflow_client``): every other
     module opens the store through it."""
-    bad = []
-    for name, path in modules().items():
-        if name == "diffsweep.tracking.store":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            named = (isinstance(node, ast.Name) and node.id == "MlflowClient") or \
-                (isinstance(node, ast.Attribute) and node.attr == "MlflowClient") or \
-                (isinstance(node, ast.alias) and node.name.split(".")[-1] == "MlflowClient")
-            if named:
-                bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}")
+    bad = [_at(path, node) for _, path, node in _nodes(but="diffsweep.tracking.store")
+           if (isinstance(node, ast.Name) and node.id == "MlflowClient")
+           or (isinstance(node, ast.Attribute) and node.attr == "MlflowClient")
+           or (isinstance(node, ast.alias) and node.name.split(".")[-1] == "MlflowClient")]
     assert not bad, "use diffsweep.tracking.store.mlflow_client:\n" + "\n".join(bad)
 
 
@@ -438,35 +446,25 @@ def test_mlflow_is_imported_only_in_tracking():
 def test_tag_names_are_spelled_in_one_module():
     """The tags diffsweep writes and reads are named in ``diffsweep.tracking.tags`` alone: no other
     module spells one as a string (nor in a search filter's backquotes)."""
-    tree = ast.parse(modules()["diffsweep.tracking.tags"].read_text(encoding="utf-8"))
-    names = {node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+    names = {node.value.value for node in ast.walk(_tree(modules()["diffsweep.tracking.tags"]))
+             if isinstance(node, ast.Assign)
              and isinstance(node.value, ast.Constant) and str(node.value.value).startswith(("diffsweep.", "mlflow."))}
     assert len(names) > 50 and "diffsweep.kind" in names
-    bad = []
-    for name, path in modules().items():
-        if name == "diffsweep.tracking.tags":
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        docs = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-                spelled = node.value in names or any(f"`{n}`" in node.value for n in names)
-                if spelled:
-                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:60]!r}")
+    docs = {id(n.body[0].value) for _, _, n in _nodes()
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    bad = [f"{_at(path, node)}: {node.value[:60]!r}" for _, path, node in _nodes(but="diffsweep.tracking.tags")
+           if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+           and (node.value in names or any(f"`{n}`" in node.value for n in names))]
     assert not bad, "use diffsweep.tracking.tags:\n" + "\n".join(bad)
 
 
 def test_no_module_imports_another_modules_private_names():
     """A name with a leading underscore is its module's own: what another module needs is made
     public where it belongs (a command's input resolution in the library, not in another command)."""
-    bad = []
-    for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("diffsweep")):
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {name} imports {node.module}.{a.name}"
-                        for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+    bad = [f"{_at(path, node)}: {name} imports {node.module}.{a.name}" for name, path, node in _nodes()
+           if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("diffsweep"))
+           for a in node.names if a.name.startswith("_") and a.name != "__version__"]
     assert not bad, "\n".join(bad)
 
 
@@ -476,14 +474,8 @@ RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "m
 def test_files_and_folders_are_renamed_only_in_fsutil():
     """Every rename is one of ``diffsweep.fsutil``'s, whose docstrings say what a reader can see
     meanwhile and what is never replaced."""
-    bad = []
-    for name, path in modules().items():
-        if name == "diffsweep.fsutil":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and (node.value.id, node.attr) in RENAMES:
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+    bad = [f"{_at(path, node)}: {node.value.id}.{node.attr}" for _, path, node in _nodes(but="diffsweep.fsutil")
+           if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (node.value.id, node.attr) in RENAMES]
     assert not bad, "use diffsweep.fsutil:\n" + "\n".join(bad)
 
 
