@@ -71,7 +71,6 @@ def resolve_source(sweep: Path | None, experiment: str | None, sweep_name: str |
     """Where a fit's points come from: a CSV, a sweep file's runs (as launched, ``sets`` included),
     or an experiment's (``sweep_name``: one sweep's); the tracking store is checked first whenever
     the fit uses it."""
-
     uri, keys = tracking_uri(), None
     if sets and sweep is None:
         raise ConfigError("set", "selects the runs of a sweep launched with these overrides; give the sweep file")
