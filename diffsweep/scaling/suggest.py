@@ -274,7 +274,10 @@ def _dof_after(design: Design, added: Sequence[Candidate]) -> Dof:
         return design.dof, design.run_dof
     if design.noise_source == "residuals":
         return design.dof + len(points), design.run_dof
-    repeats = sum(1 for arch, x in points if np.isclose(design.measured[arch], x, rtol=1e-9).any())
+    repeats = 0
+    for arch in dict.fromkeys(a for a, _ in points):  # points at a measured x: one np.isclose per architecture
+        xs = np.array([x for a, x in points if a == arch])
+        repeats += int(np.isclose(design.measured[arch][None, :], xs[:, None], rtol=1e-9).any(axis=1).sum())
     return design.dof + repeats, design.run_dof
 
 

@@ -40,20 +40,24 @@ class OffsetLaw(LawForm):
     def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         batch, n = theta.shape[0], u.shape[0]
-        jac = np.zeros((batch, n, law.num_params))
+        e = theta[:, :1]
         if law.shared_e:  # each point's own group's (a, α) columns
             assert group is not None
             a_col, alpha_col = 1 + 2 * group, 2 + 2 * group
-        else:
-            a_col, alpha_col = np.ones(n, int), np.full(n, 2)
-        rows = np.arange(n)
-        e = theta[:, :1]
-        power = theta[:, a_col] - theta[:, alpha_col] * u
+            power = theta[:, a_col] - theta[:, alpha_col] * u
+        else:  # the same numbers as a column per point, without gathering them (the solver's inner loop)
+            power = theta[:, 1:2] - theta[:, 2:3] * u
         log_loss = np.logaddexp(e, power)
         w_e, w_power = np.exp(e - log_loss), np.exp(power - log_loss)
+        jac = np.zeros((batch, n, law.num_params))
         jac[:, :, 0] = w_e
-        jac[:, rows, a_col] = w_power
-        jac[:, rows, alpha_col] = -u * w_power
+        if law.shared_e:
+            rows = np.arange(n)
+            jac[:, rows, a_col] = w_power
+            jac[:, rows, alpha_col] = -u * w_power
+        else:
+            jac[:, :, 1] = w_power
+            jac[:, :, 2] = -u * w_power
         return log_loss, jac
 
     def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
@@ -105,17 +109,18 @@ def grid_best(fit: Fitted, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
     mean_u = float(w @ uniq)
     uc = uniq - mean_u
     alpha_hi = fit.law.bounds()[1][fit.law.names.index("alpha")]
-    rows = []
+    s = len(START_FRACTIONS) * (1 + len(START_ALPHAS))
+    grid = np.empty((b, s, 3))  # (B, S, 3): for each E fraction, its fitted line, then each fixed exponent
+    k = 0
     for fraction in START_FRACTIONS:
         e = np.log(fraction * floor) if fraction > 0 else np.log(floor) - 8.0
         resid = np.log(np.maximum(loss - fraction * floor[:, None], 1e-12))
         slope = resid @ (w * uc) / max(float(w @ uc ** 2), 1e-300)
-        intercept = resid @ w - slope * mean_u
-        rows.append(np.stack([e, intercept, np.clip(-slope, 0.0, alpha_hi)], axis=1))
-        for alpha in START_ALPHAS:
-            rows.append(np.stack([e, (resid + alpha * uniq) @ w, np.full(b, alpha)], axis=1))
-    grid = np.stack(rows, axis=1)  # (B, S, 3)
-    s = grid.shape[1]
+        grid[:, k:k + 1 + len(START_ALPHAS), 0] = e[:, None]
+        grid[:, k, 1], grid[:, k, 2] = resid @ w - slope * mean_u, np.clip(-slope, 0.0, alpha_hi)
+        for j, alpha in enumerate(START_ALPHAS, k + 1):
+            grid[:, j, 1], grid[:, j, 2] = (resid + alpha * uniq) @ w, alpha
+        k += 1 + len(START_ALPHAS)
     best = np.empty((b, 3))
     for i in range(0, b, chunk):
         g = grid[i:i + chunk]
