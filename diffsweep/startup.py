@@ -4,7 +4,7 @@ Importing torch, torch.distributed.checkpoint and MLflow with its SQL store make
 long-lived objects. CPython's collector scans all of them in every full collection: several while
 they load and more while a run trains. A ``diffsweep train`` of 12 tiny steps spent 8.1 CPU-s
 with them scanned and 5.1 with them frozen (``gc.freeze``: moved out of the collector's reach;
-mean of 5 runs on the 2-core CI machine, ``analysis/benchmarks/test-durations.md``).
+mean of 5 runs on the 2-core CI machine, ``analysis/benchmarks/RESULTS.md``, "The test suite").
 
 Only a process that is a diffsweep command or job freezes (its entry point says so with
 ``command_process()``), and only at start-up, before any model or run exists: a frozen object

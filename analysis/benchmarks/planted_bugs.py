@@ -7,7 +7,7 @@ Run it with the project's venv active: the clone's tests run on this Python.
     python3 analysis/benchmarks/planted_bugs.py P1 P8        # these bugs only ("none": the clean clone)
 
 Prints one JSON line per bug (which tests failed) and each failure's assertion line.
-Results: analysis/benchmarks/test-durations.md, "Monte Carlo tests against planted bugs".
+Results: analysis/benchmarks/RESULTS.md, "The test suite", "Monte Carlo tests against planted bugs".
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ command (``shared/notes/GPU_MACHINE.md``). This script
    manylinux wheels into ``.whl/`` (git-ignored; ``pip download`` keeps what is already there),
 2. checks offline that the folder alone satisfies the requirements for that interpreter
    (``pip install --dry-run --no-index --find-links .whl``),
-3. adds up what a device call sends (tracked and untracked-not-ignored files, as the device tool
-   does, plus ``.whl/``) against the 64 MiB budget,
+3. adds up what a command sends (the working tree: tracked and untracked-not-ignored files, plus
+   ``.whl/``) against a 64 MiB budget,
 4. prints the command to run there and the ignored paths it needs carried.
 
     python3 analysis/gpu/prepare.py            # download, check, print the command
@@ -39,7 +39,7 @@ DEVICE_PYTHON = "3.12"  # the GPU image's interpreter (shared/notes/GPU_MACHINE.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 # The first command: every stage within 450 s, so that with the machine's start it ends inside
-# 8 minutes and a second command still fits in the 15 minutes of device time.
+# 8 minutes and a second command still fits in a 15-minute window.
 DEVICE_COMMAND = "PYTHONUNBUFFERED=1 python3 analysis/gpu/run.py --out \"$OUT\" --budget 450"
 DEVICE_TIMEOUT_S = 500
 
@@ -130,12 +130,12 @@ def render(facts: dict) -> str:
         wheels,
         sent,
         "",
-        "On the GPU machine (device tool `run`), with these ignored paths carried: " + ", ".join(facts["carry"]),
-        f"and timeout_s={facts['timeout_s']}:",
+        "On the GPU machine: send the working tree with these ignored paths carried: " + ", ".join(facts["carry"]),
+        f"allow the command {facts['timeout_s']} s, and bring back the folder it writes ($OUT):",
         "",
         f"    {facts['command']}",
         "",
-        "Then read summary.json first (docs/kernels.md, 'Fifteen minutes on a GPU').",
+        "Then read summary.json first (docs/kernels.md, 'The device kit').",
     ]
     return "\n".join(lines)
 

@@ -6,8 +6,8 @@ On the GPU machine (prepared by ``analysis/gpu/prepare.py``, which prints the ex
 
 Stages, in order, each in its own subprocess (own process group) with its own time cap, cut to
 what is left of ``--budget``; a stage that cannot get its minimum is not started, and the
-summary prints the command that runs what is left. Files written to ``--out`` (at most 8, the
-device tool's limit):
+summary prints the command that runs what is left. Files written to ``--out`` (at most 8, of at
+most 16 MiB each: what comes back from the machine):
 
 - ``env.json``       GPU, driver, torch/Triton versions, ``pip freeze``  (stage ``env``)
 - ``install.json``   the carried wheels installed offline                 (stage ``install``)
@@ -44,12 +44,12 @@ from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "analysis/gpu"
-MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20  # what the device tool brings back from $OUT
+MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20  # what comes back from the machine's $OUT
 TAIL_LINES = 40
 # A stage at its limit first gets SIGINT (pytest then writes its JUnit XML of the tests run so
 # far; the benchmarks and stages.py write what they measured), this many seconds before the kill.
 GRACE_S = 15.0
-RERUN_BUDGET_S = 240  # a second command: what is left of the 15 minutes after a first of ~8
+RERUN_BUDGET_S = 240  # a second command: what is left of a 15-minute window after a first of ~8
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,7 @@ def _print_table(summary: dict) -> None:
     print(f"{'total':<20} {'ok' if summary['ok'] else 'NOT OK':<12} {summary['elapsed_s']:>8.1f}  "
           f"of a {summary['budget_s']:.0f} s budget; files: {', '.join(summary['files'])}")
     if summary["files_over_limit"]:
-        print(f"over the device tool's 16 MiB per file (not brought back): {', '.join(summary['files_over_limit'])}")
+        print(f"over 16 MiB, too large to bring back: {', '.join(summary['files_over_limit'])}")
     if summary["failed"]:
         print(f"failed or cut short: {', '.join(summary['failed'])} (summary.json has each one's output tail)")
     if summary["rerun"]:

@@ -102,7 +102,7 @@ def solve_batch(law: Predicts, data: Data, theta: np.ndarray, objective: Objecti
 
     Rows are independent, and refined a block at a time: a block's (rows, n, p) Jacobian stays
     in the CPU's cache (the 4,500-start Chinchilla grid on 240 points: 11.3 CPU-s in one block,
-    5.6 in blocks of 256 rows, the same bits; analysis/benchmarks/test-durations.md)."""
+    5.6 in blocks of 256 rows, the same bits; analysis/benchmarks/RESULTS.md)."""
     theta = np.atleast_2d(np.asarray(theta, float))
     rows = max(1, BLOCK_ELEMENTS // max(len(data.u), 1))
     target = data.y if y is None else np.asarray(y, float)
