@@ -31,6 +31,7 @@ from diffsweep.config import (
     ResolvedConfig,
     load_config,
 )
+from diffsweep.config.errors import rekeyed
 from diffsweep.config.kinds import kind_names
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,19 +93,6 @@ def name_choice(names: Callable[[], Iterable[str]], flag: str, help: str, *, key
 # Fields that several commands' flags set, named the same everywhere: the config overrides, the
 # cluster profile and its per-launch Slurm settings and setup lines.
 COMMON_FLAGS: Flags = {"set": "--set", "profile": "--profile", "slurm_overrides": "--slurm", "setup_lines": "--setup"}
-
-
-def rekeyed(exc: ConfigError, flags: Flags, *, items: bool = True) -> ConfigError:
-    """``exc`` with the library's field replaced by the flag that sets it (same message). A key that
-    starts with the field keeps the rest: ``set: data.path`` (the field, then what in it) becomes
-    ``--set: data.path``; with ``items``, ``slurm_overrides.time`` (an item of the field) becomes
-    ``--slurm time``."""
-    for field, flag in flags.items():
-        if exc.key == field or exc.key.startswith(f"{field}: "):
-            return ConfigError(flag + exc.key[len(field):], exc.message)
-        if items and exc.key.startswith(f"{field}."):
-            return ConfigError(f"{flag} {exc.key[len(field) + 1:]}", exc.message)
-    return exc
 
 
 def _rekeyed_for(exc: ConfigError, command: Callable[..., Any], flags: Flags | None) -> ConfigError:

@@ -418,8 +418,8 @@ class Scored:
         return {"candidate": c.label, "name": c.name or None, "arch": c.arch, "origin": c.origin,
                 "num_params": c.num_params, "tokens": c.tokens, "gpu_hours": c.gpu_hours,
                 "family": c.family or c.like or None, "points": len(c.points),
-                "expected_width_after": _finite(self.width_after), "reduction": _finite(self.reduction),
-                "reduction_per_gpu_hour": _finite(self.per_gpu_hour)}
+                "expected_width_after": finite(self.width_after), "reduction": finite(self.reduction),
+                "reduction_per_gpu_hour": finite(self.per_gpu_hour)}
 
 
 def _score(design: Design, chosen: Sequence[Candidate], candidates: Sequence[Candidate], width_now: float,
@@ -458,7 +458,7 @@ class Choice:
     def to_dict(self) -> dict:
         return {"method": "greedy", "budget_gpu_hours": self.budget, "spent_gpu_hours": self.spent,
                 "stopped": self.stopped,
-                "expected_width_after": _finite(self.width_after), "runs": [s.to_dict() for s in self.steps]}
+                "expected_width_after": finite(self.width_after), "runs": [s.to_dict() for s in self.steps]}
 
 
 def choose_within(design: Design, candidates: Sequence[Candidate], budget: float, seed: int = 0,
@@ -496,5 +496,5 @@ def _key(v: float) -> float:
     return v if np.isfinite(v) else (np.inf if v > 0 else -np.inf) if not np.isnan(v) else -np.inf
 
 
-def _finite(v: float) -> float | None:
+def finite(v: float) -> float | None:  # None where infinite or NaN: JSON has no such numbers
     return float(v) if np.isfinite(v) else None
