@@ -56,39 +56,17 @@ def eval_(
     from diffsweep.eval.probe import probe_requests
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
-    is_sweep = _check_target(target, launch=launch, wait=wait, force=force, as_json=as_json, profile=profile,
+    _check_target(target, launch=launch, wait=wait, force=force, as_json=as_json, profile=profile,
                              executor=executor, only=only, out=out, sets=sets)
 
-    from diffsweep.eval.runner import Detail
+    from diffsweep.launch.api import eval_target
 
-    plain = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-
-    def echo(line: str) -> None:
-        """The runner's lines; the details (notes, metrics, a sweep's run headers) only with --verbose."""
-        if verbose or not isinstance(line, Detail):
-            plain(line)
-
+    echo, plain = _echoes(as_json, verbose)
     if launch:
         _launch(target, requests, wait=wait, profile=profile, executor=executor, only=only, out=out, sets=sets,
                 echo=echo)
         return
-    waiting: list[str] = []
-    if is_sweep:
-        from diffsweep.launch.api import SweepTarget, eval_sweep
-
-        runs, waiting = eval_sweep(SweepTarget.load(target, only=only, out=out, sets=sets, executor="local"), requests,
-                                   force=force, echo=echo)
-        done = [e for run in runs for e in run.evaluations]
-        num_runs = len(runs)
-    else:
-        from diffsweep.eval.loading import load_trained
-        from diffsweep.eval.runner import evaluate
-
-        trained = load_trained(target)
-        plain(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind}) "
-              f"on {trained.device}")
-        done = evaluate(trained, requests, force=force, echo=echo)
-        num_runs = 1
+    done, num_runs, waiting = eval_target(target, requests, force=force, echo=echo, only=only, out=out, sets=sets)
     if verbose:
         for e in done:
             _details(e, plain)
@@ -97,18 +75,26 @@ def eval_(
             plain(f"note: {note}")
     plain(counts(done, num_runs, waiting))
     if as_json:
-        typer.echo(json.dumps([{"run": e.run_name, "probe": e.probe, "settings": e.settings, "step": e.step,
-                                "ran": e.ran, "headline": e.headline, "value": e.value, "code": e.code,
-                                "logged": e.logged, "capped": e.capped, "notes": e.notes,
-                                "mlflow_run_id": e.mlflow_run_id, "seconds": e.seconds,
-                                "out_dir": str(e.out_dir) if e.out_dir else None,
-                                "metrics": e.result.metrics if e.result else None,
-                                "tables": e.result.tables if e.result else None} for e in done], indent=1))
+        typer.echo(json.dumps([e.to_dict() for e in done], indent=1))
 
 
-def _check_target(target: Path, *, launch: bool, wait: bool, force: bool, as_json: bool, **sweep_only: Any) -> bool:
-    """Whether ``target`` is a sweep YAML (else a run directory or checkpoint), after refusing the
-    options that do not go with it or with each other: the one place TARGET, --launch, --wait,
+def _echoes(as_json: bool, verbose: bool) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """What prints the runner's lines (the details: notes, metrics, a sweep's run headers only with
+    --verbose), and what prints the command's own (on stderr with --json)."""
+    from diffsweep.eval.runner import Detail
+
+    plain = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+
+    def echo(line: str) -> None:
+        if verbose or not isinstance(line, Detail):
+            plain(line)
+
+    return echo, plain
+
+
+def _check_target(target: Path, *, launch: bool, wait: bool, force: bool, as_json: bool, **sweep_only: Any) -> None:
+    """Refuse a TARGET that is not a run directory, a checkpoint or a sweep YAML, and the options
+    that do not go with it or with each other: the one place TARGET, --launch, --wait,
     --force with --launch, --json with --launch and the sweep-only options are validated."""
     is_sweep = target.suffix in (".yaml", ".yml")
     if not target.exists():
@@ -132,7 +118,6 @@ def _check_target(target: Path, *, launch: bool, wait: bool, force: bool, as_jso
     if launch and as_json:
         raise ConfigError("json", "not with --launch (it prints what was submitted, and with --wait what each job "
                           "evaluated); run diffsweep eval SWEEP --json here once they are done")
-    return is_sweep
 
 
 def counts(done: list[Any], num_runs: int, waiting: list[str]) -> str:

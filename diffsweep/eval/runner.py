@@ -71,6 +71,15 @@ class Evaluation:
     capped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The evaluation as ``diffsweep eval --json`` prints it."""
+        return {"run": self.run_name, "probe": self.probe, "settings": self.settings, "step": self.step,
+                "ran": self.ran, "headline": self.headline, "value": self.value, "code": self.code,
+                "logged": self.logged, "capped": self.capped, "notes": self.notes, "mlflow_run_id": self.mlflow_run_id,
+                "seconds": self.seconds, "out_dir": str(self.out_dir) if self.out_dir else None,
+                "metrics": self.result.metrics if self.result else None,
+                "tables": self.result.tables if self.result else None}
+
     def line(self) -> str:
         """The one line that says this evaluation: run, step, probe, headline, evaluated or reused."""
         value = f"{self.value:.6g}" if self.value is not None else "(not measured)"

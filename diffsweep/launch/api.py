@@ -436,6 +436,25 @@ def eval_sweep(target: SweepTarget, probes: list[tuple[Any, Any]], *, force: boo
     return done, [row.run.name for row in plan.runs if row.state.state != DONE]
 
 
+def eval_target(target: Path, probes: list[tuple[Any, Any]], *, force: bool = False, echo: Callable[[str], None] = print,
+                only: str | None = None, out: Path | None = None, sets: list[str] | None = None
+                ) -> tuple[list[Any], int, list[str]]:
+    """``probes`` here on a run directory's newest checkpoint, on one checkpoint, or on every finished
+    run of a sweep YAML (``eval_sweep``, with ``only``, ``out`` and ``sets``): the evaluations, the
+    number of runs they are of, and a sweep's runs not finished yet."""
+    if target.suffix in (".yaml", ".yml"):
+        runs, waiting = eval_sweep(SweepTarget.load(target, only=only, out=out, sets=sets, executor="local"), probes,
+                                   force=force, echo=echo)
+        return [e for run in runs for e in run.evaluations], len(runs), waiting
+    from diffsweep.eval.loading import load_trained
+    from diffsweep.eval.runner import evaluate
+
+    trained = load_trained(target)
+    echo(f"checkpoint {trained.checkpoint} (step {trained.step}, {trained.config.model.attention.kind}) "
+         f"on {trained.device}")
+    return evaluate(trained, probes, force=force, echo=echo), 1, []
+
+
 def launch_eval(target: SweepTarget, probes: tuple[str, ...], settings: dict[str, dict[str, Any]],
                 steps: tuple[int, ...] = (), *, tracking_uri: str | None = None,
                 echo: Callable[[str], None] = print) -> tuple[dict[str, Path], list[str]]:
