@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -61,6 +61,25 @@ def compare(
     from diffsweep.tracking.store import existing_store, tracking_uri
 
     confidence_level(level, "--level")
+    spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
+    _check_options(sweep, spec.tune, probes=probes, metric=metric, untuned=untuned, step=step, out=out, no_log=no_log,
+                   plot=plot)
+    runs = select(expand(spec).runs, only, sweep)
+    store = existing_store(tracking_uri())
+    if probes:
+        _probes(store, spec, runs, baseline, step, level, out, not no_log, json_out)
+    elif spec.tune and not untuned:
+        _tuned(store, spec, runs, metric, baseline, level, plot, json_out)
+    elif json_out:
+        print_json(compare_sweep(store, spec, runs, metric=metric, baseline=baseline, level=level).to_dict())
+    else:
+        _print(compare_sweep(store, spec, runs, metric=metric, baseline=baseline, level=level))
+
+
+def _check_options(sweep: Path, tune: object, *, probes: bool, metric: str, untuned: bool, step: int | None,
+                   out: Path | None, no_log: bool, plot: Path | None) -> None:
+    """Refuse the options that do not go with --probes, with each other or with the sweep (``tune``:
+    its tune: section): the one place they are validated."""
     if not probes:
         for flag, given in (("--step", step is not None), ("--out", out is not None), ("--no-log", no_log)):
             if given:
@@ -69,40 +88,31 @@ def compare(
         raise ConfigError("--metric", "does not apply with --probes (each probe's table says what it compares)")
     elif untuned:
         raise ConfigError("--untuned", "does not apply with --probes (probes compare runs, not cells at their best)")
-    spec = load_sweep(sweep, sets or ())  # the runs of the sweep as launched, --set included
-    if untuned and not spec.tune:
+    if untuned and not tune:
         raise ConfigError("--untuned", f"applies only to a tuned sweep; {sweep} has no tune: (every run is a row)")
     if plot is not None:
         from diffsweep.compare.tuned_plot import check_plot_path
 
-        if probes or untuned or not spec.tune:
+        if probes or untuned or not tune:
             raise ConfigError("--plot", "draws a tuned sweep's cells against their tuning values: give a sweep with "
                               "tune:, without --probes or --untuned")
         check_plot_path(plot)
-    runs = select(expand(spec).runs, only, sweep)
-    if probes:
-        _probes(existing_store(tracking_uri()), spec, runs, baseline, step, level, out, not no_log, json_out)
-        return
-    if spec.tune and not untuned:
-        from diffsweep.compare.tuned import compare_tuned_sweep
 
-        tuned = compare_tuned_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline,
-                                    level=level)
-        data = tuned.to_dict()
-        if plot is not None:
-            from diffsweep.compare.tuned_plot import write_plot
 
-            data["plot"] = str(write_plot(data, plot))
-        if json_out:
-            print_json(data)
-        else:
-            _print_tuned(data)
-        return
-    result = compare_sweep(existing_store(tracking_uri()), spec, runs, metric=metric, baseline=baseline, level=level)
+def _tuned(store: Any, spec: Any, runs: list, metric: str, baseline: str | None, level: float, plot: Path | None,
+           json_out: bool) -> None:
+    """A tuned sweep: each cell at its best candidate against the baseline's best (and --plot)."""
+    from diffsweep.compare.tuned import compare_tuned_sweep
+
+    data = compare_tuned_sweep(store, spec, runs, metric=metric, baseline=baseline, level=level).to_dict()
+    if plot is not None:
+        from diffsweep.compare.tuned_plot import write_plot
+
+        data["plot"] = str(write_plot(data, plot))
     if json_out:
-        print_json(result.to_dict())
-        return
-    _print(result)
+        print_json(data)
+    else:
+        _print_tuned(data)
 
 
 def _num(x: float | None, sign: str = "") -> str:

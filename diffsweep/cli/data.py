@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -93,25 +93,14 @@ def prepare(
     from diffsweep.data.prepare import check_out, input_paths
     from diffsweep.data.prepare import prepare as prepare_dataset
     from diffsweep.data.request import PrepareRequest
-    from diffsweep.data.sources import Corpus, Document, open_sources
+    from diffsweep.data.sources import Corpus
 
     req = PrepareRequest(
         inputs=tuple(inputs or ()), demo=demo, out=out, tokenizer=tokenizer, vocab_size=vocab_size,
         val_fraction=val_fraction, val_split=val_split, text_field=text_field, split=split, hf_config=hf_config,
         max_tokens=max_tokens, sample=sample, seed=seed, workers=workers, shard_size=shard_size, sources=sources,
         force=force, launch=launch, profile=profile, executor=executor, tasks=tasks, wait=wait)
-    documents: list[Document] | Corpus
-    if req.demo:
-        from diffsweep.data.demo import demo_documents
-
-        documents = demo_documents(req.sources)
-        what = f"{len(documents)} documents"
-    else:
-        documents = Corpus(open_sources(list(req.inputs), text_field=req.text_field, split=req.split,
-                                        config=req.hf_config), sample=req.sample, seed=req.seed)
-        what = f"{len(documents.sources)} source{'s' if len(documents.sources) != 1 else ''}"
-    settings: dict[str, Any] = {"vocab_size": req.vocabulary, "val_fraction": req.val_fraction, "val_split": req.val_split,
-                "max_tokens": req.max_tokens, "shard_size": req.shard_bytes}
+    documents, what = req.documents()
     if not req.launch:  # an --out in the way is refused before anything is said (a launch may resume one)
         check_out(req.dataset_dir, input_paths(documents), force=req.force)
     typer.echo(f"{what}; tokenizer {req.tokenizer.value}"
@@ -119,10 +108,10 @@ def prepare(
     if req.launch:
         assert isinstance(documents, Corpus)
         _launch(documents, req.dataset_dir, req.tokenizer, profile=req.profile, executor=req.executor,
-                tasks=req.tasks, force=req.force, wait=req.wait, **settings)
+                tasks=req.tasks, force=req.force, wait=req.wait, **req.settings)
         return
     meta = prepare_dataset(documents, req.dataset_dir, req.tokenizer, force=req.force, progress=_progress,
-                           workers=len(os.sched_getaffinity(0)) if req.workers is None else req.workers, **settings)
+                           workers=len(os.sched_getaffinity(0)) if req.workers is None else req.workers, **req.settings)
     _done_line(req.dataset_dir, meta)
 
 

@@ -10,8 +10,12 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from diffsweep.config import ConfigError, ConfigWarning, TokenizerKind
+
+if TYPE_CHECKING:
+    from diffsweep.data.sources import Corpus, Document
 
 DEMO_OUT = Path("data/demo")  # the demo corpus's dataset directory
 DEMO_SOURCES = Path("data/sources")  # where ``data fetch-demo`` puts its sources
@@ -79,6 +83,26 @@ class PrepareRequest:
     @property
     def vocabulary(self) -> int:
         return DEFAULT_VOCAB if self.vocab_size is None else self.vocab_size
+
+    def documents(self) -> tuple[list[Document] | Corpus, str]:
+        """What to tokenize, and how the command names it ("N documents", "N sources"): the demo's
+        documents, or the inputs opened as streams (a corpus larger than memory is fine)."""
+        from diffsweep.data.sources import Corpus, open_sources
+
+        if self.demo:
+            from diffsweep.data.demo import demo_documents
+
+            documents = demo_documents(self.sources)
+            return documents, f"{len(documents)} documents"
+        corpus = Corpus(open_sources(list(self.inputs), text_field=self.text_field, split=self.split,
+                                     config=self.hf_config), sample=self.sample, seed=self.seed)
+        return corpus, f"{len(corpus.sources)} source{'s' if len(corpus.sources) != 1 else ''}"
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The dataset's settings as ``prepare`` and the launched tasks take them."""
+        return {"vocab_size": self.vocabulary, "val_fraction": self.val_fraction, "val_split": self.val_split,
+                "max_tokens": self.max_tokens, "shard_size": self.shard_bytes}
 
     @property
     def shard_bytes(self) -> int:
