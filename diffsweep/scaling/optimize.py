@@ -160,10 +160,10 @@ def _solve_block(law: Predicts, data: Data, theta: np.ndarray, objective: Object
             theta, f, r, jac = trial, t_f, t_r, t_jac
             damping = np.maximum(damping * 0.3, 1e-12)
         else:
-            theta = np.where(better[:, None], trial, theta)
-            f = np.where(better, t_f, f)
-            r = np.where(better[:, None], t_r, r)
-            jac = np.where(better[:, None, None], t_jac, jac)
+            np.copyto(theta, trial, where=better[:, None])  # in place: the working arrays are this loop's own
+            np.copyto(f, t_f, where=better)
+            np.copyto(r, t_r, where=better[:, None])
+            np.copyto(jac, t_jac, where=better[:, None, None])
             damping = np.where(better, np.maximum(damping * 0.3, 1e-12), damping * 8.0)
         converged = (better & ((gain <= tol * np.maximum(f, 1e-300)) | (moved < 1e-12))) | (damping > 1e12)
         if converged.any():
