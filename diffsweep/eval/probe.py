@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -135,6 +136,8 @@ class Probe(ABC):
     # fields are the settings' (e.g. ``needle/N{needles}_R{queries}/accuracy``); see ``headline_metric``.
     headline: ClassVar[str] = ""
     Settings: ClassVar[type] = NoSettings
+    # How the docs' table says a setting's default where its value alone does not (0: "the run's")
+    defaults_shown: ClassVar[Mapping[str, str]] = {}
     comparisons: ClassVar[tuple[TableComparison, ...]] = ()  # its tables in ``diffsweep compare --probes``
 
     def check(self, settings: Any, config: Config) -> None:  # noqa: B027 (optional: a probe that any run can take)

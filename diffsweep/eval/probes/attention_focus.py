@@ -56,6 +56,7 @@ class AttentionFocusProbe(Probe):
     summary = "attention the answer prompt pays to the answer needle vs the rest of the context"
     cites = "Table 3, §3.4"
     Settings = FocusSettings
+    defaults_shown = {"context": "the run's"}
     headline = "attention_focus/answer"
     comparisons = (TableComparison(table="attention_focus", title="Table 3: attention to the answer and to noise by "
                                    "answer depth (mean: over depths)", keys=("context", "needles", "depth"),

@@ -82,6 +82,7 @@ class DownstreamProbe(Probe):
     summary = "zero-shot accuracy on lm-evaluation-harness tasks (ARC, BoolQ, HellaSwag, OBQA, PIQA, WinoGrande)"
     cites = "Table 1, §3.1"
     Settings: ClassVar[type] = DownstreamSettings
+    defaults_shown = {"limit": "0: all", "include_path": "none; your own task YAMLs"}
     headline = "downstream/average"
     comparisons = (TableComparison(table="downstream", title="Table 1: zero-shot accuracy by task",
                                    keys=("task",), values=("value",), where=(("metric", "acc"),)),)

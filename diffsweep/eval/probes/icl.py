@@ -232,6 +232,7 @@ class IclProbe(Probe):
     summary = "many-shot in-context classification accuracy and its spread under demonstration order permutations"
     cites = "Fig. 6, Fig. 7, §3.5"
     Settings: ClassVar[type] = IclSettings
+    defaults_shown = {"data": "required: JSON lines {\"text\", \"label\"}", "robust_shots": "0: the largest that fits"}
     headline = "icl/robust/mean"
     comparisons = (
         TableComparison(table="icl_curve", title="Fig. 6: in-context classification accuracy by demonstrations "

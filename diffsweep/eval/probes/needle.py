@@ -90,6 +90,7 @@ class NeedleProbe(Probe):
     summary = "multi-needle retrieval accuracy by context length and answer depth (LWM / Gemini 1.5 protocol)"
     cites = "Table 2, Fig. 5, §3.3"
     Settings: ClassVar[type] = NeedleSettings
+    defaults_shown = {"contexts": "the run's length − digits − 1"}
     headline = "needle/N{needles}_R{queries}/accuracy"
     comparisons = (TableComparison(table="needle", title="Table 2 / Fig. 5: multi-needle retrieval accuracy by "
                                    "context and answer depth (mean: over depths)",

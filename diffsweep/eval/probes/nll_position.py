@@ -72,6 +72,7 @@ class NllPositionProbe(Probe):
     summary = "cumulative average NLL of the validation tokens by position (long-context modelling)"
     cites = "Fig. 4, §3.2"
     Settings: ClassVar[type] = NllPositionSettings
+    defaults_shown = {"context": "the run's"}
     headline = "nll_position/mean"
     comparisons = (TableComparison(table="nll_position", title="Fig. 4: cumulative average NLL of positions 1..t",
                                    keys=("position",), values=("cumulative",), x="position", log_x=True),)

@@ -128,9 +128,11 @@ class OutliersProbe(Probe):
     """
 
     name = "outliers"
-    summary = "top-k and median |attention logit| and |hidden state|, per layer (0.4M validation tokens)"
+    summary = ("top-k and median |attention logit| (pre-softmax, every map of DIFF) and |hidden state|, per layer "
+               "and overall")
     cites = "Table 5, §3.6"
     Settings = OutliersSettings
+    defaults_shown = {"tokens": "409,600: the paper's 0.4M"}
     headline = "outliers/attn_logit/top1"
     comparisons = (TableComparison(table="outliers", title="Table 5: largest (top1) and median activation over all "
                                    "layers", keys=("what",), values=("top1", "median"), where=(("layer", "all"),)),)

@@ -73,9 +73,11 @@ class QuantizationProbe(Probe):
     """
 
     name = "quantization"
-    summary = "validation loss with attention logits absmax-quantized to 16/8/6/4 bits"
+    summary = ("validation loss with the attention logits absmax-quantized to each bit width (16: unquantized), in "
+               "every backend; with `tasks`, the zero-shot accuracy at each width too")
     cites = "Fig. 8, §3.7"
     Settings = QuantizationSettings
+    defaults_shown = {"tasks": "none: the loss only", "limit": "0: all"}
     comparisons = (TableComparison(table="quantization", title="Fig. 8: validation loss with attention logits "
                                    "quantized to b bits", keys=("granularity", "bits"), values=("val_loss", "delta"),
                                    x="bits"),
