@@ -488,6 +488,19 @@ def test_every_module_is_at_most_500_lines():
     assert not long, f"split these (at most {MAX_MODULE_LINES} lines a module):\n" + "\n".join(long)
 
 
+MAX_FOLDER_MODULES = 16  # a folder a newcomer can find their way in (issue #51)
+# More today: not to grow (issue #51 tracks splitting them into rooms).
+LARGE_FOLDERS = {"diffsweep/launch": 29, "diffsweep/scaling": 25}
+
+
+def test_no_folder_of_the_package_has_more_than_16_modules():
+    counts = {str(folder.relative_to(ROOT)): len(list(folder.glob("*.py")))
+              for folder in [ROOT / "diffsweep", *(ROOT / "diffsweep").rglob("*/")] if folder.is_dir()
+              and "__pycache__" not in folder.parts}
+    big = {name: n for name, n in counts.items() if n > LARGE_FOLDERS.get(name, MAX_FOLDER_MODULES)}
+    assert not big, f"folders over {MAX_FOLDER_MODULES} modules (split them into rooms): {big}"
+
+
 MAX_COMMAND_LINES = 60  # a command parses its options, calls the library and renders (issue #51)
 # Longer today, as their option declarations are: not to grow (issue #51 tracks them).
 LONG_COMMANDS = {"diffsweep/cli/data.py:prepare": 79, "diffsweep/cli/fit.py:fit": 78}

@@ -17,11 +17,10 @@ from diffsweep.cli import doctor as doctor_cli
 from diffsweep.cli import eval as eval_cli
 from diffsweep.cli import fit as fit_cli
 from diffsweep.cli import model as model_cli
-from diffsweep.cli import server as server_cli
 from diffsweep.cli import suggest as suggest_cli
 from diffsweep.cli import sweep as sweep_cli
+from diffsweep.cli import tracking as tracking_cli
 from diffsweep.cli import train as train_cli
-from diffsweep.cli import ui as ui_cli
 from diffsweep.cli.usage import Root
 
 app = typer.Typer(
@@ -37,8 +36,8 @@ app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(bench_cli.app, name="bench")
 app.command("train")(train_cli.train)
-app.command("ui")(ui_cli.ui)
-app.command("server")(server_cli.server)
+app.command("ui")(tracking_cli.ui)
+app.command("server")(tracking_cli.server)
 app.command("fit")(fit_cli.fit)
 app.command("compare")(compare_cli.compare)
 app.command("eval")(eval_cli.eval_)
