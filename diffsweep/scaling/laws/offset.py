@@ -40,24 +40,20 @@ class OffsetLaw(LawForm):
     def predict(self, law: Shaped, theta: np.ndarray, u: np.ndarray, v: np.ndarray | None,
                 group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         batch, n = theta.shape[0], u.shape[0]
-        e = theta[:, :1]
+        jac = np.zeros((batch, n, law.num_params))
         if law.shared_e:  # each point's own group's (a, α) columns
             assert group is not None
             a_col, alpha_col = 1 + 2 * group, 2 + 2 * group
-            power = theta[:, a_col] - theta[:, alpha_col] * u
-        else:  # the same numbers as a column per point, without gathering them (the solver's inner loop)
-            power = theta[:, 1:2] - theta[:, 2:3] * u
+        else:
+            a_col, alpha_col = np.ones(n, int), np.full(n, 2)
+        rows = np.arange(n)
+        e = theta[:, :1]
+        power = theta[:, a_col] - theta[:, alpha_col] * u
         log_loss = np.logaddexp(e, power)
         w_e, w_power = np.exp(e - log_loss), np.exp(power - log_loss)
-        jac = np.zeros((batch, n, law.num_params))
         jac[:, :, 0] = w_e
-        if law.shared_e:
-            rows = np.arange(n)
-            jac[:, rows, a_col] = w_power
-            jac[:, rows, alpha_col] = -u * w_power
-        else:
-            jac[:, :, 1] = w_power
-            jac[:, :, 2] = -u * w_power
+        jac[:, rows, a_col] = w_power
+        jac[:, rows, alpha_col] = -u * w_power
         return log_loss, jac
 
     def starts(self, law: Shaped, u: np.ndarray, y: np.ndarray, v: np.ndarray | None,
