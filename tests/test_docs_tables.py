@@ -22,34 +22,34 @@ BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)"
 def kinds_table() -> str:
     from diffsweep.config.kinds import BUILTIN, kind_spec
 
-    rows = ["| `model.attention.kind` | in reports | what it is |", "|---|---|---|"]
-    for name in BUILTIN:
-        spec = kind_spec(name)
-        rows.append(f"| `{name}` | {spec.display_name} | {_cell(spec.description)} |")
-    return "\n".join(rows)
+    return _table(["`model.attention.kind`", "in reports", "what it is"],
+                  [[f"`{name}`", (spec := kind_spec(name)).display_name, spec.description] for name in BUILTIN])
 
 
 def law_forms_table() -> str:
     from diffsweep.scaling.laws import BUILTIN, DEFAULT, law_form
 
-    rows = ["| `--form` | law | in words |", "|---|---|---|"]
-    for name in BUILTIN:
-        form = law_form(name)
-        default = " (default)" if name == DEFAULT else ""
-        rows.append(f"| `{name}`{default} | {form.formula.format(x='x')} | {_cell(form.words)} |")
-    return "\n".join(rows)
+    return _table(["`--form`", "law", "in words"],
+                  [[f"`{name}`" + (" (default)" if name == DEFAULT else ""), (form := law_form(name)).formula.format(x="x"),
+                    form.words] for name in BUILTIN])
 
 
 def probes_table() -> str:
     from diffsweep.eval.probe import PROBES, get_probe
 
-    rows = ["| probe | paper | what it measures | settings (default) |", "|---|---|---|---|"]
+    rows = []
     for name in PROBES:
         probe = get_probe(name)
         settings = [f"`{f.name}` ({probe.defaults_shown.get(f.name) or _value(f.default)})"
                     for f in dataclasses.fields(probe.Settings)] if dataclasses.is_dataclass(probe.Settings) else []
-        rows.append(f"| `{name}` | {probe.cites} | {_cell(probe.summary)} | {', '.join(settings) or 'none'} |")
-    return "\n".join(rows)
+        rows.append([f"`{name}`", probe.cites, probe.summary, ", ".join(settings) or "none"])
+    return _table(["probe", "paper", "what it measures", "settings (default)"], rows)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (a cell's ``|`` escaped)."""
+    lines = [header, ["---"] * len(header), *([cell.replace("|", "\\|") for cell in row] for row in rows)]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
 def _value(v: Any) -> str:
@@ -67,10 +67,6 @@ def _value(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
