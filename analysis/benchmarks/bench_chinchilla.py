@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from diffsweep.scaling import mle, resample
-from diffsweep.scaling.bootstrap import Group, draw_targets, estimate_noise, scale_draws
 from diffsweep.scaling.compute_optimal import allocation
-from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import Data, Objective
+from diffsweep.scaling.fitting import mle, resample
+from diffsweep.scaling.fitting.bootstrap import Group, draw_targets, estimate_noise, scale_draws
+from diffsweep.scaling.fitting.fit import fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import Data, Objective
 
 CSV = Path(__file__).resolve().parents[2] / "tests" / "scaling" / "data" / "chinchilla_epoch_svg_extracted.csv"
 EPOCH = {"A": 482.006, "B": 2085.434, "E": 1.81686, "alpha": 0.34781, "beta": 0.36585}

@@ -37,10 +37,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from diffsweep.scaling import candidates
-from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest, FitWarning, analyse
-from diffsweep.scaling.fit import LawFit
+from diffsweep.scaling.fitting.fit import LawFit
+from diffsweep.scaling.suggest import candidates
+from diffsweep.scaling.suggest import preposterior as sg
 from diffsweep.scaling.table import _complete
 
 SIZES = np.array([0.83, 1.4, 2.8, 6.8, 13.1]) * 1e9

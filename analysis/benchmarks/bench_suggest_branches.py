@@ -30,9 +30,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from diffsweep.scaling import candidates  # noqa: E402
-from diffsweep.scaling import suggest as sg  # noqa: E402
 from diffsweep.scaling.analysis import FitRequest, analyse  # noqa: E402
+from diffsweep.scaling.suggest import candidates  # noqa: E402
+from diffsweep.scaling.suggest import preposterior as sg  # noqa: E402
 from diffsweep.scaling.table import _complete  # noqa: E402
 from tests.scaling.synthetic import TRUE_TOKEN_RATIO  # noqa: E402
 

@@ -30,7 +30,7 @@ TESTS = {
     "T7": "tests/scaling/test_run_noise.py::test_token_scan_ci_covers_the_truth_with_run_offsets",
     "T8": "tests/scaling/test_suggest.py::test_following_suggest_narrows_the_ci_more_per_gpu_hour_than_uniform_runs",
 }
-BOOT, ANALYSIS, SUGGEST = "diffsweep/scaling/bootstrap.py", "diffsweep/scaling/analysis.py", "diffsweep/scaling/suggest.py"
+BOOT, ANALYSIS, SUGGEST = "diffsweep/scaling/fitting/bootstrap.py", "diffsweep/scaling/analysis.py", "diffsweep/scaling/suggest/preposterior.py"
 NOISE = "rng.standard_normal((n_boot, n)) * scales.sd"
 PICK = "best = max(scored, key=lambda s: (_key(s.per_gpu_hour), -s.candidate.gpu_hours))"
 # name: (file, the line's text, its replacement)
@@ -47,7 +47,7 @@ PLANTS: dict[str, tuple[str, str, str] | None] = {
     "P7 the shift test's chi-square statistic doubled": ("diffsweep/scaling/shift.py",
                                                          "p_value = float(chi2.sf(stat, df))",
                                                          "p_value = float(chi2.sf(2.0 * stat, df))"),
-    "P8 case draws are the data itself": ("diffsweep/scaling/resample.py",
+    "P8 case draws are the data itself": ("diffsweep/scaling/fitting/resample.py",
                                           "drawn = rng.integers(0, k, size=(n_boot, k))",
                                           "drawn = np.tile(np.arange(k), (n_boot, 1))"),
     "P9 an estimated sd doubled": (BOOT, "return (sd * np.sqrt(dof / rng.chisquare(dof, n_boot)))[:, None]",

@@ -16,9 +16,9 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import (
+from diffsweep.scaling.fitting.fit import fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import (
     Data,
     Objective,
     multistart,

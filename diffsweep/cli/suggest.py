@@ -60,7 +60,7 @@ def suggest(
     at the reference, per GPU-hour (a preposterior analysis of the current fit); with --budget,
     pick a set greedily."""
     from diffsweep.cli.fit import parse_amount
-    from diffsweep.scaling.suggest_request import SuggestRequest, suggest_runs
+    from diffsweep.scaling.suggest.request import SuggestRequest, suggest_runs
 
     if top < 1:
         raise ConfigError("--top", f"expected at least 1 row, got {top}")

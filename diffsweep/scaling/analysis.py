@@ -21,8 +21,13 @@ from scipy.stats import t as t_dist
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
-from diffsweep.scaling import resample, tuning
-from diffsweep.scaling.bootstrap import (
+from diffsweep.scaling import tuning
+
+# the enums' home is the numpy-free choices module (the CLI's options); re-exported here
+from diffsweep.scaling.choices import Axis, Count, TokenPoints
+from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
+from diffsweep.scaling.fitting import resample
+from diffsweep.scaling.fitting.bootstrap import (
     Group,
     Noise,
     draw_targets,
@@ -30,16 +35,12 @@ from diffsweep.scaling.bootstrap import (
     interval,
     scale_draws,
 )
-
-# the enums' home is the numpy-free choices module (the CLI's options); re-exported here
-from diffsweep.scaling.choices import Axis, Count, TokenPoints
-from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
-from diffsweep.scaling.fit import LawFit, fit_law
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.fit import LawFit, fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.mle import fit_huber_mle
+from diffsweep.scaling.fitting.optimize import Data, Objective
 from diffsweep.scaling.laws import law_forms
 from diffsweep.scaling.laws.base import LawForm
-from diffsweep.scaling.mle import fit_huber_mle
-from diffsweep.scaling.optimize import Data, Objective
 from diffsweep.scaling.points import (
     Arch,
     architectures,

@@ -16,7 +16,7 @@ class Objective(StrEnum):
 
     L2 = "l2"  # r²/2: least squares in log space (default for designed sweeps)
     HUBER = "huber"  # Huber_δ(r), δ = 1e-3: Hoffmann et al. / Epoch AI's approach 3
-    # Epoch AI's final estimator: the Huber likelihood with a free scale σ (diffsweep.scaling.mle);
+    # Epoch AI's final estimator: the Huber likelihood with a free scale σ (diffsweep.scaling.fitting.mle);
     # bootstrap refits use the summed Huber loss, as Epoch's bootstrap does
     HUBER_MLE = "huber_mle"
 

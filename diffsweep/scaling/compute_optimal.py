@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from diffsweep.config.units import human
-from diffsweep.scaling.bootstrap import interval
+from diffsweep.scaling.fitting.bootstrap import interval
 from diffsweep.scaling.ratio import Curve, ratio
 
 BUDGET_MULTIPLES = (1.0, 10.0, 100.0)  # compute budgets: the largest measured run's 6ND, and 10x, 100x it

@@ -14,7 +14,7 @@ import pandas as pd
 
 from diffsweep.config import ConfigError
 from diffsweep.scaling.choices import Axis, Count, TokenPoints
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.forms import Law
 from diffsweep.scaling.result import FitWarning
 
 if TYPE_CHECKING:

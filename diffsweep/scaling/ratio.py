@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.forms import Law
 
 
 @dataclass(frozen=True)

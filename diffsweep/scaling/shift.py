@@ -16,11 +16,11 @@ import numpy as np
 from scipy.stats import chi2
 from scipy.stats import f as f_dist
 
-from diffsweep.scaling.bootstrap import interval
-from diffsweep.scaling.fit import LawFit
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.bootstrap import interval
+from diffsweep.scaling.fitting.fit import LawFit
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import Data, Objective, solve_batch
 from diffsweep.scaling.laws.base import EXPONENT, LOG_COEF, LOG_E
-from diffsweep.scaling.optimize import Data, Objective, solve_batch
 
 SUPPORT_P = 0.05  # a single ρ is "supported" unless the test rejects it at 5%
 _LOG_RHO = (-12.0, 12.0)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from diffsweep.scaling import candidates
-from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
-from diffsweep.scaling.fit import LawFit
+from diffsweep.scaling.fitting.fit import LawFit
+from diffsweep.scaling.suggest import candidates
+from diffsweep.scaling.suggest import preposterior as sg
 from diffsweep.scaling.table import _complete
 from tests.scaling.synthetic import SIZES, TRUE_RATIO, baseline_loss
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from diffsweep.scaling.analysis import FitRequest, analyse
-from diffsweep.scaling.bootstrap import Group, estimate_noise, interval
-from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import (
+from diffsweep.scaling.fitting.bootstrap import Group, estimate_noise, interval
+from diffsweep.scaling.fitting.fit import fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import (
     Data,
     Objective,
     multistart,

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffsweep.scaling import mle, resample
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.compute_optimal import compute_optimal
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import Objective
+from diffsweep.scaling.fitting import mle, resample
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import Objective
 from diffsweep.scaling.ratio import Curve
 from diffsweep.scaling.table import _complete
 from tests.helpers.cli import run

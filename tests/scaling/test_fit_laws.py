@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from diffsweep.scaling.analysis import FitRequest, analyse
-from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import Data, Objective
+from diffsweep.scaling.fitting.fit import fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import Data, Objective
 from tests.scaling.synthetic import ALPHA, SIZES, TRUE_RATIO, A, E, ladder
 
 EPOCH_CSV = Path(__file__).with_name("data") / "chinchilla_epoch_svg_extracted.csv"  # see data/README.md

@@ -14,11 +14,11 @@ import pytest
 
 from diffsweep.config import ConfigError, EnvironmentUnavailable
 from diffsweep.scaling.analysis import FitRequest, analyse
-from diffsweep.scaling.fit import fit_law
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.fit import fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import Data
 from diffsweep.scaling.laws import BUILTIN, LAW_FORMS, law_form, law_form_names, law_forms, register
 from diffsweep.scaling.laws.base import LawForm
-from diffsweep.scaling.optimize import Data
 from diffsweep.scaling.result import FitResult
 from diffsweep.scaling.table import _complete
 from tests.helpers.badinput import refused

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from diffsweep.scaling.analysis import FitRequest, analyse
-from diffsweep.scaling.bootstrap import Group, estimate_noise
+from diffsweep.scaling.fitting.bootstrap import Group, estimate_noise
 from diffsweep.scaling.report import sentence
 from tests.scaling.synthetic import SCAN_TOKENS, TRUE_TOKEN_RATIO, token_scan
 

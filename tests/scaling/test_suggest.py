@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffsweep.scaling import candidates
-from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
+from diffsweep.scaling.suggest import candidates
+from diffsweep.scaling.suggest import preposterior as sg
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run
 from tests.launch.conftest import attempts, ledger, require_slurm

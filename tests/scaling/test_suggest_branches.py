@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from diffsweep.launch.api import SweepTarget, plan_sweep
-from diffsweep.scaling import candidates
-from diffsweep.scaling import suggest as sg
 from diffsweep.scaling.analysis import FitRequest
+from diffsweep.scaling.suggest import candidates
+from diffsweep.scaling.suggest import preposterior as sg
 from diffsweep.sweep import load_sweep
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run

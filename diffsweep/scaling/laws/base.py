@@ -20,11 +20,11 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from diffsweep.scaling.choices import Objective
-from diffsweep.scaling.optimize import Data, Shaped
+from diffsweep.scaling.fitting.optimize import Data, Shaped
 
 
 class Fitted(Protocol):
-    """What a form's bootstrap starts read of a ``LawFit`` (``diffsweep.scaling.fit``): the law,
+    """What a form's bootstrap starts read of a ``LawFit`` (``diffsweep.scaling.fitting.fit``): the law,
     the points it was fitted to and the objective."""
 
     @property

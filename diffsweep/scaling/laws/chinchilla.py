@@ -12,8 +12,8 @@ from itertools import product
 import numpy as np
 
 from diffsweep.scaling.choices import Objective
+from diffsweep.scaling.fitting.optimize import Shaped
 from diffsweep.scaling.laws.base import LOG_E, LawForm, coefficient, exponent
-from diffsweep.scaling.optimize import Shaped
 
 # Hoffmann et al. (2022) approach 3, unrounded from the paper's TeX source (as Epoch uses them):
 # log-space (e, a, b, α, β).

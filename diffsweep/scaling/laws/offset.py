@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diffsweep.scaling.fitting.optimize import Shaped, penalty
 from diffsweep.scaling.laws.base import (
     EXPONENT,
     LOG_E,
@@ -18,7 +19,6 @@ from diffsweep.scaling.laws.base import (
     exponent,
     ols,
 )
-from diffsweep.scaling.optimize import Shaped, penalty
 
 # The start grid: E at these fractions of the lowest loss (0: far below it), then for each the
 # rest is a line in log-log space (variable projection in spirit, Czech et al.), plus these exponents.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from diffsweep.scaling.fitting.optimize import Shaped
 from diffsweep.scaling.laws.base import Fitted, LawForm, coefficient, exponent, ols
-from diffsweep.scaling.optimize import Shaped
 
 
 class PureLaw(LawForm):

@@ -1,7 +1,7 @@
 """The runs ``diffsweep suggest`` may propose besides a sweep's planned ones, priced in GPU-hours:
 another seed of a measured point (another run of a run family), a run at a new size or token count,
 a new cooldown branch of a measured run, and a run beyond the end of a tuning grid where a best
-candidate sits at its edge. ``diffsweep.scaling.suggest`` scores them."""
+candidate sits at its edge. ``diffsweep.scaling.suggest.preposterior`` scores them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 
 from diffsweep.config import ConfigError
 from diffsweep.config.units import human
-from diffsweep.scaling.suggest import Candidate, Design
+from diffsweep.scaling.suggest.preposterior import Candidate, Design
 
 FLOPS_PER_TOKEN_PER_PARAM = 6.0  # training FLOPs ≈ 6·N·D (Kaplan et al. 2020, §2.1)
 

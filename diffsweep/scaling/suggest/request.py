@@ -61,9 +61,9 @@ class SuggestRequest:
 def suggest_runs(req: SuggestRequest, echo: Callable[[str], None] = print,
                  warn: Callable[[str], None] = print) -> dict[str, Any]:
     """The report of ``req`` (``echo`` and ``warn``: what launching says, with ``req.launch``)."""
-    from diffsweep.scaling import candidates
-    from diffsweep.scaling import suggest as sg
     from diffsweep.scaling.points import x_column
+    from diffsweep.scaling.suggest import candidates
+    from diffsweep.scaling.suggest import preposterior as sg
 
     try:
         points, request, label, planned_runs, rate, sweep_cooldown = _inputs(req)
@@ -192,7 +192,7 @@ def _sweep_inputs(req: SuggestRequest):
     from diffsweep.launch.plan import SUBMITTABLE
     from diffsweep.scaling.analysis import FitRequest
     from diffsweep.scaling.pipeline import load_points, resolve_source, tune_columns
-    from diffsweep.scaling.suggest import Candidate
+    from diffsweep.scaling.suggest.preposterior import Candidate
     from diffsweep.sweep import load_sweep
 
     sweep = req.source

@@ -37,7 +37,7 @@ class Predicts(Protocol):
 
 
 class Shaped(Predicts, Protocol):
-    """What the multi-start search and the law forms need of a ``Law`` (``diffsweep.scaling.forms``,
+    """What the multi-start search and the law forms need of a ``Law`` (``diffsweep.scaling.fitting.forms``,
     which imports the forms, so they name this instead): θ's columns, their grouping, its starts."""
 
     @property

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diffsweep.scaling.fit import LawFit
-from diffsweep.scaling.optimize import solve_batch
+from diffsweep.scaling.fitting.fit import LawFit
+from diffsweep.scaling.fitting.optimize import solve_batch
 
 CASE_MIN_POINTS = 30  # distinct design points per architecture before rows are resampled
 CLUSTER_MIN_RUNS = 10  # runs per architecture before whole runs are resampled (fewer: parametric)

@@ -28,8 +28,8 @@ from diffsweep.config import ConfigError
 from diffsweep.config.units import human
 from diffsweep.scaling.analysis import FitRequest, analyse
 from diffsweep.scaling.choices import Axis
-from diffsweep.scaling.fit import LawFit, fit_law
-from diffsweep.scaling.optimize import Data
+from diffsweep.scaling.fitting.fit import LawFit, fit_law
+from diffsweep.scaling.fitting.optimize import Data
 from diffsweep.scaling.points import architectures, run_ids
 from diffsweep.scaling.result import FitResult
 

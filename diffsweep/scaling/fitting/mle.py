@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
-from diffsweep.scaling.fit import LawFit, fit_law
-from diffsweep.scaling.forms import Law
+from diffsweep.scaling.fitting.fit import LawFit, fit_law
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import HUBER_DELTA, Data, Objective, Solution
 from diffsweep.scaling.laws.chinchilla import HOFFMANN  # noqa: F401  (Epoch's start; tests use mle.HOFFMANN)
-from diffsweep.scaling.optimize import HUBER_DELTA, Data, Objective, Solution
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diffsweep.scaling.forms import Law
-from diffsweep.scaling.optimize import (
+from diffsweep.scaling.fitting.forms import Law
+from diffsweep.scaling.fitting.optimize import (
     Data,
     Objective,
     Solution,
