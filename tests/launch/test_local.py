@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.lockfile import pid_alive
 from tests.helpers.cli import run as cli
 from tests.helpers.held import StepHold
 from tests.launch.conftest import attempts, held_at, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
@@ -105,20 +106,46 @@ def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, t
     assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
 
 
-def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
+def test_a_sigterm_while_the_job_starts_is_not_lost_and_a_cancel_then_relaunch_resumes(tmp_path, text_dataset,
+                                                                                     store):
+    """One run, launched three times. A SIGTERM reaching the job as it starts (before the trainer's
+    handlers are up) is not lost: the job stops, preempted at step 0, and status says failed
+    (resubmittable). Launched again, and cancelled while held at step HOLD_AT: the cancel's SIGTERM
+    stops it there, its MLflow run KILLED. Launched again: it resumes, and trains to the end with
+    each step logged once. (One sweep for both stories: the same processes, one job fewer.)"""
+    # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
+    # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
-    hold = StepHold(tmp_path / "hold", HOLD_AT)
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
-    run_dir = next((out / "runs").iterdir())
-    with held_at(hold) as pid:
-        r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
-        assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
-        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
 
     def counts():
         r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
         return json.loads(r.stdout)["counts"]
+
+    hold = StepHold(tmp_path / "hold", 0)  # as the job calls the trainer, before its handlers are up
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    (pid,) = hold.wait()
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not pending(pid, signal.SIGTERM), 60, "the SIGTERM to be handled", poll=0.005)
+    hold.release()
+    job_file = next((out / "runs").glob("*/job.json"))
+    run_dir = job_file.parent
+    wait_for(lambda: json.loads(job_file.read_text())["state"] != "running", 120, "the job to stop")
+    job = json.loads(job_file.read_text())
+    assert job["state"] == "preempted" and job["step"] == 0, job
+    wait_for(lambda: counts() == {"failed": 1}, 60, "the job to exit")  # resubmittable, with its reason
+    # its queue (whose jobs hold at step 0) gone, so that the next launch starts one of its own
+    queue = ledger(out)["entries"][run_dir.name[-12:]]["attempts"][0]
+    wait_for(lambda: not pid_alive(queue["queue_pid"], queue["queue_start"]), 60, "the first queue to exit",
+             poll=0.05)
+
+    # launched again, then cancelled while its job is held at step HOLD_AT
+    hold = StepHold(tmp_path / "hold-cancel", HOLD_AT)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    with held_at(hold) as pid:
+        r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+        assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
+        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
 
     # "running (cancelling)" while the job saves its checkpoint and exits; a launch now would skip it
     wait_for(lambda: counts() == {"cancelled": 1}, 60, "the job to stop")
@@ -131,34 +158,7 @@ def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
     assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
-    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2
-
-
-def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, store):
-    # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
-    # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
-    out = tmp_path / "runs" / "t"
-    hold = StepHold(tmp_path / "hold", 0)  # as the job calls the trainer, before its handlers are up
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
-    (pid,) = hold.wait()
-    os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not pending(pid, signal.SIGTERM), 60, "the SIGTERM to be handled", poll=0.005)
-    hold.release()
-    job_file = next((out / "runs").glob("*/job.json"))
-    wait_for(lambda: json.loads(job_file.read_text())["state"] != "running", 120, "the job to stop")
-    job = json.loads(job_file.read_text())
-    assert job["state"] == "preempted" and job["step"] == 0, job
-
-    def counts():
-        r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
-        return json.loads(r.stdout)["counts"]
-
-    wait_for(lambda: counts() == {"failed": 1}, 60, "the job to exit")  # resubmittable, with its reason
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run_id = json.loads((job_file.parent / "run.json").read_text())["run_id"]
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 3
 
 
 def _sigint_default() -> None:
