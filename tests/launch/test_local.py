@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.lockfile import pid_alive
 from tests.helpers.cli import run as cli
 from tests.helpers.held import StepHold
 from tests.launch.conftest import attempts, held_at, in_mask, ledger, metric_steps, pending, wait_for, write_sweep
 
-# A signal is sent while the job waits at step HOLD_AT; the run goes on past it.
-STEPS, HOLD_AT = 12, 4
+# A signal is sent while the job waits at step HOLD_AT (or PREEMPT_AT); the run goes on past it.
+STEPS, HOLD_AT, PREEMPT_AT = 12, 4, 8
 
 
 def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_not_resubmitted(tmp_path, text_dataset,
@@ -76,69 +77,33 @@ def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_no
     assert r.returncode == 0 and "finished 8 steps" in r.stdout
 
 
-def test_local_preemption_requeues_and_continues_the_same_mlflow_run(tmp_path, text_dataset, store):
-    """SIGUSR2 (held until it arrives): the job saves, requeues itself and trains on in the same
-    MLflow run, each step logged once; a launch meanwhile leaves it alone; ``logs --follow`` (a
-    process of its own, following the job as it runs) ends by itself when the job has ended."""
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("diff_v1",))
-    out = tmp_path / "runs" / "t"
-    hold = StepHold(tmp_path / "hold", HOLD_AT)
-    r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env())
-    assert r.returncode == 0, r.stderr
-    run_dir = next((out / "runs").iterdir())
-    with held_at(hold) as pid:
-        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-        follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "diff_v1-tiny-xs-s0", "--follow"],
-                                  cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
-        os.kill(pid, signal.SIGUSR2)  # Slurm's before preemption
-
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "skip diff_v1-tiny-xs-s0: running" in r.stdout  # left alone while it requeues, not resubmitted
-    assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))  # each step once
-    log = cli("logs", "diff_v1-tiny-xs-s0", cwd=tmp_path, env=store).stdout
-    assert f"preempted by SIGUSR2 at step {HOLD_AT}" in log and "Requeued job" in log
-    assert f"finished {STEPS} steps" in log
-    followed, _ = follow.communicate(timeout=60)  # --follow ends by itself once the job has ended
-    assert follow.returncode == 0 and "Requeued job" in followed and f"finished {STEPS} steps" in followed
-    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 1
+def _queue_gone(out: Path, run_dir: Path) -> None:
+    """Wait until the queue of the run's latest attempt has exited, so that the next launch starts a
+    queue of its own, with that launch's environment (its ``StepHold``), for the run's next job."""
+    queue = ledger(out)["entries"][run_dir.name[-12:]]["attempts"][-1]
+    wait_for(lambda: not pid_alive(queue["queue_pid"], queue["queue_start"]), 60, "the queue to exit", poll=0.05)
 
 
-def test_local_cancel_then_relaunch_resumes(tmp_path, text_dataset, store):
+def test_a_sigterm_while_the_job_starts_is_not_lost_a_cancel_then_relaunch_resumes_and_preemption_requeues(
+        tmp_path, text_dataset, store):
+    """One run, launched three times (the same processes the three stories need, two jobs fewer).
+    A SIGTERM reaching the job as it starts (before the trainer's handlers are up) is not lost: the
+    job stops, preempted at step 0, and status says failed (resubmittable). Launched again, and
+    cancelled while held at step HOLD_AT: the cancel's SIGTERM stops it there, its MLflow run KILLED.
+    Launched again, it resumes; SIGUSR2 while it is held at step PREEMPT_AT: the job saves, requeues
+    itself and trains on to the end in the same MLflow run, each step logged once, with no new
+    attempt; a launch meanwhile leaves it alone; ``logs --follow`` (a process of its own, following
+    the job as it runs) ends by itself when the job has ended."""
+    # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
+    # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
     out = tmp_path / "runs" / "t"
-    hold = StepHold(tmp_path / "hold", HOLD_AT)
-    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
-    run_dir = next((out / "runs").iterdir())
-    with held_at(hold) as pid:
-        r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
-        assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
-        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
+    uri = store["MLFLOW_TRACKING_URI"]
 
     def counts():
         r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
         return json.loads(r.stdout)["counts"]
 
-    # "running (cancelling)" while the job saves its checkpoint and exits; a launch now would skip it
-    wait_for(lambda: counts() == {"cancelled": 1}, 60, "the job to stop")
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    from mlflow.tracking import MlflowClient
-
-    assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).info.status == "KILLED"
-    assert max(metric_steps(store["MLFLOW_TRACKING_URI"], run_id)) == HOLD_AT
-
-    r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
-    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 2
-
-
-def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, store):
-    # submitit ignores SIGTERM ("bypassing"); until the trainer's handlers were up, a cancel or a
-    # stray SIGTERM reaching a starting job was dropped and the run trained to its end.
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=STEPS, kinds=("transformer",))
-    out = tmp_path / "runs" / "t"
     hold = StepHold(tmp_path / "hold", 0)  # as the job calls the trainer, before its handlers are up
     assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
     (pid,) = hold.wait()
@@ -146,19 +111,50 @@ def test_a_sigterm_while_the_job_starts_is_not_lost(tmp_path, text_dataset, stor
     wait_for(lambda: not pending(pid, signal.SIGTERM), 60, "the SIGTERM to be handled", poll=0.005)
     hold.release()
     job_file = next((out / "runs").glob("*/job.json"))
+    run_dir = job_file.parent
     wait_for(lambda: json.loads(job_file.read_text())["state"] != "running", 120, "the job to stop")
     job = json.loads(job_file.read_text())
     assert job["state"] == "preempted" and job["step"] == 0, job
-
-    def counts():
-        r = cli("status", str(sweep), "--executor", "local", "--json", cwd=tmp_path, env=store)
-        return json.loads(r.stdout)["counts"]
-
     wait_for(lambda: counts() == {"failed": 1}, 60, "the job to exit")  # resubmittable, with its reason
+
+    # launched again, then cancelled while its job is held at step HOLD_AT
+    _queue_gone(out, run_dir)
+    hold = StepHold(tmp_path / "hold-cancel", HOLD_AT)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    with held_at(hold) as pid:
+        r = cli("cancel", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
+        assert r.returncode == 0 and "cancelled 1 runs" in r.stdout, r.stdout + r.stderr
+        wait_for(lambda: pending(pid, signal.SIGTERM), 60, "the cancel's SIGTERM to reach the job", poll=0.05)
+
+    # "running (cancelling)" while the job saves its checkpoint and exits; a launch now would skip it
+    wait_for(lambda: counts() == {"cancelled": 1}, 60, "the job to stop")
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+    assert max(metric_steps(uri, run_id)) == HOLD_AT
+
+    # launched again: it resumes; SIGUSR2 (held until it arrives) while it waits at step PREEMPT_AT
+    _queue_gone(out, run_dir)
+    hold = StepHold(tmp_path / "hold-preempt", PREEMPT_AT)
+    assert cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store | hold.env()).returncode == 0
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 3
+    with held_at(hold) as pid:
+        follow = subprocess.Popen([sys.executable, "-m", "diffsweep", "logs", "transformer-tiny-xs-s0", "--follow"],
+                                  cwd=tmp_path, env={**os.environ, **store}, stdout=subprocess.PIPE, text=True)
+        os.kill(pid, signal.SIGUSR2)  # Slurm's before preemption
+
     r = cli("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=store)
     assert r.returncode == 0, r.stdout + r.stderr
-    run_id = json.loads((job_file.parent / "run.json").read_text())["run_id"]
-    assert metric_steps(store["MLFLOW_TRACKING_URI"], run_id) == list(range(1, STEPS + 1))
+    assert "skip transformer-tiny-xs-s0: running" in r.stdout  # left alone while it requeues, not resubmitted
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_id
+    assert metric_steps(uri, run_id) == list(range(1, STEPS + 1))  # each step once
+    log = cli("logs", "transformer-tiny-xs-s0", cwd=tmp_path, env=store).stdout
+    assert f"preempted by SIGUSR2 at step {PREEMPT_AT}" in log and "Requeued job" in log
+    assert f"finished {STEPS} steps" in log
+    followed, _ = follow.communicate(timeout=60)  # --follow ends by itself once the job has ended
+    assert follow.returncode == 0 and "Requeued job" in followed and f"finished {STEPS} steps" in followed
+    assert len(ledger(out)["entries"][run_dir.name[-12:]]["attempts"]) == 3  # the requeue is no new attempt
 
 
 def _sigint_default() -> None:

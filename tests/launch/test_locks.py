@@ -18,6 +18,7 @@ import pytest
 
 from diffsweep import lockfile, slurm
 from diffsweep.lockfile import Holder, LockBusy, hold, proc_start
+from tests.helpers.cli import run as cli
 
 from ..conftest import TINY_RUN
 
@@ -173,8 +174,8 @@ def test_a_second_trainer_in_a_run_directory_is_refused_and_a_dead_ones_lock_tak
     try:
         _wait_for_line(first, "step 3/")
         first.send_signal(signal.SIGSTOP)  # stopped (e.g. Slurm suspend) is not gone: no timeout steals it
-        second = subprocess.run(_train_args(text_dataset), cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=300)
+        # the second trainer: this test's process (the CLI in process), another process than the first's
+        second = cli(*_train_args(text_dataset)[3:], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": mlflow_store})
         assert second.returncode == 2, second.stderr
         (run_dir,) = (tmp_path / "runs").iterdir()
         assert second.stderr == (f"error: runs/{run_dir.name}: another trainer is using this run directory (train on "
