@@ -27,14 +27,7 @@ from diffsweep.scaling import tuning
 from diffsweep.scaling.choices import Axis, Count, TokenPoints
 from diffsweep.scaling.compute_optimal import compute_optimal, token_ratios
 from diffsweep.scaling.fitting import resample
-from diffsweep.scaling.fitting.bootstrap import (
-    Group,
-    Noise,
-    draw_targets,
-    estimate_noise,
-    interval,
-    scale_draws,
-)
+from diffsweep.scaling.fitting.bootstrap import Group, Noise, draw_targets, estimate_noise, interval, scale_draws
 from diffsweep.scaling.fitting.fit import LawFit, fit_law
 from diffsweep.scaling.fitting.forms import Law
 from diffsweep.scaling.fitting.mle import fit_huber_mle
