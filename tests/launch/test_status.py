@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
 from tests.helpers.held import StepHold
@@ -31,6 +32,7 @@ from tests.launch.conftest import (
     wait_for,
     write_sweep,
 )
+from tests.launch.slurm_jobs import squeue_ids
 
 
 @pytest.fixture
@@ -164,41 +166,50 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     """Preempted with USR2 (Slurm requeues the same job: a second start in the same log files),
     then killed by a stray SIGTERM (saved and stopped, Slurm says FAILED): status shows the
     job's reason, launch resubmits it (attempt 2). logs shows the latest attempt, --attempt 1 the
-    first with both starts marked, --attempt all both; the MLflow run name finds it too."""
+    first with both starts marked, --attempt all both; the MLflow run name finds it too. The
+    first start waits at step 20 (a checkpoint, ``StepHold``) for the preemption."""
     require_slurm()
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("diff_v1",),
+    steps = 150
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
                         extra="launch: {profile: localhost}\n")
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 20"))
     out = tmp_path / "runs" / "t"
     scancel_after(out)
-    assert cli("launch", str(sweep), cwd=tmp_path, env=store).returncode == 0
+    hold = StepHold(tmp_path / "hold", 20)
+    assert cli("launch", str(sweep), cwd=tmp_path, env=store | hold.env()).returncode == 0
     (entry,) = ledger(out)["entries"].values()
     name, job_id = entry["name"], entry["attempts"][0]["job_id"]
     run_dir = out / "runs" / f"{name}-{entry['key']}"
-    wait_for(lambda: list_checkpoints(run_dir / "checkpoints"), 300, "a checkpoint")
+    (pid,) = hold.wait(timeout=300)
+    assert list_checkpoints(run_dir / "checkpoints")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # preemption: Slurm requeues the job
+    wait_for(lambda: hold.signalled(pid), 120, "the job to handle USR2", poll=0.05)
+    hold.release()
 
-    job = wait_for(lambda: training(run_dir, starts=2), 300, "the requeued job to train")
+    job = wait_for(lambda: training(run_dir, starts=2), 300, "the requeued job to train", poll=0.05)
     os.kill(job["pid"], signal.SIGTERM)  # not diffsweep's cancel: e.g. an administrator's kill
 
     def failed():
         row = status(sweep, tmp_path, store)["runs"][0]
         return row if row["state"] == "failed" else None
 
-    row = wait_for(failed, 300, "the run to fail")
+    # the job leaves Slurm's queue (a cheap question asked often), then status says why
+    wait_for(lambda: job_id not in squeue_ids(), 300, f"job {job_id} to end")
+    row = wait_for(failed, 120, "the run to fail")
     assert re.fullmatch(r"stopped by SIGTERM at step \d+ after saving a checkpoint; launch the sweep again to "
                         r"resume", row["detail"]), row
     assert "failed (stopped by SIGTERM at step" in cli("status", str(sweep), cwd=tmp_path, env=store).stdout
 
     r = cli("launch", str(sweep), cwd=tmp_path, env=store)  # resubmittable: it resumes from its checkpoint
     assert r.returncode == 0 and "submitted 1 runs" in r.stdout, r.stdout + r.stderr
-    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 300, "the run to finish")
+    wait_for(lambda: (job := read_job_state(run_dir)) and job.state == "finished", 300, "the run to finish")
+    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 120, "status to say done")
     second = ledger(out)["entries"][entry["key"]]["attempts"][1]["job_id"]
 
     latest = cli("logs", name, cwd=tmp_path, env=store).stdout
     assert latest.startswith(f"==> {name} ({entry['key']}), attempt 2 of 2: slurm job {second}, submitted ")
-    assert "; now done (400 steps) <==" in latest.splitlines()[0]
-    assert "finished 400 steps" in latest and "preempted by SIGTERM" not in latest
+    assert f"; now done ({steps} steps) <==" in latest.splitlines()[0]
+    assert f"finished {steps} steps" in latest and "preempted by SIGTERM" not in latest
     first = cli("logs", name, "--attempt", "1", cwd=tmp_path, env=store).stdout
     assert first.startswith(f"==> {name} ({entry['key']}), attempt 1 of 2: slurm job {job_id}, submitted ")
     starts = [line for line in first.splitlines() if line.startswith(f"==> diffsweep: job {job_id} started")]
