@@ -278,6 +278,7 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     (entry,) = ledger(out)["entries"].values()
     job_id = entry["attempts"][0]["job_id"]
+    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
     tasks = hold.wait(2)
     (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}  # submitit's sbatch script
     assert "--kill-on-bad-exit=1" in script  # one task dying ends the other
@@ -285,7 +286,8 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     wait_for(lambda: all(hold.signalled(pid) for pid in tasks), 120, "both tasks to handle USR2", poll=0.05)
     hold.release()
 
-    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 1}, 600, "the requeued run to finish")
+    wait_for(lambda: job_state(run_dir) == "finished", 600, "the requeued run to finish")  # job.json: a file read
+    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 1}, 120, "status to say done")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])
