@@ -220,9 +220,12 @@ class ServerProcess:
     uri: str = ""
     lines: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    stopped: bool = False  # by ``stop``: on purpose
+
 
     def stop(self, timeout: float = 30.0) -> int:
         """Ctrl-C, then its exit status once it and the rest of its output are done."""
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         rc = self.proc.wait(timeout)
@@ -276,13 +279,26 @@ def kill(server: ServerProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def tracking_server(tmp_path_factory) -> Iterator[ServerProcess]:
-    """One ``diffsweep server`` on its defaults for this module's tests; stopped (and checked) at the end."""
-    server = start_server(tmp_path_factory.mktemp("server"))
+def _servers(tmp_path_factory) -> Iterator[list[ServerProcess]]:
+    """The module's ``diffsweep server`` processes (``tracking_server``); those still running are
+    stopped at the end."""
+    servers: list[ServerProcess] = []
     try:
-        yield server
+        yield servers
     finally:
-        kill(server)
+        for server in servers:
+            kill(server)
+
+
+@pytest.fixture
+def tracking_server(_servers, tmp_path_factory) -> ServerProcess:
+    """One ``diffsweep server`` on its defaults for this module's tests, started by the first that
+    needs it. The last, test_ctrl_c_stops_the_server_and_frees_its_port, stops it with Ctrl-C; a
+    test run after that one (another order, another selection) gets a new one. A server that
+    ended otherwise is not replaced: the tests that use it fail."""
+    if not _servers or _servers[-1].stopped:
+        _servers.append(start_server(tmp_path_factory.mktemp("server")))
+    return _servers[-1]
 
 
 @pytest.mark.xdist_group("slurm")  # one worker starts the module's server, the Slurm tests' (see above)
@@ -381,13 +397,6 @@ def test_a_server_as_the_store_is_a_one_line_error_naming_the_flag(tmp_path):
     refused(result, "--backend-store-uri", "is a tracking server already")
 
 
-def test_ctrl_c_stops_the_server_and_frees_its_port(tmp_path):
-    server = start_server(tmp_path)
-    assert server.stop() == 0, server.proc.stderr.read() if server.proc.stderr else ""
-    assert server.lines[-1] == "MLflow tracking server stopped"
-    assert port_free(server.port)
-
-
 # --- on the localhost Slurm cluster ---------------------------------------------------------------
 
 
@@ -418,3 +427,15 @@ def test_a_slurm_sweep_logs_every_step_of_its_runs_through_the_server(tmp_path, 
         assert run.data.tags.get("diffsweep.slurm_array_job_id"), run.data.tags
         assert metric_steps(tracking_server.uri, run.info.run_id) == list(range(1, steps + 1))
         assert metric_steps(tracking_server.uri, run.info.run_id, "val/loss") == [steps]
+
+
+# --- last: Ctrl-C stops the module's server ------------------------------------------------------
+
+
+@pytest.mark.xdist_group("slurm")  # the worker of the module's server (see above)
+def test_ctrl_c_stops_the_server_and_frees_its_port(tracking_server):
+    """The module's server, after the tests above used it (alone, a server of its own)."""
+    server = tracking_server
+    assert server.stop() == 0, server.proc.stderr.read() if server.proc.stderr else ""
+    assert server.lines[-1] == "MLflow tracking server stopped"
+    assert port_free(server.port)
