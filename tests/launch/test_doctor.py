@@ -86,7 +86,7 @@ def test_a_partition_that_does_not_exist_is_one_failed_line_with_the_fix(tmp_pat
         "1 of 3 checks failed",
     ]
     r = doctor(tmp_path, store, "--profile", str(tmp_path / "p.yaml"), "--slurm", "partition=debug", "--json",
-               "--timeout", "1")  # fixed on the command line; no time for the jobs
+               "--timeout", "1", "--setup", "sleep 60")  # fixed on the command line; no time for the jobs (they sleep)
     report = json.loads(r.stdout)
     assert {c["name"]: c["ok"] for c in report["checks"]}["partition"] is True
 

@@ -8,10 +8,12 @@ SQLite store on a network file system (issue #20).
   served) prints the ``export MLFLOW_TRACKING_URI=`` line once it answers; 16 processes log
   through it at once with the trainer's own logger, and no metric is lost; a port in use and a
   server given as the store are one-line errors; Ctrl-C stops it and frees the port.
-- On the localhost Slurm cluster (marked ``slurm``): a 4-run sweep launched with
+- On the localhost Slurm cluster (marked ``slurm``): a 2-run sweep launched with
   MLFLOW_TRACKING_URI naming the server logs every step of every run through it (the cluster runs
   2 jobs at once, so the 16 concurrent writers are the processes of the test above; a 16-run sweep
-  was measured once at 68 s and is left out of CI to keep it short).
+  was measured once at 68 s and is left out of CI to keep it short). It uses the module's server:
+  the tests on that server run in the one pytest-xdist worker of the Slurm tests (group ``slurm``),
+  so that the server starts once.
 """
 
 from __future__ import annotations
@@ -218,9 +220,12 @@ class ServerProcess:
     uri: str = ""
     lines: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    stopped: bool = False  # by ``stop``: on purpose
+
 
     def stop(self, timeout: float = 30.0) -> int:
         """Ctrl-C, then its exit status once it and the rest of its output are done."""
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         rc = self.proc.wait(timeout)
@@ -274,16 +279,29 @@ def kill(server: ServerProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def tracking_server(tmp_path_factory) -> Iterator[ServerProcess]:
-    """One ``diffsweep server`` on its defaults for this module's tests; stopped (and checked) at the end."""
-    server = start_server(tmp_path_factory.mktemp("server"))
+def _servers(tmp_path_factory) -> Iterator[list[ServerProcess]]:
+    """The module's ``diffsweep server`` processes (``tracking_server``); those still running are
+    stopped at the end."""
+    servers: list[ServerProcess] = []
     try:
-        yield server
+        yield servers
     finally:
-        kill(server)
+        for server in servers:
+            kill(server)
 
 
-@pytest.mark.xdist_group("tracking_server")  # one worker starts the module's server
+@pytest.fixture
+def tracking_server(_servers, tmp_path_factory) -> ServerProcess:
+    """One ``diffsweep server`` on its defaults for this module's tests, started by the first that
+    needs it. The last, test_ctrl_c_stops_the_server_and_frees_its_port, stops it with Ctrl-C; a
+    test run after that one (another order, another selection) gets a new one. A server that
+    ended otherwise is not replaced: the tests that use it fail."""
+    if not _servers or _servers[-1].stopped:
+        _servers.append(start_server(tmp_path_factory.mktemp("server")))
+    return _servers[-1]
+
+
+@pytest.mark.xdist_group("slurm")  # one worker starts the module's server, the Slurm tests' (see above)
 def test_the_server_prints_the_uri_to_export_and_keeps_its_store_on_local_disk(tracking_server):
     host = socket.gethostname()
     assert tracking_server.uri == f"http://{host}:{tracking_server.port}"
@@ -320,7 +338,7 @@ def _writer(uri: str, experiment_id: str, index: int, start, results) -> None:
     results.put((index, run_id, began, time.time()))
 
 
-@pytest.mark.xdist_group("tracking_server")  # one worker starts the module's server
+@pytest.mark.xdist_group("slurm")  # one worker starts the module's server, the Slurm tests' (see above)
 def test_16_processes_log_through_the_server_at_once_and_no_metric_is_lost(tracking_server):
     from mlflow.tracking import MlflowClient
 
@@ -379,13 +397,6 @@ def test_a_server_as_the_store_is_a_one_line_error_naming_the_flag(tmp_path):
     refused(result, "--backend-store-uri", "is a tracking server already")
 
 
-def test_ctrl_c_stops_the_server_and_frees_its_port(tmp_path):
-    server = start_server(tmp_path)
-    assert server.stop() == 0, server.proc.stderr.read() if server.proc.stderr else ""
-    assert server.lines[-1] == "MLflow tracking server stopped"
-    assert port_free(server.port)
-
-
 # --- on the localhost Slurm cluster ---------------------------------------------------------------
 
 
@@ -397,22 +408,34 @@ def test_a_slurm_sweep_logs_every_step_of_its_runs_through_the_server(tmp_path, 
     from mlflow.tracking import MlflowClient
 
     steps = 4
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, name="served", extra="seeds: 2\n")
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, name="served")
     env = {"MLFLOW_TRACKING_URI": tracking_server.uri}
     began = time.monotonic()
     r = cli("launch", str(sweep), "--profile", "localhost", "--wait", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    print(f"4 runs on Slurm through the server: {time.monotonic() - began:.1f} s")
-    assert "launched 4 runs on Slurm" in r.stdout
+    print(f"2 runs on Slurm through the server: {time.monotonic() - began:.1f} s")
+    assert "launched 2 runs on Slurm" in r.stdout
     assert "network file system" not in r.stderr  # a server, not an SQLite file
     assert ledger(tmp_path / "runs" / "served")["tracking_uri"] == tracking_server.uri
     assert not (tmp_path / "mlflow.db").exists()  # nothing fell back to a local store
 
     client = MlflowClient(tracking_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("served").experiment_id], max_results=100)
-    assert len(runs) == 4 and len({r.data.tags["diffsweep.sweep_run"] for r in runs}) == 4
+    assert len(runs) == 2 and len({r.data.tags["diffsweep.sweep_run"] for r in runs}) == 2
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.tags.get("diffsweep.slurm_array_job_id"), run.data.tags
         assert metric_steps(tracking_server.uri, run.info.run_id) == list(range(1, steps + 1))
         assert metric_steps(tracking_server.uri, run.info.run_id, "val/loss") == [steps]
+
+
+# --- last: Ctrl-C stops the module's server ------------------------------------------------------
+
+
+@pytest.mark.xdist_group("slurm")  # the worker of the module's server (see above)
+def test_ctrl_c_stops_the_server_and_frees_its_port(tracking_server):
+    """The module's server, after the tests above used it (alone, a server of its own)."""
+    server = tracking_server
+    assert server.stop() == 0, server.proc.stderr.read() if server.proc.stderr else ""
+    assert server.lines[-1] == "MLflow tracking server stopped"
+    assert port_free(server.port)

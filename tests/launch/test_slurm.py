@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import checkpoint_step, list_checkpoints
 from tests.helpers.cli import run as cli
 from tests.helpers.held import StepHold
@@ -39,6 +40,12 @@ pytestmark = pytest.mark.slurm
 
 def launch(sweep, tmp_path, store, *extra):
     return cli("launch", str(sweep), "--profile", "localhost", *extra, cwd=tmp_path, env=store)
+
+
+def job_state(run_dir) -> str | None:
+    """The run's state in its ``job.json`` (None before there is one)."""
+    job = read_job_state(run_dir)
+    return job.state if job else None
 
 
 def newest_step(run_dir) -> int:
@@ -76,19 +83,20 @@ def resumed_at(log: str) -> list[int]:
 def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_step_once(tmp_path, text_dataset,
                                                                                        store):
     """One array of two runs meets what a sweep meets on Slurm. ``launch`` submits both as one
-    array and returns while they are queued or running. Run A, preempted (USR2, as Slurm sends
-    it), saves, requeues itself (Slurm's requeue, not a resubmission) and resumes from the step it
-    saved, in the same MLflow run. Run B's process dies without reporting (SIGKILL): reconciled as
-    failed. Cancelling A trusts Slurm, not scancel's exit status: a failed scancel with the job
+    array and returns while they are queued or running. Both wait at step 30 (``StepHold``), where
+    the signals land: run A, preempted (USR2, as Slurm sends it), saves, requeues itself (Slurm's
+    requeue, not a resubmission) and resumes from the step it saved, in the same MLflow run. Run
+    B's process dies without reporting (SIGKILL): reconciled as failed. Cancelling A trusts Slurm, not scancel's exit status: a failed scancel with the job
     still running is an error naming it, with nothing marked; a failed scancel that stopped it is
     a success. ``launch`` again resubmits both, which resume and finish, every step logged once;
     their jobs then complete, and a third ``launch`` submits nothing."""
-    steps = 400
+    steps = 150
     sweep = sparse(write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps))
     out = tmp_path / "runs" / "t"
-    r = launch(sweep, tmp_path, store)
+    hold = StepHold(tmp_path / "hold", 30)  # both first starts wait at step 30 (after its checkpoint)
+    r = launch(sweep, tmp_path, store | hold.env())
     assert r.returncode == 0 and "submitted 2 runs as Slurm array" in r.stdout, r.stdout + r.stderr
-    # submit and exit: launch never waits for the jobs, which cannot have trained 400 steps yet
+    # submit and exit: launch never waits for the jobs, which cannot have trained 150 steps yet
     now = counts(sweep, tmp_path, store)
     assert set(now) <= {"pending", "running"} and sum(now.values()) == 2, now
     entries = {e["name"]: e for e in ledger(out)["entries"].values()}
@@ -98,14 +106,17 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
     a, b = "transformer-tiny-xs-s0", "diff_v1-tiny-xs-s0"
     dirs = {n: out / "runs" / f"{n}-{e['key']}" for n, e in entries.items()}
 
-    # A: preempted once it has checkpoints; it must requeue itself and resume where it saved
-    wait_for(lambda: len(list_checkpoints(dirs[a] / "checkpoints")) >= 3, 180, f"checkpoints of {a}")
-    run_ids = {a: json.loads((dirs[a] / "run.json").read_text())["run_id"]}
+    held_pids = hold.wait(2, timeout=240)  # both wait at step 30, with 3 checkpoints saved
+    pids = {n: training(dirs[n])["pid"] for n in (a, b)}
+    assert sorted(pids.values()) == held_pids, (pids, held_pids)
+    assert all(len(list_checkpoints(dirs[n] / "checkpoints")) >= 3 for n in (a, b))
+    run_ids = {n: json.loads((dirs[n] / "run.json").read_text())["run_id"] for n in (a, b)}
+    # A: preempted at step 30; it must requeue itself and resume where it saved
     subprocess.run(["scancel", "--signal=USR2", first_ids[a]], check=True)
+    wait_for(lambda: hold.signalled(pids[a]), 120, f"{a} to handle USR2", poll=0.05)
     # B: its process dies without a word (SIGKILL: no handler runs, job.json says running)
-    wait_for(lambda: len(list_checkpoints(dirs[b] / "checkpoints")) >= 2, 180, f"checkpoints of {b}")
-    run_ids[b] = json.loads((dirs[b] / "run.json").read_text())["run_id"]
-    os.kill(training(dirs[b])["pid"], signal.SIGKILL)  # training: it has saved checkpoints
+    os.kill(pids[b], signal.SIGKILL)
+    hold.release()
 
     # held (SIGSTOP) from its first step after Slurm's requeue: still running when it is cancelled below
     with held(wait_for(lambda: training(dirs[a], starts=2), 240, f"{a} requeued and training", poll=0.05)["pid"]):
@@ -137,6 +148,8 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
         assert r.returncode == 0 and "cancelled transformer-tiny-xs-s0" in r.stdout, r.stdout + r.stderr
         assert [x["state"] for x in ledger(out)["entries"][entries[a]["key"]]["attempts"]] == ["cancelled"]
 
+    # both jobs leave Slurm's queue (a cheap question asked often), then status says so
+    wait_for(lambda: not set(first_ids.values()) & squeue_ids(), 120, f"jobs {sorted(first_ids.values())} to end")
     wait_for(lambda: counts(sweep, tmp_path, store) == {"cancelled": 1, "failed": 1}, 120, "cancelled + failed")
     from mlflow.tracking import MlflowClient
 
@@ -150,7 +163,9 @@ def test_a_slurm_array_preempted_killed_cancelled_and_relaunched_trains_every_st
 
     r = launch(sweep, tmp_path, store)  # resubmits both (retry budget 2), resuming their checkpoints
     assert r.returncode == 0 and "submitted 2 runs" in r.stdout, r.stdout + r.stderr
-    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 2}, 300, "both runs done")
+    # both report finished in job.json (a file read), then status says done
+    wait_for(lambda: all(job_state(dirs[n]) == "finished" for n in (a, b)), 300, "both runs to finish")
+    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 2}, 120, "both runs done")
     for name, run_id in run_ids.items():
         assert json.loads((dirs[name] / "run.json").read_text())["run_id"] == run_id  # the same MLflow run
         got = metric_steps(store["MLFLOW_TRACKING_URI"], run_id)
@@ -204,7 +219,9 @@ def test_slurm_time_limit_signals_the_job_which_requeues_and_resumes(tmp_path, t
         log = cli("logs", entry["name"], cwd=tmp_path, env=store).stdout
         return log if resumed_at(log) else None
 
-    log = wait_for(resumed, 300, "the time limit's USR2, a requeue and a resumed start", poll=1)
+    # the second start in job.json (a file read), then its log says it resumed
+    wait_for(lambda: training(run_dir, starts=2), 300, "the time limit's USR2, a requeue and a second start")
+    log = wait_for(resumed, 120, "the resumed start in the log", poll=1)
     assert "this job is timed-out" in log and REQUEUED in log, log  # submitit's words, then the second start
     saved = [int(s) for s in re.findall(r"preempted by SIGUSR2 at step (\d+)", log)]
     assert resumed_at(log) == saved[:1] and saved[0] > 0, log  # from the step it saved
@@ -248,7 +265,7 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     find each other through submitit, train with FSDP2 on gloo, and make one MLflow run. Preempted
     (USR2 to both tasks, as Slurm sends it), both stop at the same step after a sharded
     checkpoint; the first requeues the job, which resumes and finishes the same run."""
-    steps = 120
+    steps = 40
     sweep = sparse(write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
                                extra="launch: {gpus_per_run: 2}\n"))
     out = tmp_path / "runs" / "t"
@@ -261,6 +278,7 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     (entry,) = ledger(out)["entries"].values()
     job_id = entry["attempts"][0]["job_id"]
+    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
     tasks = hold.wait(2)
     (script,) = {p.read_text() for p in out.rglob("*_submission.sh")}  # submitit's sbatch script
     assert "--kill-on-bad-exit=1" in script  # one task dying ends the other
@@ -268,7 +286,8 @@ def test_a_two_gpu_run_trains_as_two_slurm_tasks_preempted_and_requeued(tmp_path
     wait_for(lambda: all(hold.signalled(pid) for pid in tasks), 120, "both tasks to handle USR2", poll=0.05)
     hold.release()
 
-    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 1}, 600, "the requeued run to finish")
+    wait_for(lambda: job_state(run_dir) == "finished", 600, "the requeued run to finish")  # job.json: a file read
+    wait_for(lambda: counts(sweep, tmp_path, store) == {"done": 1}, 120, "status to say done")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store["MLFLOW_TRACKING_URI"])

@@ -19,6 +19,7 @@ import pytest
 
 from diffsweep import lockfile, slurm
 from diffsweep.lockfile import LockBusy, hold
+from diffsweep.rundir import read_job_state
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import ledger, wait_for, write_sweep
 from tests.launch.slurm_jobs import counts, own_jobs  # noqa: F401 (own_jobs: a fixture)
@@ -33,14 +34,15 @@ def test_two_launches_at_once_from_two_login_nodes_submit_each_run_once(tmp_path
     """Two login nodes have two /tmp: here, two TMPDIRs. The lock lives in the sweep directory.
     (The MLflow store exists already, as it does after the first sweep: two launches creating
     one at once would race in MLflow's own table creation instead.) Two real ``launch``
-    processes: their concurrency is the point."""
+    processes: their concurrency is the point. The jobs wait in a `sleep` setup line (what they
+    would train is not the point) until the test cancels them."""
     sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400)
     out = tmp_path / "runs" / "t"
     procs = []
     for node in ("login1", "login2"):
         (tmp_path / node).mkdir()
         procs.append(subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--profile",
-                                       "localhost"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                                       "localhost", "--setup", "sleep 120"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_store,
                                                                    "TMPDIR": str(tmp_path / node)}))
     results = [(p.wait(300), *p.communicate()) for p in procs]
@@ -129,8 +131,11 @@ def test_jobs_requeue_on_request_use_their_cpus_as_threads_and_take_command_line
         assert line in script, script
     job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert "Requeue=1" in job and "Account=root" in job and "QOS=normal" in job, job
-    wait_for(lambda: counts(sweep, tmp_path, store, *args) == {"done": 1}, 240, "the run to finish")
+    run_dir = out / "runs" / f"{entry['name']}-{entry['key']}"
+    # job.json says finished (a file read), then status says done
+    wait_for(lambda: (job := read_job_state(run_dir)) and job.state == "finished", 240, "the run to finish")
+    wait_for(lambda: counts(sweep, tmp_path, store, *args) == {"done": 1}, 120, "status to say done")
     from mlflow.tracking import MlflowClient
 
-    run_id = json.loads((out / "runs" / f"{entry['name']}-{entry['key']}" / "run.json").read_text())["run_id"]
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store["MLFLOW_TRACKING_URI"]).get_run(run_id).data.tags["diffsweep.threads"] == "2"

@@ -5,7 +5,6 @@ names ``logs`` accepts. Slurm tests run on the localhost cluster (see tests/laun
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from diffsweep.rundir import read_job_state
 from diffsweep.train.checkpoint import list_checkpoints
 from tests.helpers.cli import run as cli
 from tests.helpers.held import StepHold
@@ -31,6 +31,7 @@ from tests.launch.conftest import (
     wait_for,
     write_sweep,
 )
+from tests.launch.slurm_jobs import squeue_ids
 
 
 @pytest.fixture
@@ -70,22 +71,22 @@ STAMP = r"\[\d\d:\d\d:\d\d\] "  # launch --wait's time at the start of each line
 
 @pytest.mark.slurm
 def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, text_dataset, store, scancel_after):
-    """Three runs, two at a time; the third waits in Slurm (held, so it waits as long as the test
+    """Two runs, one at a time; the second waits in Slurm (held, so it waits as long as the test
     needs). status shows it pending with Slurm's reason and its array task, logs says it has no
     logs yet, status under another profile still shows what was submitted, and launch --wait
     prints queued vs running, a running run's step and every state change as plain lines.
 
-    The two that run are long and cancelled by the test: a short one could finish before status
-    or --wait ever saw two running (it did on a fast CI machine). Each is held (SIGSTOP) once it has
+    The one that runs is long and cancelled by the test: a short one could finish before status
+    or --wait ever saw it running (it did on a fast CI machine). It is held (SIGSTOP) once it has
     trained a step: still running to Slurm, using no CPU while status is read."""
     require_slurm()
-    kinds = {"transformer": 5000, "diff_v1": 5000, "diff_v2": 20}  # the two long ones are cancelled
+    kinds = {"diff_v1": 5000, "diff_v2": 20}  # the long one is cancelled
     sweep = zip_sweep(tmp_path / "t.yaml", text_dataset, list(kinds), list(kinds.values()),
-                      extra="launch: {profile: localhost, max_parallel: 2}\n")
-    first, long, third = "transformer-tiny-xs-steps_5000-s0", "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
+                      extra="launch: {profile: localhost, max_parallel: 1}\n")
+    long, second = "diff_v1-tiny-xs-steps_5000-s0", "diff_v2-tiny-xs-steps_20-s0"
     out = tmp_path / "runs" / "t"
     scancel_after(out)
-    hold = StepHold(tmp_path / "hold", 2)  # the short third run waits at step 2 until --wait has seen it running
+    hold = StepHold(tmp_path / "hold", 2)  # the short second run waits at step 2 until --wait has seen it running
     waiting = subprocess.Popen([sys.executable, "-m", "diffsweep", "launch", str(sweep), "--wait"], cwd=tmp_path,
                                env={**os.environ, **store, **hold.env()}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -98,31 +99,29 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        wait_for(lambda: (out / "ledger.json").is_file() and len(ledger(out)["entries"]) == 3, 120, "the ledger")
+        wait_for(lambda: (out / "ledger.json").is_file() and len(ledger(out)["entries"]) == 2, 120, "the ledger")
         jobs = {e["name"]: e["attempts"][0]["job_id"] for e in ledger(out)["entries"].values()}
         dirs = {e["name"]: out / "runs" / f"{e['name']}-{e['key']}" for e in ledger(out)["entries"].values()}
-        assert jobs[third].endswith("_2")  # the array's third task waits for a free slot (array_parallelism 2)
-        subprocess.run(["scontrol", "uhold", jobs[third]], check=True, capture_output=True)
+        assert jobs[second].endswith("_1")  # the array's second task waits for a free slot (array_parallelism 1)
+        subprocess.run(["scontrol", "uhold", jobs[second]], check=True, capture_output=True)
 
-        def two_running():
+        def one_running():
             s = status(sweep, tmp_path, store)
-            return s if s["counts"] == {"pending": 1, "running": 2} else None
+            return s if s["counts"] == {"pending": 1, "running": 1} else None
 
-        pids = {name: wait_for(lambda n=name: training(dirs[n]), 480, f"{name} to train")["pid"] for name in (first, long)}
-        with contextlib.ExitStack() as holding:
-            for name in (first, long):
-                holding.enter_context(held(pids[name]))
-            pending_row = rows(wait_for(two_running, 120, "two running, one pending"))[third]
+        pid = wait_for(lambda: training(dirs[long]), 480, f"{long} to train")["pid"]
+        with held(pid):
+            pending_row = rows(wait_for(one_running, 120, "one running, one pending"))[second]
             assert (pending_row["state"], pending_row["job_id"], pending_row["detail"]) == (
-                "pending", jobs[third], "JobHeldUser")
+                "pending", jobs[second], "JobHeldUser")
             step_line = re.compile(rf"  {long}: step \d+/5000 \(\d+%\), ~(<1 min|\d+ min|\d+:\d\d h) left")
             wait_for(lambda: any(step_line.fullmatch(line) for line in list(lines)), 300, "a step line from --wait")
             table = cli("status", str(sweep), cwd=tmp_path, env=store).stdout
-            assert re.search(rf"{re.escape(jobs[third])}\s*│\s*pending \(JobHeldUser\)", table), table
+            assert re.search(rf"{re.escape(jobs[second])}\s*│\s*pending \(JobHeldUser\)", table), table
             assert "RUNNING" not in table  # a running run shows its step, not Slurm's word for it
-            r = cli("logs", third, cwd=tmp_path, env=store)
+            r = cli("logs", second, cwd=tmp_path, env=store)
             assert r.returncode == 0, r.stderr
-            assert r.stdout.splitlines()[-1] == f"{third}: job {jobs[third]} is pending (JobHeldUser); no logs yet"
+            assert r.stdout.splitlines()[-1] == f"{second}: job {jobs[second]} is pending (JobHeldUser); no logs yet"
 
             # another profile would ask for other resources; status shows what the jobs asked for
             big = tmp_path / "big.yaml"
@@ -132,15 +131,13 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
                 assert (row["resources_source"], row["submitted_profile"]) == ("submitted", "localhost")
                 assert (row["gpus"], row["time_min"], row["mem_gb"]) == (1, 60, 2)
             table = cli("status", str(sweep), "--profile", str(big), cwd=tmp_path, env=store).stdout
-            assert table.count("1 GPU, 1:00 h, 2 GB") == 3 and "1:30 h" not in table
-        r = cli("cancel", str(sweep), "--only", "^(transformer|diff_v1)-", cwd=tmp_path, env=store)
-        assert r.returncode == 0 and f"cancelled {first}" in r.stdout and f"cancelled {long}" in r.stdout, \
-            r.stdout + r.stderr
-        for pid in pids.values():  # they stop at the step they are held at (or before it)
-            hold.release(pid)
-        subprocess.run(["scontrol", "release", jobs[third]], check=True, capture_output=True)
-        running = re.compile(rf"{STAMP}{re.escape(third)}: pending -> running$")
-        wait_for(lambda: any(running.match(line) for line in list(lines)), 300, f"--wait to see {third} running")
+            assert table.count("1 GPU, 1:00 h, 2 GB") == 2 and "1:30 h" not in table
+        r = cli("cancel", str(sweep), "--only", "^diff_v1-", cwd=tmp_path, env=store)
+        assert r.returncode == 0 and f"cancelled {long}" in r.stdout, r.stdout + r.stderr
+        hold.release(pid)  # it stops at the step it is held at (or before it)
+        subprocess.run(["scontrol", "release", jobs[second]], check=True, capture_output=True)
+        running = re.compile(rf"{STAMP}{re.escape(second)}: pending -> running$")
+        wait_for(lambda: any(running.match(line) for line in list(lines)), 300, f"--wait to see {second} running")
         hold.release()
         assert waiting.wait(timeout=600) == 1  # not every run finished: one was cancelled
     finally:
@@ -148,14 +145,14 @@ def test_pending_runs_submitted_resources_and_wait_progress_on_slurm(tmp_path, t
             waiting.kill()
     reader.join(timeout=10)
     stdout, stderr = "\n".join(lines), waiting.stderr.read()
-    assert stderr.endswith(f"error: not every run finished (1 done, 2 cancelled); see `diffsweep status {sweep}`\n")
-    assert "submitted 3 runs as Slurm array" in stdout
+    assert stderr.endswith(f"error: not every run finished (1 done, 1 cancelled); see `diffsweep status {sweep}`\n")
+    assert "submitted 2 runs as Slurm array" in stdout
     stamp = STAMP
-    assert re.search(rf"^{stamp}1 pending, 2 running; ETA ~", stdout, re.M), stdout  # queued is not running
-    for change in (f"{first}: running -> cancelled", f"{long}: running -> cancelled",
-                   f"{third}: pending -> running", f"{third}: running -> done (20 steps)"):
+    assert re.search(rf"^{stamp}1 pending, 1 running; ETA ~", stdout, re.M), stdout  # queued is not running
+    for change in (f"{long}: running -> cancelled", f"{second}: pending -> running",
+                   f"{second}: running -> done (20 steps)"):
         assert re.search(rf"^{stamp}{re.escape(change)}", stdout, re.M), (change, stdout)
-    assert re.fullmatch(rf"{stamp}1 done, 2 cancelled", lines[-1]), stdout
+    assert re.fullmatch(rf"{stamp}1 done, 1 cancelled", lines[-1]), stdout
 
 
 @pytest.mark.slurm
@@ -164,41 +161,50 @@ def test_a_stray_sigterm_shows_its_reason_and_logs_show_every_attempt_and_requeu
     """Preempted with USR2 (Slurm requeues the same job: a second start in the same log files),
     then killed by a stray SIGTERM (saved and stopped, Slurm says FAILED): status shows the
     job's reason, launch resubmits it (attempt 2). logs shows the latest attempt, --attempt 1 the
-    first with both starts marked, --attempt all both; the MLflow run name finds it too."""
+    first with both starts marked, --attempt all both; the MLflow run name finds it too. The
+    first start waits at step 20 (a checkpoint, ``StepHold``) for the preemption."""
     require_slurm()
-    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=400, kinds=("diff_v1",),
+    steps = 150
+    sweep = write_sweep(tmp_path / "t.yaml", text_dataset, steps=steps, kinds=("diff_v1",),
                         extra="launch: {profile: localhost}\n")
     sweep.write_text(sweep.read_text().replace("train.checkpoint_every: 2", "train.checkpoint_every: 20"))
     out = tmp_path / "runs" / "t"
     scancel_after(out)
-    assert cli("launch", str(sweep), cwd=tmp_path, env=store).returncode == 0
+    hold = StepHold(tmp_path / "hold", 20)
+    assert cli("launch", str(sweep), cwd=tmp_path, env=store | hold.env()).returncode == 0
     (entry,) = ledger(out)["entries"].values()
     name, job_id = entry["name"], entry["attempts"][0]["job_id"]
     run_dir = out / "runs" / f"{name}-{entry['key']}"
-    wait_for(lambda: list_checkpoints(run_dir / "checkpoints"), 300, "a checkpoint")
+    (pid,) = hold.wait(timeout=300)
+    assert list_checkpoints(run_dir / "checkpoints")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # preemption: Slurm requeues the job
+    wait_for(lambda: hold.signalled(pid), 120, "the job to handle USR2", poll=0.05)
+    hold.release()
 
-    job = wait_for(lambda: training(run_dir, starts=2), 300, "the requeued job to train")
+    job = wait_for(lambda: training(run_dir, starts=2), 300, "the requeued job to train", poll=0.05)
     os.kill(job["pid"], signal.SIGTERM)  # not diffsweep's cancel: e.g. an administrator's kill
 
     def failed():
         row = status(sweep, tmp_path, store)["runs"][0]
         return row if row["state"] == "failed" else None
 
-    row = wait_for(failed, 300, "the run to fail")
+    # the job leaves Slurm's queue (a cheap question asked often), then status says why
+    wait_for(lambda: job_id not in squeue_ids(), 300, f"job {job_id} to end")
+    row = wait_for(failed, 120, "the run to fail")
     assert re.fullmatch(r"stopped by SIGTERM at step \d+ after saving a checkpoint; launch the sweep again to "
                         r"resume", row["detail"]), row
     assert "failed (stopped by SIGTERM at step" in cli("status", str(sweep), cwd=tmp_path, env=store).stdout
 
     r = cli("launch", str(sweep), cwd=tmp_path, env=store)  # resubmittable: it resumes from its checkpoint
     assert r.returncode == 0 and "submitted 1 runs" in r.stdout, r.stdout + r.stderr
-    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 300, "the run to finish")
+    wait_for(lambda: (job := read_job_state(run_dir)) and job.state == "finished", 300, "the run to finish")
+    wait_for(lambda: status(sweep, tmp_path, store)["counts"] == {"done": 1}, 120, "status to say done")
     second = ledger(out)["entries"][entry["key"]]["attempts"][1]["job_id"]
 
     latest = cli("logs", name, cwd=tmp_path, env=store).stdout
     assert latest.startswith(f"==> {name} ({entry['key']}), attempt 2 of 2: slurm job {second}, submitted ")
-    assert "; now done (400 steps) <==" in latest.splitlines()[0]
-    assert "finished 400 steps" in latest and "preempted by SIGTERM" not in latest
+    assert f"; now done ({steps} steps) <==" in latest.splitlines()[0]
+    assert f"finished {steps} steps" in latest and "preempted by SIGTERM" not in latest
     first = cli("logs", name, "--attempt", "1", cwd=tmp_path, env=store).stdout
     assert first.startswith(f"==> {name} ({entry['key']}), attempt 1 of 2: slurm job {job_id}, submitted ")
     starts = [line for line in first.splitlines() if line.startswith(f"==> diffsweep: job {job_id} started")]
