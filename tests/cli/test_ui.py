@@ -29,7 +29,8 @@ from tests.helpers.cli import run
 
 from ..conftest import TINY_RUN
 
-# One xdist group with tests/scaling/test_fit_ui.py: one worker trains the project and starts Chromium.
+# One xdist group: one worker trains the project and starts Chromium (tests/scaling/test_fit_ui.py, the
+# other browser test, runs in the mini_ladder group, on the worker that has the ladder).
 pytestmark = pytest.mark.xdist_group("browser")
 
 KINDS = ("transformer", "diff_v1")
