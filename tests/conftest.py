@@ -126,6 +126,36 @@ def store_template(tmp_path_factory) -> Path:
     return path
 
 
+# The xdist group of every test that reads ``seeds_sweep``: one worker launches it.
+SEEDS_SWEEP = pytest.mark.xdist_group("seeds_sweep")
+
+
+@pytest.fixture(scope="session")
+def seeds_sweep(tmp_path_factory, text_dataset, store_template) -> tuple[Path, Path, dict]:
+    """(project folder, sweep file, environment of its store) after ``diffsweep launch --wait`` of a
+    tiny sweep ``cmp`` with the local executor (run in this process, its 4 jobs in their own), into a
+    copy of ``store_template``: tiny-xs Transformer and DIFF V1 (2 rows, grid order) x seeds 0 and 1,
+    16 steps of 128 tokens, evaluated every 2 steps. Tests only read it, and are marked
+    ``SEEDS_SWEEP`` (tests/cli/test_compare_cli.py compares its rows, tests/scaling/test_fit_cli.py
+    fits its evaluations against tokens)."""
+    from tests.helpers.cli import run
+    from tests.launch.conftest import TINY_SET
+
+    root = tmp_path_factory.mktemp("seeds-sweep")
+    shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
+    settings = {**TINY_SET, "data.path": str(text_dataset), "train.max_steps": 16, "train.eval_every": 2,
+                "train.checkpoint_every": 8}
+    lines = ["name: cmp", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
+    lines += ["grid:", "  model.attention.kind: [transformer, diff_v1]", "seeds: [0, 1]"]
+    sweep = root / "t.yaml"
+    sweep.write_text("\n".join(lines) + "\n")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    r = run("launch", str(sweep), "--executor", "local", "--max-parallel", "2", "--wait", "--out", str(root / "runs"),
+            cwd=root, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return root, sweep, env
+
+
 @pytest.fixture
 def store(tmp_path, store_template) -> dict:
     """Environment for a CLI process with its own SQLite MLflow store, ``tmp_path/mlflow.db``: a copy

@@ -1,7 +1,7 @@
 """``diffsweep compare`` as a user runs it: a tiny sweep of 2 rows x 2 seeds launched with the local
-executor into a real SQLite MLflow store, then compared; the numbers are checked against the
-runs' logged metrics read directly with MlflowClient. Variants of the store (runs marked failed)
-give one-seed rows, missing rows and a sweep with no finished run."""
+executor into a real SQLite MLflow store (``seeds_sweep``, tests/conftest.py), then compared; the
+numbers are checked against the runs' logged metrics read directly with MlflowClient. Variants of
+the store (runs marked failed) give one-seed rows, missing rows and a sweep with no finished run."""
 
 from __future__ import annotations
 
@@ -14,24 +14,18 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from tests.conftest import SEEDS_SWEEP
 from tests.helpers.cli import run as cli
-from tests.launch.conftest import write_sweep
 
-# one tiny launch (4 runs), the CLI in this process; one xdist group, so that one worker launches it
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare_cli")]
+# one tiny launch (4 runs, shared with a test of tests/scaling/test_fit_cli.py), the CLI in this
+# process; one xdist group, so that one worker launches it
+pytestmark = [pytest.mark.slow, SEEDS_SWEEP]
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory, text_dataset, store_template):
-    """The project folder, its sweep file and its store, after ``launch --wait``."""
-    root = tmp_path_factory.mktemp("compare")
-    shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
-    sweep = write_sweep(root / "t.yaml", text_dataset, steps=6, name="cmp", extra="seeds: [0, 1]\n")
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
-    r = cli("launch", str(sweep), "--executor", "local", "--max-parallel", "2", "--wait", "--out", str(root / "runs"),
-            cwd=root, env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return root, sweep, env
+@pytest.fixture
+def launched(seeds_sweep):
+    """The project folder, its sweep file and its store, after ``launch --wait`` (read only)."""
+    return seeds_sweep
 
 
 def _names(sweep: Path) -> dict[str, str]:

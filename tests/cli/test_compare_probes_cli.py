@@ -35,9 +35,12 @@ NEEDLE = [{"needles": 6, "queries": 2, "context": c, "depth": d, "samples": 5, "
 
 
 @pytest.fixture(scope="module")
-def ladder(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+def ladder(tmp_path_factory, store_template) -> tuple[Path, dict[str, str]]:
     """A project folder (``proj``, the command's cwd) and the environment of a store beside it
-    (``store/mlflow.db``) with the ladder's evaluations: 14 arms x 1 seed x 2 probes."""
+    (``store/mlflow.db``, a copy of the session's empty store) with the ladder's evaluations:
+    14 arms x 1 seed x 2 probes."""
+    import shutil
+
     from mlflow.tracking import MlflowClient
 
     from diffsweep.sweep import expand, load_sweep
@@ -46,6 +49,7 @@ def ladder(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("ladder")
     (root / "store").mkdir()
     (root / "proj").mkdir()
+    shutil.copyfile(store_template, root / "store" / "mlflow.db")  # migrated once per session
     uri = f"sqlite:///{root / 'store' / 'mlflow.db'}"
     spec = load_sweep(LADDER, ())
     exp = ensure_experiment(uri, spec.experiment)

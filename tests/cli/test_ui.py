@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.tracking.ui import UiServer
 from tests.browser import (
     expect_artifact_visible,
     expect_model_training_view,
@@ -30,7 +29,8 @@ from tests.helpers.cli import run
 
 from ..conftest import TINY_RUN
 
-# One xdist group with tests/scaling/test_fit_ui.py: one worker trains the project and starts Chromium.
+# One xdist group: one worker trains the project and starts Chromium (tests/scaling/test_fit_ui.py, the
+# other browser test, runs in the mini_ladder group, on the worker that has the ladder).
 pytestmark = pytest.mark.xdist_group("browser")
 
 KINDS = ("transformer", "diff_v1")
@@ -45,10 +45,12 @@ def diffsweep(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, text_dataset) -> dict:
-    """A directory where `diffsweep train` made two tiny runs (transformer, DIFF V1) in ./mlflow.db;
+def project(tmp_path_factory, text_dataset, store_template) -> dict:
+    """A directory where `diffsweep train` made two tiny runs (transformer, DIFF V1) in ./mlflow.db
+    (a copy of the session's empty store: how a store is created is tests/cli/test_train_store.py's);
     maps each MLflow run name to its run id."""
     root = tmp_path_factory.mktemp("project")
+    shutil.copyfile(store_template, root / "mlflow.db")
     runs = {}
     for kind in KINDS:  # one after the other: a new SQLite store must not be created concurrently
         sets = [*TINY_RUN, "train.max_steps=4", f"data.path={text_dataset}", f"model.attention.kind={kind}"]
@@ -87,10 +89,19 @@ def test_both_training_runs_show_in_a_real_browser_and_ctrl_c_stops_the_ui(proje
     assert port_free(port), f"port {port} still taken after the UI stopped"
 
 
-def test_sigterm_stops_the_ui_and_its_server(project):
+def test_sigterm_stops_the_ui_and_its_server_and_a_tracking_server_uri_is_printed_not_served(project, tmp_path):
+    """SIGTERM stops `diffsweep ui` and its MLflow server. Before that, while it serves, that real
+    MLflow server on the project's store is what MLFLOW_TRACKING_URI names for a second `diffsweep ui`:
+    its URL and the experiment's page are printed, nothing is started or written."""
     port = free_port()
     with ui_server(project["root"], port=port) as ui:
+        result = diffsweep("ui", "--experiment", "diffsweep", cwd=tmp_path, MLFLOW_TRACKING_URI=f"{ui.url}/")
         rc = ui.stop(signal.SIGTERM, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"MLflow UI: {ui.url}  "), lines
+    assert re.fullmatch(rf"experiment diffsweep: {RUNS_PAGE.format(port=port)}", lines[1]), lines
+    assert list(tmp_path.iterdir()) == []
     assert rc == 0, ui.proc.stderr.read()
     assert port_free(port)
     # without --experiment, every experiment's runs page is printed (MLflow's empty Default aside)
@@ -117,22 +128,6 @@ def test_port_in_use_is_a_one_line_error(tmp_path):
         port = taken.getsockname()[1]
         result = diffsweep("ui", "--port", str(port), cwd=tmp_path)
     refused(result, f"port {port}", "--port")
-
-
-def test_a_tracking_server_uri_is_printed_not_served(project, tmp_path):
-    """MLFLOW_TRACKING_URI naming a running MLflow server (here a real one on the project's store)."""
-    server = UiServer(f"sqlite:///{project['root'] / 'mlflow.db'}", port=free_port())
-    server.start()
-    try:
-        result = diffsweep("ui", "--experiment", "diffsweep", cwd=tmp_path,
-                           MLFLOW_TRACKING_URI=f"{server.url}/")
-    finally:
-        server.stop()
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith(f"MLflow UI: {server.url}  "), lines
-    assert re.fullmatch(rf"experiment diffsweep: {RUNS_PAGE.format(port=server.port)}", lines[1]), lines
-    assert list(tmp_path.iterdir()) == []
 
 
 def closed_port() -> int:

@@ -26,6 +26,10 @@ from tests.helpers.cli import run as cli  # noqa: E402
 TASKS = Path(__file__).parent / "data" / "tiny_task"
 SEQ_LEN = 128  # the trained_run's train.seq_len
 
+# One worker runs these and tests/eval/test_runner.py: the session's trained run is trained once, and
+# lm-eval's index of its ~15k task YAMLs with TASKS (cached per process, ~14 CPU-s) is built once.
+pytestmark = pytest.mark.xdist_group("trained_run")
+
 
 @pytest.fixture(scope="module")
 def trained(trained_run):
@@ -214,7 +218,10 @@ def test_quantization_runs_the_tasks_at_each_bit_width(trained, hf_cache):
     assert m["quantization/bits_04/diffsweep_tiny_qa/acc"] == pytest.approx(hits / len(items))
     assert rows[4, "acc"]["value"] == pytest.approx(hits / len(items))
     # its task settings are checked as the downstream probe's, named by this probe's keys
-    for items_, key in [({"tasks": ["arc_easyy"]}, "quantization.tasks"), ({"limit": 3}, "quantization.tasks"),
+    # (with TASKS as include_path, as above: its task index is built already; without one, lm-eval's own
+    # index alone would be built for this check, ~11 CPU-s, and it lists the same lm-eval tasks)
+    for items_, key in [({"tasks": ["arc_easyy"], "include_path": str(TASKS)}, "quantization.tasks"),
+                        ({"limit": 3}, "quantization.tasks"),
                         ({"tasks": ["arc_easy"], "include_path": "/no/such/dir"}, "quantization.include_path"),
                         ({"tasks": ["arc_easy"], "micro_batch": 0}, "quantization.micro_batch")]:
         with pytest.raises(ConfigError) as caught:

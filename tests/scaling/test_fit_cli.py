@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.conftest import SEEDS_SWEEP
 from tests.helpers.badinput import refused
 from tests.helpers.cli import run
 from tests.scaling.conftest import MINI_LADDER, outputs
@@ -169,32 +170,25 @@ def test_fit_of_runs_refuses_bad_sources(mini_ladder, tmp_path, case):
     assert (len(list((d / "fits").glob("*"))) if (d / "fits").exists() else 0) == before
 
 
+@SEEDS_SWEEP
 @pytest.mark.slow
-def test_token_scan_fits_loss_against_tokens_from_each_runs_evaluations(tmp_path, text_dataset):
-    """One size per architecture, evaluated every 2 steps: a D fit from the evaluations after
-    warmup (as the paper's Fig. 3b reads its token curve), saying which points it used."""
-    from tests.launch.conftest import TINY_SET
-
-    settings = {**TINY_SET, "data.path": str(text_dataset), "train.max_steps": 16, "train.eval_every": 2,
-                "train.checkpoint_every": 8}
-    lines = ["name: token-scan", "set:"] + [f"  {k}: {v}" for k, v in settings.items()]
-    lines += ["grid:", "  model.attention.kind: [transformer, diff_v2]"]
-    sweep = tmp_path / "token-scan.yaml"
-    sweep.write_text("\n".join(lines) + "\n")
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    r = run("launch", str(sweep), "--executor", "local", "--wait", cwd=tmp_path, env=env)
-    assert r.returncode == 0, r.stderr
-    r = run("fit", str(sweep), "--json", "--boot", "100", "--no-log", cwd=tmp_path, env=env)
+def test_token_scan_fits_loss_against_tokens_from_each_runs_evaluations(seeds_sweep, tmp_path):
+    """One size per architecture (2 seeds each), evaluated every 2 steps: a D fit from the
+    evaluations after warmup (as the paper's Fig. 3b reads its token curve), saying which points it
+    used. The launched sweep is ``seeds_sweep`` (tests/conftest.py), which tests/cli/test_compare_cli.py
+    compares too."""
+    root, sweep, env = seeds_sweep
+    r = run("fit", str(sweep), "--json", "--boot", "100", "--no-log", "--out", str(tmp_path / "fit"), cwd=root, env=env)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["axis"] == "D" and all(row["axis"] == "D" for row in result["ratios"])
     assert any("intermediate evaluations" in w for w in result["warnings"])
     import pandas as pd
 
-    points = pd.read_csv(tmp_path / "fits" / "token-scan-D" / "points.csv")
-    assert len(points) == 2 * 8  # evaluations at steps 2, 4, ..., 16 for each run
+    points = pd.read_csv(tmp_path / "fit" / "points.csv")
+    assert len(points) == 4 * 8  # evaluations at steps 2, 4, ..., 16 for each of the 4 runs (2 kinds x 2 seeds)
     assert sorted(points.loc[~points["used"], "reason"].unique()) == ["in warmup"]
-    assert points["used"].sum() == 2 * 7 and result["points_used"] == 14
+    assert points["used"].sum() == 4 * 7 and result["points_used"] == 28
     assert (points.loc[points["used"], "tokens"] == points.loc[points["used"], "step"] * 128).all()
 
 
