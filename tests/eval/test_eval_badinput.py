@@ -10,6 +10,9 @@ import pytest
 
 from tests.helpers.badinput import diffsweep, refused, untouched
 
+# The session's trained run is trained once, by the worker of test_runner and test_downstream.
+pytestmark = pytest.mark.xdist_group("trained_run")
+
 # --probe-set items and flags refused on a real trained run (the session's tiny DIFF V1 run):
 # (arguments after the target, what the error line names)
 ON_A_RUN = [

@@ -17,6 +17,9 @@ from diffsweep.config import ConfigError
 from diffsweep.eval.probe import EvalContext, get_probe, parse_settings
 from diffsweep.eval.probes import icl
 
+# The session's trained run is trained once, by the worker of test_runner and test_downstream.
+pytestmark = pytest.mark.xdist_group("trained_run")
+
 DATA = Path(__file__).parent / "data" / "topics.jsonl"  # 48 sentences, 4 topics x 12, written for these tests
 TINY = {"data": str(DATA), "shots": [1, 2, 4], "queries": 12, "permutations": 4, "seeds": 2, "batch": 16}
 

@@ -3,6 +3,7 @@ few steps with the local executor, logged to a session SQLite MLflow store."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,14 @@ def tiny_ladder_sweep(root: Path, name: str, sizes: tuple[str, ...], dataset: Pa
 
 
 @pytest.fixture(scope="session")
-def mini_ladder(tmp_path_factory, text_dataset) -> dict:
+def mini_ladder(tmp_path_factory, text_dataset, store_template) -> dict:
     """{'dir': project dir, 'sweep': sweep file, 'env': MLFLOW_TRACKING_URI, 'uri': ...}. Built once per
     test process (~95 s on 2 busy cores): every test that uses it is marked
     ``xdist_group("mini_ladder")`` (``MINI_LADDER``), so ``-n N --dist loadgroup`` builds it once."""
     root = tmp_path_factory.mktemp("ladder")
     sweep = tiny_ladder_sweep(root, "mini-ladder", SIZES, text_dataset,
                               **{"train.max_steps": 12, "train.eval_every": 6, "train.checkpoint_every": 6})
+    shutil.copyfile(store_template, root / "mlflow.db")  # migrated once per session
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri}
     r = run("launch", str(sweep), "--executor", "local", "--wait", cwd=root, env=env)
