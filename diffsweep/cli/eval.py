@@ -57,7 +57,7 @@ def eval_(
 
     requests = probe_requests(probes or [], settings or [])  # before torch: bad input fails in a blink
     _check_target(target, launch=launch, wait=wait, force=force, as_json=as_json, profile=profile,
-                             executor=executor, only=only, out=out, sets=sets)
+                  executor=executor, only=only, out=out, sets=sets)
 
     from diffsweep.launch.api import eval_target
 

@@ -105,18 +105,17 @@ def grid_best(fit: Fitted, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
     mean_u = float(w @ uniq)
     uc = uniq - mean_u
     alpha_hi = fit.law.bounds()[1][fit.law.names.index("alpha")]
-    s = len(START_FRACTIONS) * (1 + len(START_ALPHAS))
-    grid = np.empty((b, s, 3))  # (B, S, 3): for each E fraction, its fitted line, then each fixed exponent
-    k = 0
+    rows = []
     for fraction in START_FRACTIONS:
         e = np.log(fraction * floor) if fraction > 0 else np.log(floor) - 8.0
         resid = np.log(np.maximum(loss - fraction * floor[:, None], 1e-12))
         slope = resid @ (w * uc) / max(float(w @ uc ** 2), 1e-300)
-        grid[:, k:k + 1 + len(START_ALPHAS), 0] = e[:, None]
-        grid[:, k, 1], grid[:, k, 2] = resid @ w - slope * mean_u, np.clip(-slope, 0.0, alpha_hi)
-        for j, alpha in enumerate(START_ALPHAS, k + 1):
-            grid[:, j, 1], grid[:, j, 2] = (resid + alpha * uniq) @ w, alpha
-        k += 1 + len(START_ALPHAS)
+        intercept = resid @ w - slope * mean_u
+        rows.append(np.stack([e, intercept, np.clip(-slope, 0.0, alpha_hi)], axis=1))
+        for alpha in START_ALPHAS:
+            rows.append(np.stack([e, (resid + alpha * uniq) @ w, np.full(b, alpha)], axis=1))
+    grid = np.stack(rows, axis=1)  # (B, S, 3)
+    s = grid.shape[1]
     best = np.empty((b, 3))
     for i in range(0, b, chunk):
         g = grid[i:i + chunk]

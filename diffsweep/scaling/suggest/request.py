@@ -68,8 +68,8 @@ def suggest_runs(req: SuggestRequest, echo: Callable[[str], None] = print,
     try:
         points, request, label, planned_runs, rate, sweep_cooldown = _inputs(req)
     except ConfigError as exc:  # the experiment and sweep name a sweep file gives: an error names the file
-        raise rekeyed(exc, ({} if req.experiment else {"experiment": str(req.source)}) | {"sweep": str(req.source)}) \
-            from None
+        given_by_file = ({} if req.experiment else {"experiment": str(req.source)}) | {"sweep": str(req.source)}
+        raise rekeyed(exc, given_by_file) from None
     if req.ref is not None:  # the fit's own bootstrap CI at that reference too (refused far outside the data)
         request = replace(request, at=(req.ref,))
     if req.tune:
