@@ -316,7 +316,7 @@ def test_repository_paths_the_pages_name_exist():
     """A path of this repository a page names in backticks (``tests/...py``, ``diffsweep/...py``, ...)
     exists (``docs/extending.md`` once sent readers to a test file that was not there)."""
     named = r"`((?:diffsweep|tests|kernels|analysis|slurm|sweeps)/[\w./-]+\.(?:py|yaml|sh|md))"
-    to_create = {"diffsweep/model/attention/diff_v3.py", "diffsweep/launch/pbs_scheduler.py"}  # extending.md's examples
+    to_create = {"diffsweep/model/attention/diff_v3.py", "diffsweep/launch/jobs/pbs_scheduler.py"}  # extending.md's examples
     bad = [f"{page.name}: {path}" for page in PAGES for path in re.findall(named, page.read_text())
            if "*" not in path and path not in to_create and not (ROOT / path).exists()]
     assert not bad, bad

@@ -1,6 +1,6 @@
 """``diffsweep doctor --preempt``: a tiny training job goes through preemption as a sweep's would.
 
-The job is diffsweep's own (``diffsweep.launch.job.TrainJob``, with the parameters a launch
+The job is diffsweep's own (``diffsweep.launch.jobs.job.TrainJob``, with the parameters a launch
 gives it): a tiny-xs model on a byte-level dataset made here from text that ships with Python
 (``pydoc_data``). Once it has saved a checkpoint it gets USR2, as Slurm sends on preemption
 (``scancel --signal=USR2``); it must save, be requeued by Slurm (same job id, a second start),
@@ -56,7 +56,7 @@ def tiny_config(dataset: Path) -> dict:
 def check_preemption(profile: Profile, work: Path, *, timeout_s: float) -> Check:
     """Train the tiny run as a Slurm job, preempt it once it has a checkpoint, and check that it is
     requeued and finishes the same MLflow run with steps 1..STEPS logged once each."""
-    from diffsweep.launch.job import TrainJob
+    from diffsweep.launch.jobs.job import TrainJob
     from diffsweep.tracking.store import check_tracking, ensure_experiment, tracking_uri
 
     root = work / "preempt"

@@ -26,10 +26,11 @@ from typing import Any
 
 from diffsweep import slurm
 from diffsweep.config import ConfigError
-from diffsweep.launch import cluster, doctor_probe
+from diffsweep.launch import doctor_probe
 from diffsweep.launch.doctor import check_store_here
 from diffsweep.launch.doctor_jobs import Check, doctor_executor, doctor_resources, submit
 from diffsweep.launch.doctor_probe import METRIC
+from diffsweep.launch.jobs import cluster
 from diffsweep.launch.profiles import Profile
 
 

@@ -6,14 +6,14 @@ On Slurm the branch's array is submitted held (``sbatch --hold``) and ``release_
 ``scontrol release`` for each held job whose gate exists. It is called by the parent's job after
 it saves a checkpoint of ``train.checkpoint_at`` and when it starts (a requeued parent may have
 saved it before it was preempted), and by every ``launch`` of the sweep (a parent that saved it
-earlier, or a release that failed). The local queue waits for gates itself (``diffsweep.launch.local_queue``).
+earlier, or a release that failed). The local queue waits for gates itself (``diffsweep.launch.jobs.local_queue``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diffsweep.launch.attempt import Attempt, AttemptStore
+from diffsweep.launch.jobs.attempt import Attempt, AttemptStore
 from diffsweep.launch.scheduler import get_scheduler
 from diffsweep.rundir import now
 

@@ -16,7 +16,7 @@ from typing import Any
 from diffsweep.config import ConfigError
 from diffsweep.config.decode import decode
 from diffsweep.fsutil import flocked, write_atomically
-from diffsweep.launch.attempt import Attempt, AttemptStore
+from diffsweep.launch.jobs.attempt import Attempt, AttemptStore
 from diffsweep.rundir import now  # noqa: F401  (the ledger's time stamps; re-exported for the launcher)
 
 FORMAT = "diffsweep-ledger/1"

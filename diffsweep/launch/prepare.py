@@ -34,8 +34,8 @@ from diffsweep.data.dataset import DatasetMeta, check_replaceable
 from diffsweep.data.prepare import check_apart, finish, input_paths, stage
 from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_shards
 from diffsweep.data.sources import Corpus, Source, plan_shards
-from diffsweep.launch.attempt import Attempt
-from diffsweep.launch.local_scheduler import cpu_count, waiting_state
+from diffsweep.launch.jobs.attempt import Attempt
+from diffsweep.launch.jobs.local_scheduler import cpu_count, waiting_state
 from diffsweep.launch.prepare_record import (
     FINISH_LOCK,
     FORMAT,

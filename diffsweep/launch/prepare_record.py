@@ -29,7 +29,7 @@ from diffsweep.config.decode import AtLeast, Check, decode_value, format_tag, re
 from diffsweep.data.dataset import META_FILE, DatasetMeta, read_meta
 from diffsweep.data.shards import write_json
 from diffsweep.fsutil import empty_folder, flocked
-from diffsweep.launch.attempt import Attempt, AttemptStore
+from diffsweep.launch.jobs.attempt import Attempt, AttemptStore
 from diffsweep.rundir import now
 
 FORMAT = "diffsweep-prepare-launch/1"

@@ -162,7 +162,7 @@ def slurm_parameters(resources: Resources, profile: Profile, *, job_name: str, c
     if resources.nodes * resources.tasks_per_node > 1:
         # One task per GPU training together: if one dies (out of memory, a lost node), Slurm
         # ends the others at once instead of leaving them blocked in a collective until it
-        # times out. Tasks other than the first exit 0 when preempted (diffsweep.launch.job).
+        # times out. Tasks other than the first exit 0 when preempted (diffsweep.launch.jobs.job).
         params["srun_args"] = [*params.get("srun_args", []), "--kill-on-bad-exit=1"]
     if max_parallel is not None:
         params["array_parallelism"] = max_parallel

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from diffsweep.config import ConfigError
 from diffsweep.config.registry import Registry
-from diffsweep.launch.attempt import Attempt, AttemptStore
+from diffsweep.launch.jobs.attempt import Attempt, AttemptStore
 
 if TYPE_CHECKING:  # only for annotations (none of them imports this module)
     from diffsweep.launch.plan import SweepPlan
@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # only for annotations (none of them imports this module)
 ENTRY_POINT_GROUP = "diffsweep.schedulers"
 # In this order: error messages list them so, and the automatic choice tries them so (by auto_rank).
 BUILTIN: dict[str, str] = {
-    "slurm": "diffsweep.launch.slurm_scheduler:SlurmScheduler",
-    "local": "diffsweep.launch.local_scheduler:LocalScheduler",
+    "slurm": "diffsweep.launch.jobs.slurm_scheduler:SlurmScheduler",
+    "local": "diffsweep.launch.jobs.local_scheduler:LocalScheduler",
 }
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from diffsweep import slurm
 from diffsweep.config import Config
 from diffsweep.config.identity import identity_fields
+from diffsweep.launch.jobs.local_scheduler import waiting_state
 from diffsweep.launch.ledger import Attempt, Entry, Ledger
-from diffsweep.launch.local_scheduler import waiting_state
 from diffsweep.launch.run_state import (
     ACTIVE_STATES,
     CANCELLED,

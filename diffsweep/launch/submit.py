@@ -19,7 +19,7 @@ from diffsweep import lockfile
 from diffsweep.config import ConfigError, to_dict
 from diffsweep.config.identity import identity_fields
 from diffsweep.fsutil import empty_folder
-from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.jobs.attempt import Attempt
 from diffsweep.launch.ledger import LAUNCH_LOCK, Entry, Ledger, SweepStore, ledger_path, read_ledger, write_ledger
 from diffsweep.launch.plan import SUBMITTABLE, PlanRow, SweepPlan
 from diffsweep.launch.resources import Resources
@@ -107,7 +107,7 @@ def launch(plan: SweepPlan, sel: Selection, *, max_parallel: int | None, trackin
     scheduler: one job array per resource class, shortest first. Each submission is in the ledger
     as soon as the scheduler has it. If the first submission fails, ``launch_lock`` removes a sweep
     directory it created."""
-    from diffsweep.launch.job import TrainJob
+    from diffsweep.launch.jobs.job import TrainJob
     from diffsweep.launch.snapshot import snapshot_code
     from diffsweep.tracking.store import check_tracking, ensure_experiment
 

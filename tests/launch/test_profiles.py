@@ -9,7 +9,7 @@ import pytest
 
 from diffsweep.cli.common import COMMON_FLAGS, rekeyed
 from diffsweep.config import ConfigError, ConfigWarning
-from diffsweep.launch.cluster import gpus_per_node
+from diffsweep.launch.jobs.cluster import gpus_per_node
 from diffsweep.launch.profile_choice import find_profile, load_profile, parse_profile, with_overrides
 from diffsweep.launch.profiles import LOCAL, slurm_minutes
 from tests.helpers.cli import run as cli

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from diffsweep.launch.local_scheduler import LocalScheduler
+from diffsweep.launch.jobs.local_scheduler import LocalScheduler
 from diffsweep.launch.profiles import LOCAL, Profile
 
 

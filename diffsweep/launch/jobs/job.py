@@ -136,8 +136,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         def release(step: int, metrics: dict[str, float]) -> None:
             if spec is None or _global_rank() != 0 or (step and step not in points):
                 return
-            from diffsweep.launch.attempt import load_store
             from diffsweep.launch.gates import release_ready
+            from diffsweep.launch.jobs.attempt import load_store
 
             try:
                 released, errors = release_ready(load_store(spec))

@@ -10,8 +10,8 @@ from typing import Any
 
 from diffsweep import slurm
 from diffsweep.config import ConfigError
-from diffsweep.launch import cluster
-from diffsweep.launch.attempt import Attempt
+from diffsweep.launch.jobs import cluster
+from diffsweep.launch.jobs.attempt import Attempt
 from diffsweep.launch.plan import SweepPlan
 from diffsweep.launch.profiles import Profile
 from diffsweep.launch.resources import Resources, chunks, slurm_parameters

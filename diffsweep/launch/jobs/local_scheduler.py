@@ -1,4 +1,4 @@
-"""This machine: a detached queue process (``diffsweep.launch.local_queue``) starts the jobs of a
+"""This machine: a detached queue process (``diffsweep.launch.jobs.local_queue``) starts the jobs of a
 record (a sweep's runs, a launched prepare's tasks) through submitit's ``LocalExecutor``, at most
 ``max_parallel`` at a time, so the command that submits returns at once here too. A later submission
 to the same record hands its jobs to the live queue, so the limit holds for the record.
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from diffsweep.launch.attempt import Attempt, AttemptStore
+from diffsweep.launch.jobs.attempt import Attempt, AttemptStore
 from diffsweep.launch.profiles import LOCAL, Profile
 from diffsweep.launch.scheduler import JobArray, Scheduler
 from diffsweep.lockfile import pid_alive, proc_start
@@ -95,7 +95,7 @@ class LocalScheduler(Scheduler):
             if live is None:  # one queue per record: max_parallel holds across submissions
                 with open(store.folder / LOGS / f"queue-{stamp}.log", "ab") as log:
                     proc = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-                        [sys.executable, "-m", "diffsweep.launch.local_queue", *store.spec(), str(parallel)],
+                        [sys.executable, "-m", "diffsweep.launch.jobs.local_queue", *store.spec(), str(parallel)],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                         start_new_session=True)  # in this directory, as sbatch runs jobs
                 live = proc.pid, proc_start(proc.pid)

@@ -1,5 +1,5 @@
 """What the Slurm cluster itself says about a plan, before anything is submitted (for
-``diffsweep.launch.slurm_scheduler``): a controller answers, the partition exists, its nodes have
+``diffsweep.launch.jobs.slurm_scheduler``): a controller answers, the partition exists, its nodes have
 the GPUs a job asks for per node (``sinfo``), and the account and QoS are the user's
 (``sacctmgr``, where accounting answers).
 

@@ -1,9 +1,9 @@
-"""The local scheduler's queue (``diffsweep.launch.local_scheduler``): a detached process that starts
+"""The local scheduler's queue (``diffsweep.launch.jobs.local_scheduler``): a detached process that starts
 the queued jobs of one record (a sweep's ledger, a launched prepare's ``launch.json``: an
 ``AttemptStore``) through submitit's ``LocalExecutor``, at most N at a time, records each job there,
 and exits when all have ended. A job with a gate (a cooldown branch: its parent's checkpoint) starts
 once the gate exists; one whose gate no running job can write any more fails to start. Usage
-(internal): ``python -m diffsweep.launch.local_queue MODULE:STORE FOLDER N``.
+(internal): ``python -m diffsweep.launch.jobs.local_queue MODULE:STORE FOLDER N``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import submitit
 
-from diffsweep.launch.attempt import load_store
-from diffsweep.launch.local_scheduler import LOCAL_TIMEOUT_MIN, closed_marker
+from diffsweep.launch.jobs.attempt import load_store
+from diffsweep.launch.jobs.local_scheduler import LOCAL_TIMEOUT_MIN, closed_marker
 from diffsweep.lockfile import proc_start
 from diffsweep.rundir import now
 

@@ -42,7 +42,7 @@ class AttemptStore(ABC):
     (the latest last), read-modify-written under ``locked()``. Two exist: the sweep ledger
     (``diffsweep.launch.ledger.SweepStore``) and a launched prepare's ``launch.json``
     (``diffsweep.launch.prepare_record.PrepareStore``). A scheduler records through it the moment it
-    has jobs; the local queue (``diffsweep.launch.local_queue``), given the store's class and
+    has jobs; the local queue (``diffsweep.launch.jobs.local_queue``), given the store's class and
     folder, starts the queued attempts it finds there and records their jobs."""
 
     def __init__(self, folder: Path) -> None:
