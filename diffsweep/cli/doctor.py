@@ -38,7 +38,7 @@ def doctor(
     jobs start, see their GPUs and all-reduce, the run directory is shared, and the MLflow store
     takes writes from a compute node. Exit 0 when every check passes, 1 when one fails; on Ctrl-C
     the jobs it submitted are cancelled (exit 130)."""
-    from diffsweep.launch.doctor import doctor_profile, run_doctor
+    from diffsweep.launch.doctor.checks import doctor_profile, run_doctor
 
     def show(check) -> None:  # noqa: ANN001
         if not json_:

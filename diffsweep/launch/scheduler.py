@@ -110,7 +110,7 @@ class Scheduler(ABC):
     def doctor_checks(self) -> Callable[..., None] | None:
         """The cluster checks ``diffsweep doctor`` runs on a profile of this scheduler, as a function
         ``(profile, work, add, *, preempt, timeout_s)`` that calls ``add(Check)`` for each and stops
-        where later ones cannot run (see ``diffsweep.launch.doctor_slurm.slurm_suite``); None: no
+        where later ones cannot run (see ``diffsweep.launch.doctor.slurm.slurm_suite``); None: no
         cluster to check (doctor checks the run directory and the store only)."""
         return None
 

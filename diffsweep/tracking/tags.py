@@ -13,7 +13,7 @@ KIND = "diffsweep.kind"
 EVAL_KIND = "eval"  # a probe's evaluation of a checkpoint (diffsweep.eval)
 FIT_KIND = "fit"  # a fit of a ladder (diffsweep.scaling)
 COMPARISON_KIND = "comparison"  # a comparison of a sweep's evaluations (diffsweep.compare)
-DOCTOR_KIND = "doctor"  # the doctor's check that a job can log (diffsweep.launch.doctor_probe)
+DOCTOR_KIND = "doctor"  # the doctor's check that a job can log (diffsweep.launch.doctor.probe)
 
 # A training run: what it is (diffsweep.train.run_record) and which sweep run it is (launch.submit).
 RUN_KEY = "diffsweep.run_key"

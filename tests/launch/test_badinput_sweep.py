@@ -129,7 +129,7 @@ def test_doctor_refuses_a_file_as_out(tmp_path):
 
 
 def test_doctor_refuses_a_bad_timeout(tmp_path):
-    from diffsweep.launch.doctor import check_doctor_options
+    from diffsweep.launch.doctor.checks import check_doctor_options
 
     with untouched(tmp_path):
         r = diffsweep("doctor", "--executor", "local", "--timeout", "0", cwd=tmp_path, env=STORE)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diffsweep.launch.doctor_slurm import _constraint_features, _gpu_types
+from diffsweep.launch.doctor.slurm import _constraint_features, _gpu_types
 from tests.helpers.cli import run as cli
 from tests.launch.conftest import require_slurm, wait_for
 
@@ -205,7 +205,7 @@ def test_gpu_types_and_constraint_features():
 def test_a_ctrl_c_while_a_probe_job_is_submitted_comes_once_its_id_is_kept(monkeypatch):
     """Ctrl-C arriving while sbatch submits (here: sent from inside the submission) is held until the
     job's id is kept for the cancel, then raised: the job is named and cancelled, never left running."""
-    from diffsweep.launch import doctor_jobs
+    from diffsweep.launch.doctor import jobs as doctor_jobs
 
     class Executor:  # the one call doctor_jobs.submit makes of submitit's executor
         def submit(self, fn, *args):

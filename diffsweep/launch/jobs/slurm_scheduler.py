@@ -32,7 +32,7 @@ class SlurmScheduler(Scheduler):
         return slurm.answers()
 
     def doctor_checks(self) -> Callable[..., None]:
-        from diffsweep.launch.doctor_slurm import slurm_suite
+        from diffsweep.launch.doctor.slurm import slurm_suite
 
         return slurm_suite
 

@@ -3,7 +3,7 @@
 Each check is one function returning a ``Check`` (ok, what it found, and on failure the fix);
 ``run_doctor`` runs them in order and stops where later checks cannot run (no controller, no
 partition). The checks of a cluster come from its scheduler (``Scheduler.doctor_checks``: Slurm's are
-``diffsweep.launch.doctor_slurm``); a scheduler without any (``local``: jobs run on this machine)
+``diffsweep.launch.doctor.slurm``); a scheduler without any (``local``: jobs run on this machine)
 gets the run directory and store checks, from here.
 
 Doctor's jobs write under ``<out>/.doctor/<stamp>/`` (removed when every check passes) and its
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diffsweep.config import ConfigError
-from diffsweep.launch.doctor_jobs import (
+from diffsweep.launch.doctor.jobs import (
     Check,
     cancel_submitted,
     forget_submitted,

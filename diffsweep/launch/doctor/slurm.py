@@ -1,5 +1,5 @@
 """The checks ``diffsweep doctor`` runs on a Slurm profile (``slurm_suite``, which
-``SlurmScheduler.doctor_checks`` hands to ``diffsweep.launch.doctor.run_doctor``), in order:
+``SlurmScheduler.doctor_checks`` hands to ``diffsweep.launch.doctor.checks.run_doctor``), in order:
 
 - the controller answers (``sinfo``) and accounting answers (``sacct``: submitit reads job states
   with it, and waits forever on a job that died without it);
@@ -11,7 +11,7 @@
 - the run directory is on a file system the compute nodes share (a token written here is read in
   the job, and one written in the job is read here);
 - the MLflow store is usable here and takes a metric written *from the compute node*, read back here;
-- with ``preempt``: a tiny training job (``diffsweep.launch.doctor_preempt``) gets USR2 as on
+- with ``preempt``: a tiny training job (``diffsweep.launch.doctor.preempt``) gets USR2 as on
   preemption, checkpoints, is requeued by Slurm and resumes the same MLflow run with every step
   logged once.
 """
@@ -26,10 +26,10 @@ from typing import Any
 
 from diffsweep import slurm
 from diffsweep.config import ConfigError
-from diffsweep.launch import doctor_probe
-from diffsweep.launch.doctor import check_store_here
-from diffsweep.launch.doctor_jobs import Check, doctor_executor, doctor_resources, submit
-from diffsweep.launch.doctor_probe import METRIC
+from diffsweep.launch.doctor import probe as doctor_probe
+from diffsweep.launch.doctor.checks import check_store_here
+from diffsweep.launch.doctor.jobs import Check, doctor_executor, doctor_resources, submit
+from diffsweep.launch.doctor.probe import METRIC
 from diffsweep.launch.jobs import cluster
 from diffsweep.launch.profiles import Profile
 
@@ -47,7 +47,7 @@ def slurm_suite(profile: Profile, work: Path, add: Callable[[Check], bool], *, p
     for check in check_jobs(profile, work, timeout_s=timeout_s, mlflow=uri_ok):
         add(check)
     if preempt:
-        from diffsweep.launch.doctor_preempt import check_preemption
+        from diffsweep.launch.doctor.preempt import check_preemption
 
         add(check_preemption(profile, work, timeout_s=max(timeout_s, 300.0)))
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from diffsweep import slurm
-from diffsweep.launch.doctor_jobs import Check, doctor_executor, doctor_resources, submit
-from diffsweep.launch.doctor_probe import EXPERIMENT
+from diffsweep.launch.doctor.jobs import Check, doctor_executor, doctor_resources, submit
+from diffsweep.launch.doctor.probe import EXPERIMENT
 from diffsweep.launch.profiles import Profile
 from diffsweep.rundir import read_job_state, run_info
 from diffsweep.tracking import tags as tag

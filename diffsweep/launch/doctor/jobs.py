@@ -1,5 +1,5 @@
 """What a doctor check is (``Check``) and how the doctor's jobs are made and submitted, for
-``diffsweep.launch.doctor`` and its preemption check (``doctor_preempt``): every job goes through
+``diffsweep.launch.doctor.checks`` and its preemption check (``preempt``): every job goes through
 ``submit``, so that an interrupted doctor cancels those Slurm still holds (``cancel_submitted``)."""
 
 from __future__ import annotations
