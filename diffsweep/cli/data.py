@@ -134,7 +134,7 @@ def _done_line(out: Path, meta) -> None:
 
 def _launch(corpus, out: Path, tokenizer: TokenizerKind, *, wait: bool, **kwargs) -> None:
     """``prepare --launch``: submit (or resume) the job array; with ``wait``, follow it to the end."""
-    from diffsweep.launch.prepare import launch_prepare
+    from diffsweep.launch.prepare.launch import launch_prepare
 
     launched = launch_prepare(corpus, out, tokenizer, echo=typer.echo, **kwargs)
     if launched.finished is not None:
@@ -151,7 +151,7 @@ def _launch(corpus, out: Path, tokenizer: TokenizerKind, *, wait: bool, **kwargs
 
 def _wait(out: Path) -> None:
     from diffsweep.data.dataset import META_FILE, read_meta
-    from diffsweep.launch.prepare import wait
+    from diffsweep.launch.prepare.launch import wait
 
     def show(status) -> None:
         typer.echo(f"{status.written}/{status.num_shards} shards written; tasks: "
@@ -174,7 +174,7 @@ OutArg = Annotated[Path, typer.Argument(help="Dataset directory of a `data prepa
 @handle_errors
 def status(out: OutArg, as_json: JsonOpt = False) -> None:
     """Where a launched prepare stands: shards written, each task's job and state, finished or not."""
-    from diffsweep.launch.prepare import prepare_status
+    from diffsweep.launch.prepare.launch import prepare_status
 
     report = prepare_status(out)
     if as_json:
@@ -195,7 +195,7 @@ def status(out: OutArg, as_json: JsonOpt = False) -> None:
 def logs(out: OutArg, task: Annotated[int | None, typer.Option("--task", help="Only this task's logs (0-based).",
                                                                 show_default=False)] = None) -> None:
     """Print the log files (stdout, stderr) of a launched prepare's tasks, latest attempt each."""
-    from diffsweep.launch.prepare import task_logs
+    from diffsweep.launch.prepare.launch import task_logs
 
     for header, files in task_logs(out, task):
         typer.echo(header)
@@ -210,7 +210,7 @@ def logs(out: OutArg, task: Annotated[int | None, typer.Option("--task", help="O
 def cancel(out: OutArg) -> None:
     """Stop the pending and running tasks of a launched prepare; their written shards stay, and
     launching the same command again resumes."""
-    from diffsweep.launch.prepare import cancel_prepare
+    from diffsweep.launch.prepare.launch import cancel_prepare
 
     cancelled = cancel_prepare(out)
     typer.echo(f"cancelled tasks {', '.join(map(str, cancelled))}" if cancelled else "nothing to cancel")

@@ -213,7 +213,7 @@ def test_slurm_pending_tasks_block_a_relaunch_and_cancel_stops_them(tmp_path, sl
 def test_wait_returns_only_once_the_task_that_finished_the_dataset_has_exited(monkeypatch):
     """The last task writes ``finished.json`` just before it exits: a wait that returned on "finished" let a
     status right after it show that task RUNNING (seen once in CI). Pure logic: the statuses are given."""
-    from diffsweep.launch import prepare
+    from diffsweep.launch.prepare import launch as prepare
 
     def task(state: str) -> prepare.TaskStatus:
         return prepare.TaskStatus(task=0, shards=[0], written=1, attempts=1, executor="local", job_id="1",

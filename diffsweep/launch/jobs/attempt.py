@@ -41,7 +41,7 @@ class AttemptStore(ABC):
     """Where a job array's submissions are recorded: a record file of tasks, each with its attempts
     (the latest last), read-modify-written under ``locked()``. Two exist: the sweep ledger
     (``diffsweep.launch.ledger.SweepStore``) and a launched prepare's ``launch.json``
-    (``diffsweep.launch.prepare_record.PrepareStore``). A scheduler records through it the moment it
+    (``diffsweep.launch.prepare.record.PrepareStore``). A scheduler records through it the moment it
     has jobs; the local queue (``diffsweep.launch.jobs.local_queue``), given the store's class and
     folder, starts the queued attempts it finds there and records their jobs."""
 

@@ -1,7 +1,7 @@
 """``diffsweep data prepare --launch``: the shards of ``diffsweep.data.prepare`` written by one job
 array (Slurm, or processes on this machine), resumable; and ``data status | logs | cancel``.
 
-Everything lives in a launch folder beside the dataset, ``.OUT.prepare/`` (``prepare_record``):
+Everything lives in a launch folder beside the dataset, ``.OUT.prepare/`` (``record``):
 its record ``launch.json`` (the request, the profile, each task's shards and submissions), the
 ``staging/`` folder the tasks write the shards into, submitit's ``jobs/`` and the ``code/`` snapshot.
 
@@ -36,7 +36,7 @@ from diffsweep.data.shards import PLAN_FILE, read_plan, shard_record, write_shar
 from diffsweep.data.sources import Corpus, Source, plan_shards
 from diffsweep.launch.jobs.attempt import Attempt
 from diffsweep.launch.jobs.local_scheduler import cpu_count, waiting_state
-from diffsweep.launch.prepare_record import (
+from diffsweep.launch.prepare.record import (
     FINISH_LOCK,
     FORMAT,
     JOBS,

@@ -1,5 +1,5 @@
 """The launch folder of ``diffsweep data prepare --launch`` (``.OUT.prepare/``, beside the dataset
-``OUT``) and its record, for ``diffsweep.launch.prepare``:
+``OUT``) and its record, for ``diffsweep.launch.prepare.launch``:
 
 - ``launch.json``: what was asked (inputs with their sizes and dates, settings, the shard plan:
   the ``request``), the profile, each task's shards and its submissions (job ids, log files);
