@@ -62,7 +62,7 @@ def test_a_launch_hands_its_runs_to_the_running_queue_and_a_finished_sweep_is_no
         assert run.info.status == "FINISHED"
         assert metric_steps(store["MLFLOW_TRACKING_URI"], run.info.run_id) == list(range(1, 9))
         code = Path(run.data.tags["diffsweep.code"])  # the job imported the launch-time snapshot
-        assert code.parent == out / "code" and (code / "diffsweep" / "launch" / "job.py").is_file()
+        assert code.parent == out / "code" and (code / "diffsweep" / "launch" / "jobs" / "job.py").is_file()
 
     before = attempts(out)
     r = cli("launch", str(sweep), "--executor", "local", cwd=tmp_path, env=store)
